@@ -1,0 +1,2 @@
+//! Example system: an orders service and a payments service exchanging events
+//! through the outbox, exactly the story of the design seed.

@@ -1,0 +1,56 @@
+//! # outbox-core
+//!
+//! The vocabulary of the transactional outbox: domain events, the records they
+//! become in the `outbox_event` table and on the wire, and the write path that
+//! stores them in the same PostgreSQL transaction as the domain change
+//! (rule R-DIST-OBX-1).
+//!
+//! Declare an event with `#[derive(DomainEvent)]`:
+//!
+//! ```ignore
+//! use outbox_core::DomainEvent;
+//! use serde::{Deserialize, Serialize};
+//! use schemars::JsonSchema;
+//! use uuid::Uuid;
+//!
+//! #[derive(DomainEvent, Serialize, Deserialize, JsonSchema)]
+//! #[event(topic = "order.events", event_type = "OrderCreated", aggregate = "Order")]
+//! pub struct OrderCreated {
+//!     #[event_id]
+//!     pub event_id: Uuid,
+//!     #[partition_key]
+//!     #[aggregate_id]
+//!     pub order_id: Uuid,
+//!     pub amount: i64,
+//! }
+//!
+//! let event = OrderCreated { event_id: Uuid::new_v4(), order_id: Uuid::new_v4(), amount: 42 };
+//! assert_eq!(OrderCreated::TOPIC, "order.events");
+//! assert_eq!(event.partition_key(), event.order_id.to_string());
+//! let record = outbox_core::OutboxRecord::from_event(&event).unwrap();
+//! assert_eq!(record.payload["event_id"], event.event_id.to_string());
+//! ```
+
+mod error;
+mod event;
+mod record;
+pub mod schema;
+pub mod trace;
+pub mod wakeup;
+pub mod wire;
+
+pub use error::Error;
+pub use event::{DomainEvent, PartitionKey};
+pub use record::OutboxRecord;
+
+#[cfg(feature = "derive")]
+pub use outbox_derive::DomainEvent;
+
+/// Re-exports used by generated code. Not a public API: may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+    pub use schemars;
+    pub use serde_json;
+    pub use uuid;
+}

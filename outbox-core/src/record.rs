@@ -1,0 +1,73 @@
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::{DomainEvent, Error, trace};
+
+/// One event as stored in a row of `outbox_event` and as sent to Kafka.
+///
+/// Field names match the table's columns. `traceparent` is an extension column
+/// carrying the W3C trace context current when the event was recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRecord {
+    /// Unique event id (`event_id uuid NOT NULL UNIQUE`).
+    pub event_id: Uuid,
+    /// Aggregate kind, e.g. `Order`.
+    pub aggregate_type: String,
+    /// Aggregate instance id, as text.
+    pub aggregate_id: String,
+    /// Event type name, e.g. `OrderCreated`.
+    pub event_type: String,
+    /// The event's JSON; always an object carrying `"event_id"`.
+    pub payload: Value,
+    /// Destination topic.
+    pub topic: String,
+    /// Kafka record key.
+    pub partition_key: String,
+    /// W3C `traceparent` current when the event was recorded, if any.
+    pub traceparent: Option<String>,
+}
+
+impl OutboxRecord {
+    /// Builds the record of `event`, serializing its payload and capturing the
+    /// current trace context (see [`trace::current_traceparent`]).
+    ///
+    /// Fails if the event does not serialize to a JSON object.
+    pub fn from_event<E: DomainEvent>(event: &E) -> Result<Self, Error> {
+        let mut payload = serde_json::to_value(event).map_err(|source| Error::Serialize {
+            event_type: E::EVENT_TYPE,
+            source,
+        })?;
+        let Value::Object(map) = &mut payload else {
+            return Err(Error::PayloadNotObject {
+                event_type: E::EVENT_TYPE,
+                found: json_kind(&payload),
+            });
+        };
+        // Receivers written in any language dedup on payload["event_id"], so it is
+        // always present, even if serde renamed or skipped the field.
+        let event_id = event.event_id();
+        map.entry("event_id")
+            .or_insert_with(|| Value::String(event_id.to_string()));
+        Ok(Self {
+            event_id,
+            aggregate_type: E::AGGREGATE_TYPE.to_owned(),
+            aggregate_id: event.aggregate_id(),
+            event_type: E::EVENT_TYPE.to_owned(),
+            payload,
+            topic: E::TOPIC.to_owned(),
+            partition_key: event.partition_key(),
+            traceparent: trace::current_traceparent(),
+        })
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,9 @@
+//! # outbox-runtime
+//!
+//! The moving parts of the outbox framework: the relay that publishes
+//! `outbox_event` rows to Kafka, the dedup and inbox consumers, migrations,
+//! retention and replay.
+
+pub use outbox_core as core;
+
+pub mod migrations;
