@@ -8,6 +8,9 @@ mod domain_event;
 
 /// Derives `outbox_core::DomainEvent` for a struct with named fields.
 ///
+/// (Not compiled here: this crate cannot depend on `outbox_core`; the same
+/// example is a doctest of `outbox_core`.)
+///
 /// ```ignore
 /// #[derive(DomainEvent, Serialize, JsonSchema)]
 /// #[event(topic = "order.events", event_type = "OrderCreated", aggregate = "Order")]

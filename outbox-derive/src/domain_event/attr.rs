@@ -50,6 +50,9 @@ pub(crate) struct Container<'a> {
     /// An `#[event]` attribute could not be parsed at all; "missing key"
     /// errors would only repeat that error.
     pub malformed: bool,
+    /// Keys suggested for unknown ones ("did you mean `topic`?"): a misspelt
+    /// key is not reported as missing too.
+    pub misspelt: Vec<&'static str>,
 }
 
 impl<'a> Container<'a> {
@@ -148,14 +151,7 @@ impl<'a> Container<'a> {
                 );
                 if let Some(close) = closest(&name, CONTAINER_KEYS) {
                     message.push_str(&format!("\nhelp: did you mean `{close}`?"));
-                    // A misspelt key is not also a missing one.
-                    let slot = match close {
-                        "topic" => &mut self.topic.present,
-                        "event_type" => &mut self.event_type.present,
-                        "aggregate" => &mut self.aggregate.present,
-                        _ => &mut self.krate.present,
-                    };
-                    slot.get_or_insert(path.span());
+                    self.misspelt.push(close);
                 }
                 errors.spanned(path, message);
             }

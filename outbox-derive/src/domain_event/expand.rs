@@ -18,7 +18,7 @@ pub(crate) fn expand(input: &Input<'_>, event: &Event<'_>, errors: Errors) -> To
     let complete = errors.is_empty();
     let compile_errors = errors.into_compile_errors();
     if !input.can_impl() {
-        // No placeholder impl: we would have to invent bounds for the parameters.
+        // Generic items and unions get no placeholder (see `Input::can_impl`).
         return compile_errors;
     }
     let krate = &event.krate;

@@ -41,7 +41,10 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         );
     }
     let missing_key = |errors: &mut Errors, key: &str, help: &str| {
-        if let (Some(attr), false) = (attrs.event_attr, attrs.malformed) {
+        if attrs.malformed || attrs.misspelt.contains(&key) {
+            return;
+        }
+        if let Some(attr) = attrs.event_attr {
             errors.spanned(
                 attr,
                 format!("missing `{key}` in `#[event(...)]`\nhelp: {help}"),
@@ -255,7 +258,9 @@ fn check_fields<'a>(
     // another field that happens to serialize under that name.
     if let Some(id) = event.event_id {
         for field in fields {
-            if !std::ptr::eq(field, id) && serialized(field) == "event_id" {
+            // A skipped field is not in the payload; a flattened one has no key of its own.
+            let in_payload = field.attrs.serde_hidden.is_none();
+            if !std::ptr::eq(field, id) && in_payload && serialized(field) == "event_id" {
                 errors.spanned(
                     field.ident,
                     format!(
