@@ -7,21 +7,26 @@
 
 use chrono::{DateTime, Utc};
 use outbox_core::DomainEvent;
-use outbox_core::PartitionKey;
-use outbox_core::schema::{
-    EventDescriptor, ExportError, ExportOptions, SchemaExport, json_schema_for, registered_events,
-};
+use outbox_core::schema::{ExportError, ExportOptions, SchemaExport, registered_events};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// An order was placed. Keyed by the order, so all events of one order keep
 /// their order on `order.events`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
+#[event(
+    topic = "order.events",
+    event_type = "OrderCreated",
+    aggregate = "Order"
+)]
 pub struct OrderCreated {
     /// Unique id of this event; receivers deduplicate on it.
+    #[event_id]
     pub event_id: Uuid,
     /// The new order (partition key and aggregate id).
+    #[partition_key]
+    #[aggregate_id]
     pub order_id: Uuid,
     /// Who ordered.
     pub customer_id: Uuid,
@@ -34,11 +39,19 @@ pub struct OrderCreated {
 }
 
 /// An order was cancelled before it was paid.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
+#[event(
+    topic = "order.events",
+    event_type = "OrderCancelled",
+    aggregate = "Order"
+)]
 pub struct OrderCancelled {
     /// Unique id of this event; receivers deduplicate on it.
+    #[event_id]
     pub event_id: Uuid,
     /// The cancelled order (partition key and aggregate id).
+    #[partition_key]
+    #[aggregate_id]
     pub order_id: Uuid,
     /// Why it was cancelled.
     pub reason: CancellationReason,
@@ -60,75 +73,27 @@ pub enum CancellationReason {
 
 /// A payment for an order went through. Keyed by the order (not the payment),
 /// so a consumer sees the payments of one order in order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
+#[event(
+    topic = "payment.events",
+    event_type = "PaymentCompleted",
+    aggregate = "Payment"
+)]
 pub struct PaymentCompleted {
     /// Unique id of this event; receivers deduplicate on it.
+    #[event_id]
     pub event_id: Uuid,
     /// The payment (aggregate id).
+    #[aggregate_id]
     pub payment_id: Uuid,
     /// The paid order (partition key).
+    #[partition_key]
     pub order_id: Uuid,
     /// Amount paid in minor currency units (cents).
     pub amount: i64,
     /// When the payment completed.
     pub completed_at: DateTime<Utc>,
 }
-
-// Hand-written until `#[derive(DomainEvent)]` lands: what the derive generates.
-macro_rules! domain_event {
-    ($ty:ident, topic = $topic:literal, aggregate = $aggregate:literal,
-     aggregate_id = $aggregate_id:ident, partition_key = $key:ident) => {
-        impl DomainEvent for $ty {
-            const TOPIC: &'static str = $topic;
-            const EVENT_TYPE: &'static str = stringify!($ty);
-            const AGGREGATE_TYPE: &'static str = $aggregate;
-            const PARTITION_KEY_FIELD: &'static str = stringify!($key);
-
-            fn event_id(&self) -> Uuid {
-                self.event_id
-            }
-            fn aggregate_id(&self) -> String {
-                self.$aggregate_id.to_partition_key()
-            }
-            fn partition_key(&self) -> String {
-                self.$key.to_partition_key()
-            }
-        }
-
-        inventory::submit! {
-            EventDescriptor {
-                topic: <$ty as DomainEvent>::TOPIC,
-                event_type: <$ty as DomainEvent>::EVENT_TYPE,
-                aggregate_type: <$ty as DomainEvent>::AGGREGATE_TYPE,
-                partition_key_field: <$ty as DomainEvent>::PARTITION_KEY_FIELD,
-                rust_type: concat!(module_path!(), "::", stringify!($ty)),
-                schema: json_schema_for::<$ty>,
-            }
-        }
-    };
-}
-
-domain_event!(
-    OrderCreated,
-    topic = "order.events",
-    aggregate = "Order",
-    aggregate_id = order_id,
-    partition_key = order_id
-);
-domain_event!(
-    OrderCancelled,
-    topic = "order.events",
-    aggregate = "Order",
-    aggregate_id = order_id,
-    partition_key = order_id
-);
-domain_event!(
-    PaymentCompleted,
-    topic = "payment.events",
-    aggregate = "Payment",
-    aggregate_id = payment_id,
-    partition_key = order_id
-);
 
 /// The schema export of the example events, as the `schemas` binary writes it
 /// to (and checks it against) `schemas/`.
@@ -147,4 +112,45 @@ pub fn schema_export() -> Result<SchemaExport, ExportError> {
              Wire format: docs/wire-format.md.",
         )
         .export(&registered_events())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::OutboxRecord;
+
+    #[test]
+    fn payments_are_keyed_by_order_and_belong_to_the_payment() {
+        let event = PaymentCompleted {
+            event_id: Uuid::new_v4(),
+            payment_id: Uuid::new_v4(),
+            order_id: Uuid::new_v4(),
+            amount: 4_200,
+            completed_at: Utc::now(),
+        };
+        let record = OutboxRecord::from_event(&event).unwrap();
+        assert_eq!(record.topic, "payment.events");
+        assert_eq!(record.event_type, "PaymentCompleted");
+        assert_eq!(record.aggregate_type, "Payment");
+        assert_eq!(record.aggregate_id, event.payment_id.to_string());
+        assert_eq!(record.partition_key, event.order_id.to_string());
+        assert_eq!(PaymentCompleted::PARTITION_KEY_FIELD, "order_id");
+        assert_eq!(record.payload["event_id"], event.event_id.to_string());
+        assert_eq!(record.payload["amount"], 4_200);
+    }
+
+    #[test]
+    fn orders_are_keyed_by_order() {
+        let event = OrderCancelled {
+            event_id: Uuid::new_v4(),
+            order_id: Uuid::new_v4(),
+            reason: CancellationReason::OutOfStock,
+            cancelled_at: Utc::now(),
+        };
+        assert_eq!(OrderCancelled::TOPIC, OrderCreated::TOPIC);
+        assert_eq!(event.partition_key(), event.order_id.to_string());
+        assert_eq!(event.aggregate_id(), event.order_id.to_string());
+        let record = OutboxRecord::from_event(&event).unwrap();
+        assert_eq!(record.payload["reason"], "out_of_stock");
+    }
 }
