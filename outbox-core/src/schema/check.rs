@@ -81,8 +81,9 @@ impl fmt::Display for Differences {
 }
 
 /// Lists the consumer-breaking differences between the committed schema
-/// `old` and the generated schema `new` (both JSON text), at the top level
-/// of the event: its properties, required set, partition key and aggregate.
+/// `old` and the generated schema `new` (both JSON text): partition key and
+/// aggregate type, then the properties of the event, of nested objects, of
+/// array items and of the types under `$defs` (compared by name).
 pub(super) fn incompatibilities(old: &str, new: &str) -> Vec<String> {
     let (Ok(old), Ok(new)) = (
         serde_json::from_str::<Value>(old),
@@ -103,38 +104,80 @@ pub(super) fn incompatibilities(old: &str, new: &str) -> Vec<String> {
             ));
         }
     }
+    compare_object("", &old, &new, &mut notes);
 
     let empty = Map::new();
-    let old_props = properties(&old).unwrap_or(&empty);
-    let new_props = properties(&new).unwrap_or(&empty);
-    let old_required = required(&old);
-    let new_required = required(&new);
+    let defs = |schema: &Value| schema.get("$defs").and_then(Value::as_object).cloned();
+    let (old_defs, new_defs) = (defs(&old), defs(&new));
+    let new_defs = new_defs.as_ref().unwrap_or(&empty);
+    for (name, old_def) in old_defs.as_ref().unwrap_or(&empty) {
+        // A removed type shows up as a changed `$ref` where it was used.
+        let Some(new_def) = new_defs.get(name) else {
+            continue;
+        };
+        if shape(old_def) != shape(new_def) {
+            notes.push(format!(
+                "type `{name}` changed from {} to {}",
+                shape(old_def),
+                shape(new_def)
+            ));
+        }
+        compare_object(&format!("{name}."), old_def, new_def, &mut notes);
+    }
+    notes
+}
+
+/// Compares the properties of two object schemas; `prefix` names where they
+/// are (`""` for the event, `"address."` for a nested object).
+fn compare_object(prefix: &str, old: &Value, new: &Value, notes: &mut Vec<String>) {
+    let empty = Map::new();
+    let old_props = properties(old).unwrap_or(&empty);
+    let new_props = properties(new).unwrap_or(&empty);
+    let old_required = required(old);
+    let new_required = required(new);
     for (name, old_schema) in old_props {
-        match new_props.get(name) {
-            None => notes.push(format!("property `{name}` removed")),
-            Some(new_schema) if type_of(old_schema) != type_of(new_schema) => notes.push(format!(
-                "property `{name}` changed type from {} to {}",
-                type_of(old_schema),
-                type_of(new_schema)
-            )),
-            Some(_) => {}
+        let path = format!("{prefix}{name}");
+        let Some(new_schema) = new_props.get(name) else {
+            notes.push(format!("property `{path}` removed"));
+            continue;
+        };
+        if shape(old_schema) != shape(new_schema) {
+            notes.push(format!(
+                "property `{path}` changed type from {} to {}",
+                shape(old_schema),
+                shape(new_schema)
+            ));
+            continue;
+        }
+        compare_object(&format!("{path}."), old_schema, new_schema, notes);
+        if let (Some(old_items), Some(new_items)) =
+            (old_schema.get("items"), new_schema.get("items"))
+        {
+            if shape(old_items) != shape(new_items) {
+                notes.push(format!(
+                    "items of `{path}` changed type from {} to {}",
+                    shape(old_items),
+                    shape(new_items)
+                ));
+            } else {
+                compare_object(&format!("{path}[]."), old_items, new_items, notes);
+            }
         }
     }
     for name in new_required.difference(&old_required) {
         if old_props.contains_key(*name) {
-            notes.push(format!("property `{name}` is now required"));
+            notes.push(format!("property `{prefix}{name}` is now required"));
         } else {
             notes.push(format!(
-                "new required property `{name}` (stored events lack it; add it as optional)"
+                "new required property `{prefix}{name}` (stored events lack it; add it as optional)"
             ));
         }
     }
     for name in old_required.difference(&new_required) {
         if new_props.contains_key(*name) {
-            notes.push(format!("property `{name}` is no longer required"));
+            notes.push(format!("property `{prefix}{name}` is no longer required"));
         }
     }
-    notes
 }
 
 fn properties(schema: &Value) -> Option<&Map<String, Value>> {
@@ -149,13 +192,27 @@ fn required(schema: &Value) -> BTreeSet<&str> {
         .unwrap_or_default()
 }
 
-/// A short description of a property's shape: the keywords that decide which
-/// JSON values it accepts at its top level.
-fn type_of(schema: &Value) -> String {
-    let parts: Vec<String> = ["type", "format", "$ref", "enum", "const"]
+/// A short description of a schema's shape: the keywords that decide which
+/// JSON values it accepts at its own level, plus the values of an enum that
+/// schemars wrote as `oneOf` / `anyOf` of `const`s (documented variants).
+fn shape(schema: &Value) -> String {
+    let mut parts: Vec<String> = ["type", "format", "$ref", "enum", "const"]
         .into_iter()
         .filter_map(|k| schema.get(k).map(|v| format!("{k}={v}")))
         .collect();
+    for keyword in ["oneOf", "anyOf"] {
+        let Some(variants) = schema.get(keyword).and_then(Value::as_array) else {
+            continue;
+        };
+        let consts: Vec<String> = variants
+            .iter()
+            .filter_map(|v| v.get("const").or_else(|| v.get("enum")))
+            .map(Value::to_string)
+            .collect();
+        if !consts.is_empty() {
+            parts.push(format!("{keyword}=[{}]", consts.join(",")));
+        }
+    }
     if parts.is_empty() {
         "any".to_owned()
     } else {

@@ -430,6 +430,49 @@ fn incompatible_changes_are_classified() {
 }
 
 #[test]
+fn incompatible_changes_in_nested_types_are_classified() {
+    let old = json!({
+        "properties": {
+            "reason": { "$ref": "#/$defs/Reason" },
+            "address": {
+                "type": "object",
+                "properties": { "city": { "type": "string" } },
+                "required": ["city"],
+            },
+            "lines": { "type": "array", "items": { "$ref": "#/$defs/Line" } },
+        },
+        "$defs": {
+            "Reason": { "oneOf": [{ "const": "a" }, { "const": "b" }] },
+            "Line": {
+                "type": "object",
+                "properties": { "qty": { "type": "integer" } },
+                "required": ["qty"],
+            },
+        },
+    });
+    let mut new = old.clone();
+    new["$defs"]["Reason"]["oneOf"] = json!([{ "const": "a" }]);
+    new["properties"]["address"]["properties"]["city"] = json!({ "type": "integer" });
+    new["$defs"]["Line"]["properties"]["sku"] = json!({ "type": "string" });
+    new["$defs"]["Line"]["required"] = json!(["qty", "sku"]);
+    assert_eq!(
+        incompatibilities(&old.to_string(), &new.to_string()),
+        [
+            "property `address.city` changed type from type=\"string\" to type=\"integer\"",
+            "new required property `Line.sku` (stored events lack it; add it as optional)",
+            "type `Reason` changed from oneOf=[\"a\",\"b\"] to oneOf=[\"a\"]",
+        ]
+    );
+
+    let mut retyped_items = old.clone();
+    retyped_items["properties"]["lines"]["items"] = json!({ "type": "string" });
+    assert_eq!(
+        incompatibilities(&old.to_string(), &retyped_items.to_string()),
+        ["items of `lines` changed type from $ref=\"#/$defs/Line\" to type=\"string\""]
+    );
+}
+
+#[test]
 fn duplicates_and_bad_names_are_all_reported() {
     static DUPLICATE: EventDescriptor = EventDescriptor {
         rust_type: "other::OrderPlaced",
