@@ -102,18 +102,17 @@ impl ExportOptions {
                 });
                 continue;
             }
-            let names_ok = [("topic", event.topic), ("event type", event.event_type)]
-                .into_iter()
-                .filter(|(_, name)| !is_safe_name(name))
-                .map(|(what, name)| {
+            let mut names_ok = true;
+            for (what, name) in [("topic", event.topic), ("event type", event.event_type)] {
+                if !is_safe_name(name) {
+                    names_ok = false;
                     problems.push(ExportProblem::UnsafeName {
                         rust_type: event.rust_type,
                         what,
                         name: name.to_owned(),
-                    })
-                })
-                .count()
-                == 0;
+                    });
+                }
+            }
             if !names_ok {
                 continue;
             }

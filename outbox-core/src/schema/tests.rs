@@ -517,3 +517,29 @@ fn schemas_of_another_draft_are_rejected() {
         "{err}"
     );
 }
+
+#[test]
+fn options_set_ids_and_document_info() {
+    let export = ExportOptions::new()
+        .title("orders")
+        .version("2.1.0")
+        .description("Events of the orders service.")
+        .id_base("https://schemas.example.com/orders/")
+        .export(&[&ORDER_PLACED])
+        .unwrap();
+    assert_eq!(
+        json_file(&export, "test.orders/OrderPlaced.json")["$id"],
+        "https://schemas.example.com/orders/test.orders/OrderPlaced.json"
+    );
+    let doc: Value = serde_yaml::from_str(export.file("asyncapi.yaml").unwrap()).unwrap();
+    assert_eq!(
+        doc["info"],
+        json!({ "title": "orders", "version": "2.1.0", "description": "Events of the orders service." })
+    );
+    // The embedded payload carries no `$id`: the document is its resource.
+    assert!(
+        doc["components"]["schemas"]["test.orders.OrderPlaced"]
+            .get("$id")
+            .is_none()
+    );
+}
