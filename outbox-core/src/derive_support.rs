@@ -26,3 +26,21 @@ impl EventIdField for Uuid {
         *self
     }
 }
+
+/// The event's JSON Schema, for the schema registration. A separate trait so
+/// that a missing `#[derive(JsonSchema)]` is reported with the message below.
+#[diagnostic::on_unimplemented(
+    message = "event `{Self}` needs a JSON Schema: add `#[derive(schemars::JsonSchema)]`",
+    label = "`{Self}` does not implement `schemars::JsonSchema`",
+    note = "the schema export publishes a JSON Schema for every event type"
+)]
+pub trait EventSchema {
+    /// The root schema (draft 2020-12).
+    fn event_schema() -> schemars::Schema;
+}
+
+impl<T: schemars::JsonSchema> EventSchema for T {
+    fn event_schema() -> schemars::Schema {
+        schemars::SchemaGenerator::default().into_root_schema_for::<T>()
+    }
+}

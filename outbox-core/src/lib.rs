@@ -50,7 +50,7 @@ pub use outbox_derive::DomainEvent;
 /// Re-exports used by generated code. Not a public API: may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::derive_support::{EventIdField, String};
+    pub use crate::derive_support::{EventIdField, EventSchema, String};
     pub use inventory;
     pub use schemars;
     pub use serde_json;

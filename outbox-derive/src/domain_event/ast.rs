@@ -62,10 +62,11 @@ impl<'a> Input<'a> {
         }
     }
 
-    /// Whether an `impl DomainEvent for Ident` can be written at all (even a
-    /// placeholder one): not for generic items, whose parameters we would have
-    /// to invent bounds for.
+    /// Whether to write an `impl DomainEvent for Ident` (a placeholder one if
+    /// there were errors), so that uses of the type elsewhere still compile.
+    /// Not for generic items, whose parameters we would have to invent bounds
+    /// for, nor for unions, which cannot meet the `Serialize` supertrait.
     pub(crate) fn can_impl(&self) -> bool {
-        self.generics.params.is_empty()
+        self.generics.params.is_empty() && !matches!(self.shape, Shape::Union(_))
     }
 }

@@ -47,6 +47,9 @@ pub(crate) struct Container<'a> {
     pub krate: Key<syn::Path>,
     /// `#[serde(rename_all = "...")]` (or its `serialize = ...` form).
     pub rename_all: Option<RenameRule>,
+    /// An `#[event]` attribute could not be parsed at all; "missing key"
+    /// errors would only repeat that error.
+    pub malformed: bool,
 }
 
 impl<'a> Container<'a> {
@@ -81,6 +84,7 @@ impl<'a> Container<'a> {
                     other,
                     "expected `#[event(topic = \"...\", aggregate = \"...\")]`",
                 );
+                self.malformed = true;
                 return;
             }
         };
@@ -94,6 +98,7 @@ impl<'a> Container<'a> {
                          `#[event(topic = \"order.events\", aggregate = \"Order\")]`"
                     ),
                 );
+                self.malformed = true;
                 return;
             }
         };
@@ -143,6 +148,14 @@ impl<'a> Container<'a> {
                 );
                 if let Some(close) = closest(&name, CONTAINER_KEYS) {
                     message.push_str(&format!("\nhelp: did you mean `{close}`?"));
+                    // A misspelt key is not also a missing one.
+                    let slot = match close {
+                        "topic" => &mut self.topic.present,
+                        "event_type" => &mut self.event_type.present,
+                        "aggregate" => &mut self.aggregate.present,
+                        _ => &mut self.krate.present,
+                    };
+                    slot.get_or_insert(path.span());
                 }
                 errors.spanned(path, message);
             }
@@ -244,15 +257,16 @@ impl FieldAttrs {
 }
 
 /// `#[partition_key]` and friends take no arguments.
+/// A malformed marker still marks the field: its intent is clear, and "no
+/// `#[partition_key]` field" on top of "takes no arguments" would be noise.
 fn parse_marker(attr: &Attribute, marker: &str, slot: &mut Option<Span>, errors: &mut Errors) {
+    if slot.is_some() {
+        errors.spanned(attr, format!("duplicate `#[{marker}]` on this field"));
+        return;
+    }
+    *slot = Some(attr.path().span());
     match &attr.meta {
-        Meta::Path(path) => {
-            if slot.is_some() {
-                errors.spanned(attr, format!("duplicate `#[{marker}]` on this field"));
-            } else {
-                *slot = Some(path.span());
-            }
-        }
+        Meta::Path(_) => {}
         Meta::List(list) => errors.at(
             list.delimiter.span().join(),
             format!("`#[{marker}]` takes no arguments\nhelp: write `#[{marker}]`"),

@@ -105,7 +105,7 @@ fn register(ident: &syn::Ident, krate: &syn::Path) -> TokenStream {
     quote! {
         const _: () = {
             fn schema() -> #krate::__private::schemars::Schema {
-                #krate::__private::schemars::schema_for!(#ident)
+                <#ident as #krate::__private::EventSchema>::event_schema()
             }
             #krate::__private::inventory::submit! {
                 #krate::schema::EventDescriptor {

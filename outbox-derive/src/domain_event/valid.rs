@@ -41,7 +41,7 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         );
     }
     let missing_key = |errors: &mut Errors, key: &str, help: &str| {
-        if let Some(attr) = attrs.event_attr {
+        if let (Some(attr), false) = (attrs.event_attr, attrs.malformed) {
             errors.spanned(
                 attr,
                 format!("missing `{key}` in `#[event(...)]`\nhelp: {help}"),

@@ -1,0 +1,14 @@
+use outbox_core::DomainEvent;
+use schemars::JsonSchema;
+use serde::Serialize;
+use uuid::Uuid;
+
+#[derive(DomainEvent, Serialize, JsonSchema)]
+#[event(topic = "order.events", aggregate = "Order")]
+struct OrderCreated<'a> {
+    event_id: Uuid,
+    #[partition_key]
+    order_id: &'a str,
+}
+
+fn main() {}

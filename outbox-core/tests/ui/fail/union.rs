@@ -1,0 +1,11 @@
+use outbox_core::DomainEvent;
+use uuid::Uuid;
+
+#[derive(DomainEvent)]
+#[event(topic = "order.events", aggregate = "Order")]
+union OrderCreated {
+    event_id: Uuid,
+    order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use outbox_core::DomainEvent;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+#[derive(DomainEvent, Serialize, JsonSchema)]
+#[event(topic = "order.events", aggregate = "Order")]
+struct OrderCreated;
+
+fn main() {}
