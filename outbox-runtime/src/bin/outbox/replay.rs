@@ -50,7 +50,12 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "TOPIC")]
     target_topic: Option<String>,
     /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS", value_name = "HOST:PORT,...", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "KAFKA_BROKERS",
+        value_name = "HOST:PORT,...",
+        hide_env_values = true
+    )]
     brokers: Option<String>,
     /// Send at most N events per second on average.
     #[arg(long, value_name = "N", value_parser = args::positive)]
