@@ -13,6 +13,8 @@ use outbox_runtime::ops::dead_letters::{self, Selection, Table};
 use outbox_runtime::ops::status::{self, Thresholds};
 use sqlx::PgPool;
 
+type Time = chrono::DateTime<Utc>;
+
 async fn migrated(pool: &PgPool) {
     outbox_runtime::migrations::run(pool).await.unwrap();
 }
@@ -403,12 +405,8 @@ async fn dead_letters_list_retry_and_discard(pool: PgPool) {
         .unwrap();
     assert_eq!(retried.len(), 2);
     assert!(retried.contains(&a1_event));
-    let (parked_at, attempts, next, error): (
-        Option<chrono::DateTime<Utc>>,
-        i32,
-        Option<chrono::DateTime<Utc>>,
-        Option<String>,
-    ) = sqlx::query_as(
+    type Retried = (Option<Time>, i32, Option<Time>, Option<String>);
+    let (parked_at, attempts, next, error): Retried = sqlx::query_as(
         "SELECT parked_at, attempts, next_attempt_at, last_error FROM outbox_event WHERE id = $1",
     )
     .bind(a1)

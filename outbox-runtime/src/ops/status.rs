@@ -310,7 +310,7 @@ impl Thresholds {
                 breaches.push(Breach {
                     threshold,
                     limit: format!("{}s", limit.as_secs_f64()),
-                    actual: format!("oldest {what} is {actual:.1}s old"),
+                    actual: format!("oldest {what} is {actual:.0}s old"),
                 });
             }
         };

@@ -14,6 +14,12 @@ pub async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, Cli
     let url = url.ok_or_else(|| {
         CliError::Usage("no database given: pass --database-url or set DATABASE_URL".into())
     })?;
+    // The parser accepts any scheme; a MySQL or SQLite URL is a mistake here.
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(CliError::Usage(
+            "invalid database URL: expected postgres://user@host:port/database".into(),
+        ));
+    }
     let options = PgConnectOptions::from_str(url)
         .map_err(|e| CliError::Usage(format!("invalid database URL: {e}")))?
         .application_name("outbox-cli");

@@ -139,7 +139,8 @@ pub async fn run(
             } else {
                 print!("{}", render(&rows, table));
                 println!(
-                    "{total} parked {} rows{}",
+                    "{} in {}{}",
+                    output::plural(total, "parked row"),
                     table_name(table),
                     shown(rows.len(), total)
                 );
@@ -198,8 +199,8 @@ async fn act(
             (false, _) => "discarded".to_owned(),
         };
         println!(
-            "{verb} {} parked {} rows",
-            event_ids.len(),
+            "{verb} {} in {}",
+            output::plural(event_ids.len() as i64, "parked row"),
             table_name(table)
         );
         for id in &event_ids {

@@ -78,3 +78,13 @@ pub fn short(text: Option<&str>, max: usize) -> String {
         text.to_owned()
     }
 }
+
+/// `1 row`, `2 rows`.
+pub fn plural(n: impl Into<i64>, noun: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("{n} {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}

@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox_runtime::ops::status::{self, ProblemRow, QueueStatus, Status, Thresholds};
+use outbox_runtime::ops::status::{self, Breach, ProblemRow, QueueStatus, Status, Thresholds};
+use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::args;
@@ -34,6 +35,15 @@ pub struct StatusArgs {
     sample: i64,
 }
 
+/// The `--json` document: the verdict first, then the status.
+#[derive(Serialize)]
+struct Report<'a> {
+    healthy: bool,
+    breaches: &'a [Breach],
+    #[serde(flatten)]
+    status: &'a Status,
+}
+
 pub async fn run(pool: &PgPool, args: StatusArgs, json: bool) -> Result<ExitCode, CliError> {
     let thresholds = Thresholds {
         max_backlog: args.max_backlog,
@@ -45,13 +55,11 @@ pub async fn run(pool: &PgPool, args: StatusArgs, json: bool) -> Result<ExitCode
     let status = status::collect(pool, args.sample.max(0)).await?;
     let breaches = thresholds.check(&status);
     if json {
-        output::json(&serde_json::json!({
-            "healthy": breaches.is_empty(),
-            "breaches": breaches,
-            "outbox": status.outbox,
-            "inbox": status.inbox,
-            "tables": status.tables,
-        }))?;
+        output::json(&Report {
+            healthy: breaches.is_empty(),
+            breaches: &breaches,
+            status: &status,
+        })?;
     } else {
         print!("{}", render(&status));
     }
@@ -79,7 +87,7 @@ fn render(status: &Status) -> String {
             let approx = if t.estimated { "~" } else { "" };
             vec![
                 format!("  {}", t.table),
-                format!("{approx}{} rows", t.rows),
+                format!("{approx}{}", output::plural(t.rows, "row")),
                 output::bytes(t.total_bytes),
             ]
         })
