@@ -99,8 +99,9 @@ pub struct ProblemRow {
 pub struct TableSize {
     /// Table name.
     pub table: String,
-    /// Row count: the planner's estimate (`pg_class.reltuples`, cheap on huge
-    /// tables), or an exact count when the table was never analyzed.
+    /// Row count: the planner's estimate (`pg_class.reltuples`, summed over
+    /// the partitions of a partitioned table; cheap on huge tables), or an
+    /// exact count when the table was never analyzed.
     pub rows: i64,
     /// Whether `rows` is an estimate.
     pub estimated: bool,
@@ -210,16 +211,25 @@ async fn queue_status(pool: &PgPool, q: &QueueSql, sample: i64) -> Result<QueueS
 }
 
 async fn table_size(pool: &PgPool, table: &str) -> Result<TableSize, OpsError> {
-    let (reltuples, total_bytes): (f32, i64) = sqlx::query_as(
-        "SELECT c.reltuples, pg_total_relation_size(c.oid)
-         FROM pg_class c WHERE c.oid = to_regclass($1)",
+    // A partitioned table holds nothing itself (and is never analyzed): sum its
+    // leaf partitions instead.
+    let (reltuples, never_analyzed, total_bytes): (f64, Option<bool>, i64) = sqlx::query_as(
+        "WITH leaves AS (
+             SELECT c.oid, c.reltuples FROM pg_class c
+             WHERE c.relkind = 'r'
+               AND (c.oid = to_regclass($1)
+                    OR c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass($1)) WHERE isleaf)))
+         SELECT coalesce(sum(greatest(reltuples, 0)), 0)::float8,
+                bool_and(reltuples < 0),
+                coalesce(sum(pg_total_relation_size(oid)), 0)::int8
+         FROM leaves",
     )
     .bind(table)
     .fetch_one(pool)
     .await?;
     // reltuples is -1 until the first ANALYZE; autovacuum analyzes long before a
     // table is large, so counting exactly then is cheap.
-    let (rows, estimated) = if reltuples < 0.0 {
+    let (rows, estimated) = if never_analyzed.unwrap_or(true) {
         let exact: i64 =
             sqlx::query_scalar(super::trusted(format!("SELECT count(*) FROM {table}")))
                 .fetch_one(pool)
