@@ -158,7 +158,9 @@ async fn cleanup_deletes_only_finished_rows_past_the_cutoff_in_batches(pool: PgP
         processed_row(&pool, "g1", ago).await;
         processed_row(&pool, "g2", ago).await;
     }
-    inbox_row(&pool, "t", 9 * day, Some(8 * day), None).await; // deleted
+    for _ in 0..4 {
+        inbox_row(&pool, "t", 9 * day, Some(8 * day), None).await; // deleted
+    }
     inbox_row(&pool, "t", 9 * day, Some(60), None).await; // recent
     inbox_row(&pool, "t", 9 * day, None, None).await; // unprocessed
     inbox_row(&pool, "t", 9 * day, None, Some("boom")).await; // parked
@@ -176,7 +178,7 @@ async fn cleanup_deletes_only_finished_rows_past_the_cutoff_in_batches(pool: PgP
         (Target::PublishedOutbox, 7),
         (Target::DiscardedOutbox, 1),
         (Target::ProcessedEvent, 4),
-        (Target::ProcessedInbox, 1),
+        (Target::ProcessedInbox, 4),
         (Target::DiscardedInbox, 1),
     ];
     for (target, n) in expected {

@@ -111,7 +111,8 @@ struct Row {
     aggregate_type: String,
     aggregate_id: String,
     event_type: String,
-    payload: serde_json::Value,
+    /// `jsonb::text`, exactly the bytes the relay sends.
+    payload: String,
     topic: String,
     partition_key: String,
     traceparent: Option<String>,
@@ -263,7 +264,7 @@ impl Replay {
         };
         let sql = format!(
             "SELECT t.id, t.event_id, t.aggregate_type, t.aggregate_id, t.event_type,
-                    t.payload, t.topic, t.partition_key, t.traceparent
+                    t.payload::text AS payload, t.topic, t.partition_key, t.traceparent
              {SELECTED} AND t.id > $8 ORDER BY t.id LIMIT $9"
         );
         let run = run_id.to_string();
@@ -343,12 +344,11 @@ impl Replay {
         row: &Row,
         run: &str,
     ) -> Result<rdkafka::producer::DeliveryFuture, OpsError> {
-        let payload = serde_json::to_vec(&row.payload).expect("a JSON value serializes");
         let event_id = row.event_id.to_string();
         let topic = self.target_topic.as_deref().unwrap_or(&row.topic);
         let mut record = FutureRecord::to(topic)
             .key(row.partition_key.as_bytes())
-            .payload(payload.as_slice())
+            .payload(row.payload.as_str())
             .headers(headers(row, &event_id, run));
         loop {
             match producer.send_result(record) {
