@@ -32,8 +32,8 @@ impl From<OpsError> for CliError {
         match error {
             OpsError::Database(e) => database(e),
             OpsError::InvalidRequest(message) => CliError::Usage(message),
-            OpsError::ReplayFailed { ref source, .. } if is_schema_error(source) => {
-                CliError::Usage(error.to_string())
+            OpsError::ReplayFailed { ref source, .. } if matches!(&**source, OpsError::Database(e) if schema_missing(e)) => {
+                CliError::Usage(format!("{error}; run `outbox migrate` first"))
             }
             other => CliError::Failed(other.to_string()),
         }
@@ -47,34 +47,23 @@ impl From<sqlx::Error> for CliError {
 }
 
 fn database(error: sqlx::Error) -> CliError {
-    let code = error
+    if schema_missing(&error) {
+        return CliError::Usage(format!(
+            "the database has no (or an outdated) outbox schema: {error}; run `outbox migrate` first"
+        ));
+    }
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => {
+            CliError::Usage(format!("database unreachable: {error}"))
+        }
+        other => CliError::Failed(format!("database error: {other}")),
+    }
+}
+
+/// undefined_table or undefined_column: not migrated, or an older schema.
+fn schema_missing(error: &sqlx::Error) -> bool {
+    error
         .as_database_error()
         .and_then(|e| e.code())
-        .map(|code| code.into_owned());
-    match code.as_deref() {
-        // undefined_table, undefined_column: not migrated, or an older schema.
-        Some("42P01" | "42703") => CliError::Usage(format!(
-            "the database has no (or an outdated) outbox schema: {error}; run `outbox migrate` first"
-        )),
-        _ => match error {
-            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => {
-                CliError::Usage(format!("database unreachable: {error}"))
-            }
-            other => CliError::Failed(format!("database error: {other}")),
-        },
-    }
-}
-
-fn is_schema_error(error: &OpsError) -> bool {
-    matches!(database_code(error).as_deref(), Some("42P01" | "42703"))
-}
-
-fn database_code(error: &OpsError) -> Option<String> {
-    match error {
-        OpsError::Database(e) => e
-            .as_database_error()
-            .and_then(|e| e.code())
-            .map(|c| c.into_owned()),
-        _ => None,
-    }
+        .is_some_and(|code| code == "42P01" || code == "42703")
 }
