@@ -1,0 +1,383 @@
+//! The `outbox` binary end to end: exit codes, `--json` output, one-line
+//! errors for bad input.
+
+mod cli_support;
+
+use std::process::{Command, Output};
+
+use cli_support::{OutboxRow, count};
+use serde_json::Value;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgPool};
+
+/// The URL of the test's own database.
+fn url(pool: &PgPool) -> String {
+    let options: &PgConnectOptions = &pool.connect_options();
+    options.to_url_lossy().to_string()
+}
+
+fn outbox(pool: Option<&PgPool>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("KAFKA_BROKERS")
+        .env_remove("OUTBOX_SCHEMA_EXPORTER")
+        .env("RUST_BACKTRACE", "1");
+    if let Some(pool) = pool {
+        command.arg("--database-url").arg(url(pool));
+    }
+    command.args(args).output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(output)))
+}
+
+/// Exit code 2 and exactly one line on stderr containing `needle`.
+#[track_caller]
+fn assert_usage_error(output: &Output, needle: &str) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn migrate_then_status_as_a_health_check(pool: PgPool) {
+    let unmigrated = outbox(Some(&pool), &["status"]);
+    assert_usage_error(&unmigrated, "run `outbox migrate` first");
+
+    let first = outbox(Some(&pool), &["migrate", "--json"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let versions: Vec<i64> = json(&first)["applied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["version"].as_i64().unwrap())
+        .collect();
+    let shipped: Vec<i64> = outbox_runtime::migrations::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(versions, shipped);
+    let again = outbox(Some(&pool), &["migrate"]);
+    assert!(stdout(&again).contains("schema is up to date"));
+
+    for _ in 0..3 {
+        OutboxRow::new("orders").insert(&pool).await;
+    }
+    OutboxRow::new("orders")
+        .parked(4, "message too large")
+        .insert(&pool)
+        .await;
+
+    let healthy = outbox(
+        Some(&pool),
+        &["status", "--max-backlog", "3", "--max-age", "1h"],
+    );
+    assert_eq!(healthy.status.code(), Some(0), "{}", stderr(&healthy));
+    let text = stdout(&healthy);
+    assert!(text.contains("unpublished"), "{text}");
+    assert!(text.contains("message too large"), "{text}");
+
+    let unhealthy = outbox(
+        Some(&pool),
+        &[
+            "status",
+            "--json",
+            "--max-backlog",
+            "2",
+            "--max-parked",
+            "0",
+        ],
+    );
+    assert_eq!(unhealthy.status.code(), Some(1));
+    let report = json(&unhealthy);
+    assert_eq!(report["healthy"], false);
+    assert_eq!(report["outbox"]["pending"], 3);
+    assert_eq!(report["outbox"]["topics"][0]["topic"], "orders");
+    assert_eq!(report["outbox"]["parked_rows"][0]["attempts"], 4);
+    let err = stderr(&unhealthy);
+    assert!(
+        err.contains("max-backlog exceeded: 3 unpublished events (limit 2)"),
+        "{err}"
+    );
+    assert!(err.contains("max-parked exceeded"), "{err}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn cleanup_dry_run_then_delete(pool: PgPool) {
+    outbox_runtime::migrations::run(&pool).await.unwrap();
+    for _ in 0..5 {
+        OutboxRow::new("t")
+            .published(10 * 86_400, 9 * 86_400)
+            .insert(&pool)
+            .await;
+    }
+    OutboxRow::new("t").published(60, 30).insert(&pool).await;
+    let mut old_unpublished = OutboxRow::new("t");
+    old_unpublished.created_ago = 10 * 86_400;
+    old_unpublished.insert(&pool).await;
+
+    let none = outbox(Some(&pool), &["cleanup"]);
+    assert_usage_error(&none, "nothing to clean");
+
+    let dry = outbox(
+        Some(&pool),
+        &["cleanup", "--older-than", "7d", "--dry-run", "--json"],
+    );
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let report = json(&dry);
+    assert_eq!(report["targets"][0]["target"], "published_outbox");
+    assert_eq!(report["targets"][0]["matched"], 5);
+    assert_eq!(count(&pool, "SELECT count(*) FROM outbox_event").await, 7);
+
+    let run = outbox(
+        Some(&pool),
+        &[
+            "cleanup",
+            "--older-than",
+            "7d",
+            "--batch-size",
+            "2",
+            "--processed-older-than",
+            "30d",
+        ],
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    let text = stdout(&run);
+    assert!(text.contains("deleted 5 published outbox rows"), "{text}");
+    assert!(text.contains("deleted 0 processed_event rows"), "{text}");
+    assert_eq!(count(&pool, "SELECT count(*) FROM outbox_event").await, 2);
+}
+
+#[sqlx::test(migrations = false)]
+async fn dead_letters_from_the_command_line(pool: PgPool) {
+    outbox_runtime::migrations::run(&pool).await.unwrap();
+    let (id, event_id) = OutboxRow::new("orders")
+        .parked(9, "unknown topic")
+        .insert(&pool)
+        .await;
+    let (other, _) = OutboxRow::new("orders")
+        .parked(9, "unknown topic")
+        .insert(&pool)
+        .await;
+
+    let list = outbox(Some(&pool), &["dead-letters", "list", "--json"]);
+    assert!(list.status.success(), "{}", stderr(&list));
+    let listed = json(&list);
+    assert_eq!(listed["total"], 2);
+    assert_eq!(listed["rows"][0]["id"], id);
+    assert_eq!(listed["rows"][0]["last_error"], "unknown topic");
+
+    let unselected = outbox(Some(&pool), &["dead-letters", "retry"]);
+    assert_usage_error(&unselected, "choose the rows");
+    let misspelt = outbox(Some(&pool), &["dead-letters", "retry", "--topic", "ordres"]);
+    assert_usage_error(&misspelt, "no outbox_event row has topic 'ordres'");
+    let bad_uuid = outbox(
+        Some(&pool),
+        &["dead-letters", "retry", "--event-id", "not-a-uuid"],
+    );
+    assert_usage_error(&bad_uuid, "not-a-uuid");
+    let inbox_by_id = outbox(
+        Some(&pool),
+        &["dead-letters", "retry", "--table", "inbox", "--id", "1"],
+    );
+    assert_usage_error(&inbox_by_id, "event id");
+
+    let dry = outbox(
+        Some(&pool),
+        &[
+            "dead-letters",
+            "retry",
+            "--event-id",
+            &event_id.to_string(),
+            "--dry-run",
+        ],
+    );
+    assert!(
+        stdout(&dry).contains("would retry 1 parked row in outbox_event"),
+        "{}",
+        stdout(&dry)
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox_event WHERE parked_at IS NOT NULL"
+        )
+        .await,
+        2
+    );
+
+    let retry = outbox(
+        Some(&pool),
+        &[
+            "dead-letters",
+            "retry",
+            "--event-id",
+            &event_id.to_string(),
+            "--json",
+        ],
+    );
+    assert!(retry.status.success(), "{}", stderr(&retry));
+    assert_eq!(json(&retry)["event_ids"][0], event_id.to_string());
+    let discard = outbox(
+        Some(&pool),
+        &["dead-letters", "discard", "--id", &other.to_string()],
+    );
+    assert!(
+        stdout(&discard).contains("discarded 1 parked row in outbox_event"),
+        "{}",
+        stdout(&discard)
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox_event WHERE parked_at IS NULL AND discarded_at IS NULL"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox_event WHERE discarded_at IS NOT NULL"
+        )
+        .await,
+        1
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn replay_checks_its_input_before_sending(pool: PgPool) {
+    outbox_runtime::migrations::run(&pool).await.unwrap();
+    for _ in 0..4 {
+        OutboxRow::new("orders")
+            .published(600, 500)
+            .insert(&pool)
+            .await;
+    }
+    OutboxRow::new("orders").insert(&pool).await; // unpublished: never replayed
+
+    let unfiltered = outbox(Some(&pool), &["replay", "--dry-run"]);
+    assert_usage_error(&unfiltered, "--all");
+    let unknown = outbox(Some(&pool), &["replay", "--topic", "ordres", "--dry-run"]);
+    assert_usage_error(&unknown, "no outbox_event row has topic 'ordres'");
+    let bad_time = outbox(
+        Some(&pool),
+        &["replay", "--topic", "orders", "--from", "yesterday"],
+    );
+    assert_usage_error(&bad_time, "not a time");
+    let empty_range = outbox(
+        Some(&pool),
+        &["replay", "--all", "--from", "1h", "--to", "2h"],
+    );
+    assert_usage_error(&empty_range, "empty time range");
+    let no_brokers = outbox(Some(&pool), &["replay", "--topic", "orders"]);
+    assert_usage_error(&no_brokers, "KAFKA_BROKERS");
+
+    let dry = outbox(
+        Some(&pool),
+        &[
+            "replay",
+            "--topic",
+            "orders",
+            "--from",
+            "1h",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let report = json(&dry);
+    assert_eq!(report["selected"], 4);
+    assert_eq!(report["filter"]["topic"], "orders");
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM outbox_replay_run").await,
+        0,
+        "a dry run records nothing"
+    );
+}
+
+#[test]
+fn bad_input_and_unreachable_database_exit_2_with_one_line() {
+    let duration = outbox(
+        None,
+        &[
+            "--database-url",
+            "postgres://x@127.0.0.1:1/x",
+            "cleanup",
+            "--older-than",
+            "7x",
+        ],
+    );
+    assert_usage_error(
+        &duration,
+        "invalid value '7x' for '--older-than <DURATION>'",
+    );
+    let unreachable = outbox(
+        None,
+        &[
+            "--database-url",
+            "postgres://me:s3cret@127.0.0.1:1/db",
+            "--connect-timeout",
+            "2s",
+            "status",
+        ],
+    );
+    assert_usage_error(
+        &unreachable,
+        "cannot connect to the database at 127.0.0.1:1/db",
+    );
+    assert!(
+        !stderr(&unreachable).contains("s3cret"),
+        "the password is never printed"
+    );
+    let no_url = outbox(None, &["status"]);
+    assert_usage_error(&no_url, "DATABASE_URL");
+    let garbage_url = outbox(None, &["--database-url", "mysql://nope", "status"]);
+    assert_usage_error(&garbage_url, "invalid database URL");
+}
+
+#[test]
+fn schemas_points_to_the_exporter_or_runs_it() {
+    let unconfigured = outbox(None, &["schemas", "export"]);
+    assert_usage_error(&unconfigured, "--exporter");
+    let ran = outbox(
+        None,
+        &[
+            "schemas",
+            "check",
+            "--exporter",
+            "echo exporter-ran",
+            "--",
+            "--dir",
+            "my schemas",
+        ],
+    );
+    assert!(ran.status.success(), "{}", stderr(&ran));
+    assert_eq!(stdout(&ran), "exporter-ran check --dir my schemas\n");
+    let failing = outbox(
+        None,
+        &["schemas", "check", "--exporter", "sh -c 'exit 3' x"],
+    );
+    assert_eq!(
+        failing.status.code(),
+        Some(3),
+        "the exporter's exit code is kept"
+    );
+}
