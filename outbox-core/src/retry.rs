@@ -3,6 +3,7 @@
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
+use sqlx::error::DatabaseError;
 use sqlx::postgres::PgDatabaseError;
 
 /// SQLSTATEs after which re-running the whole transaction can succeed:
@@ -15,8 +16,10 @@ pub(crate) fn is_serialization_failure(error: &(dyn std::error::Error + 'static)
     let mut current = Some(error);
     while let Some(error) = current {
         // thiserror's `#[error(transparent)]` forwards `source()` past the
-        // `sqlx::Error`, so the driver's error is checked as well.
+        // `sqlx::Error`, to its boxed driver error, so that is checked as well.
         let code = if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
+            db.code().map(|code| code.into_owned())
+        } else if let Some(db) = error.downcast_ref::<Box<dyn DatabaseError>>() {
             db.code().map(|code| code.into_owned())
         } else {
             error

@@ -47,7 +47,7 @@ use crate::{DomainEvent, Error, Events, OutboxRecord, TransactionSource, insert_
 /// })
 /// .await
 /// .unwrap();
-/// assert_eq!(run.output.unwrap(), 7);
+/// assert_eq!(run.output.as_ref().unwrap(), &7);
 /// let created = run.assert_count::<OrderCreated>(1);
 /// assert_eq!(created[0].order_id, 7);
 /// # }

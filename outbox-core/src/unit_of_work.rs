@@ -155,8 +155,8 @@ impl<S: TransactionSource> UnitOfWork<S> {
     /// serialization failure or a deadlock (SQLSTATE 40001 / 40P01), after a
     /// short jittered backoff (a few milliseconds, doubling, at most 100 ms).
     ///
-    /// Default: no retry. The handler must then be an `AsyncFnMut` (it runs
-    /// again) and its error type must implement `std::error::Error + 'static`
+    /// Default: no retry. The handler must then be `Clone` (each attempt runs
+    /// a fresh clone, see [`RetryingUnitOfWork::run`]) and its error type must implement `std::error::Error + 'static`
     /// and keep the `sqlx::Error` in its `source()` chain (as `#[from]` /
     /// `#[source]` of thiserror do), so that a failure inside the handler can be
     /// recognized.
@@ -173,7 +173,10 @@ impl<S: TransactionSource> UnitOfWork<S> {
         F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E>,
         E: From<Error>,
     {
-        attempt(&mut self.source, self.isolation, handler)
+        let mut tx = begin(&mut self.source, self.isolation).await?;
+        let mut events = Events::new();
+        let outcome = handler(&mut tx, &mut events).await;
+        finish(tx, events, outcome)
             .await
             .map_err(Failure::into_user)
     }
@@ -196,18 +199,30 @@ impl<S: TransactionSource> RetryingUnitOfWork<S> {
 
     /// Runs `handler`, again on serialization failure, at most `1 + retries` times.
     /// The error of the last attempt is returned when all fail.
-    pub async fn run<T, E, F>(mut self, mut handler: F) -> Result<T, E>
+    ///
+    /// Each attempt runs a fresh clone of `handler`, so it starts from the same
+    /// captured state: a closure capturing by reference (`async |tx, events|`)
+    /// or owning `Clone` values (`async move |tx, events|`) works; one that
+    /// mutates its captures does not compile (count attempts with an atomic).
+    pub async fn run<T, E, F>(mut self, handler: F) -> Result<T, E>
     where
-        F: AsyncFnMut(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E>,
+        F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E> + Clone,
         E: From<Error> + std::error::Error + 'static,
     {
         let mut retried = 0;
         loop {
-            let failure =
-                match attempt(&mut self.inner.source, self.inner.isolation, &mut handler).await {
-                    Ok(output) => return Ok(output),
-                    Err(failure) => failure,
-                };
+            // An owned clone per attempt rather than `AsyncFnMut`: the futures of
+            // an `AsyncFnMut` borrow the closure, and rustc then fails to prove
+            // the caller's future `Send` (higher-ranked auto-trait inference,
+            // rust-lang/rust#110338), which would make handlers unusable in
+            // `tokio::spawn` or axum.
+            let mut tx = begin(&mut self.inner.source, self.inner.isolation).await?;
+            let mut events = Events::new();
+            let outcome = handler.clone()(&mut tx, &mut events).await;
+            let failure = match finish(tx, events, outcome).await {
+                Ok(output) => return Ok(output),
+                Err(failure) => failure,
+            };
             let retryable = match &failure {
                 Failure::Handler(error) => retry::is_serialization_failure(error),
                 Failure::Framework(error) => retry::is_serialization_failure(error),
@@ -240,26 +255,25 @@ impl<E: From<Error>> Failure<E> {
     }
 }
 
-/// One transaction: begin, handler, outbox insert, commit, wake-up.
-async fn attempt<S, T, E, F>(
+/// Opens the transaction of one attempt.
+async fn begin<S: TransactionSource>(
     source: &mut S,
     isolation: Option<IsolationLevel>,
-    handler: F,
-) -> Result<T, Failure<E>>
-where
-    S: TransactionSource,
-    F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E>,
-{
-    let framework = |error: sqlx::Error| Failure::Framework(Error::Database(error));
-    let mut tx = source
-        .begin_transaction(isolation)
-        .await
-        .map_err(framework)?;
-    let mut events = Events::new();
-    // A panic in the handler unwinds through here: dropping `tx` queues a
-    // rollback that sqlx runs before the connection is used again, so no
-    // half-open transaction survives it.
-    let outcome = handler(&mut tx, &mut events).await;
+) -> Result<Transaction<'_, Postgres>, Error> {
+    Ok(source.begin_transaction(isolation).await?)
+}
+
+/// Ends one attempt after the handler ran: on its success inserts the events,
+/// commits and wakes the relay; otherwise rolls back.
+///
+/// A panic in the handler never reaches this: it unwinds through the caller,
+/// where dropping the transaction queues a rollback that sqlx runs before the
+/// connection is used again, so no half-open transaction survives it.
+async fn finish<T, E>(
+    mut tx: Transaction<'_, Postgres>,
+    mut events: Events,
+    outcome: Result<T, E>,
+) -> Result<T, Failure<E>> {
     let output = match outcome {
         Ok(output) => output,
         Err(error) => {
@@ -275,12 +289,14 @@ where
         Ok(inserted) => inserted,
         Err(error) => {
             rollback(tx).await;
-            return Err(framework(error));
+            return Err(Failure::Framework(error.into()));
         }
     };
     // A failed commit (deferred constraint, serialization failure) has rolled
     // the transaction back on the server; nothing to undo here.
-    tx.commit().await.map_err(framework)?;
+    tx.commit()
+        .await
+        .map_err(|error| Failure::Framework(error.into()))?;
     if inserted > 0 {
         wakeup::notify_committed();
     }
