@@ -100,17 +100,19 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
         .as_ref()
         .map(|(n, span)| quote_spanned!(*span=> .retries(#n)));
     // Errors about the handler's result (no `From<outbox_core::Error>`, not
-    // `std::error::Error` for retries) point at the declared return type.
+    // `std::error::Error` for retries) point at the declared return type, once.
     let output_span = match &item.sig.output {
         ReturnType::Type(_, ty) => ty.span(),
         ReturnType::Default => item.sig.ident.span(),
     };
-    let run = quote_spanned!(output_span=> run);
     let closure = if retrying {
         // Borrows its captures, so it is `Clone` and each attempt runs a fresh copy.
         quote!(async |#tx, #events| #callee(#(#call_args),*).await)
     } else {
         quote!(async move |#tx, #events| #callee(#(#call_args),*).await)
+    };
+    let run = quote_spanned! {output_span=>
+        ::outbox_core::transaction(#db) #isolation #retries .run(#closure).await
     };
     let outer_doc = format!(
         " Runs in its own transaction on `db` (`&PgPool`, `PgPool` or `&mut PgConnection`): \
@@ -125,7 +127,7 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
         #[doc = ""]
         #[doc = #outer_doc]
         #vis #outer_sig {
-            ::outbox_core::transaction(#db) #isolation #retries .#run(#closure).await
+            #run
         }
 
         #[doc = #inner_doc]

@@ -20,15 +20,8 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             return error.to_compile_error();
         }
     };
-    let handler = match validate::handler(item) {
-        Ok(handler) => handler,
-        Err((item, handler_errors)) => {
-            return with_errors(
-                item.into_token_stream(),
-                errors.into_iter().chain(handler_errors),
-            );
-        }
-    };
+    let (handler, handler_errors) = validate::handler(item);
+    errors.extend(handler_errors);
     if let Some((_, span)) = args.retries {
         errors.extend(validate::with_retries(&handler, span));
     }
@@ -38,8 +31,9 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::handler(handler, &args)
 }
 
-/// The user's function as written plus every error: its body still type-checks,
-/// and callers are not buried under follow-on errors about a missing function.
+/// The user's function as written plus every error: its body still
+/// type-checks, so its own mistakes show up in the same build, and no error
+/// comes from code the macro generated around a signature it could not use.
 fn with_errors(item: TokenStream, errors: impl IntoIterator<Item = syn::Error>) -> TokenStream {
     let errors = errors.into_iter().map(|error| error.to_compile_error());
     quote::quote!(#item #(#errors)*)

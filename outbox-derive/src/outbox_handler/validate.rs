@@ -1,7 +1,8 @@
 //! Checks the handler's signature and finds its transaction and collector
 //! parameters. Every mistake is reported, each on its own tokens.
 
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, Type, TypePath};
 
@@ -24,9 +25,9 @@ pub(crate) struct Handler {
     pub params: Vec<Param>,
 }
 
-/// Validates `item`; on failure returns every error, and the function with our
-/// parameter markers removed (so it can still be emitted as written).
-pub(crate) fn handler(mut item: ItemFn) -> Result<Handler, (ItemFn, Vec<syn::Error>)> {
+/// Validates `item` and returns the handler with every error found; with
+/// errors, `Handler::item` (markers removed) can still be emitted as written.
+pub(crate) fn handler(mut item: ItemFn) -> (Handler, Vec<syn::Error>) {
     let mut errors = Vec::new();
     if item.sig.asyncness.is_none() {
         errors.push(syn::Error::new(
@@ -35,13 +36,14 @@ pub(crate) fn handler(mut item: ItemFn) -> Result<Handler, (ItemFn, Vec<syn::Err
         ));
     }
     let mut params = Vec::new();
-    let (mut tx_seen, mut events_seen) = (None::<Span>, None::<Span>);
+    // The first parameter of each role, for "the first one is here".
+    let (mut tx_seen, mut events_seen) = (None::<TokenStream>, None::<TokenStream>);
     for (index, input) in item.sig.inputs.iter_mut().enumerate() {
         match input {
             FnArg::Receiver(receiver) => {
                 if receiver.reference.is_none() || receiver.colon_token.is_some() {
-                    errors.push(syn::Error::new(
-                        receiver.span(),
+                    errors.push(syn::Error::new_spanned(
+                        &*receiver,
                         "#[outbox_handler] methods take `&self` or `&mut self`: the handler runs inside a unit of work that borrows its receiver (and may run it again on retry), so `self` by value or a typed receiver is not supported",
                     ));
                     continue;
@@ -52,7 +54,7 @@ pub(crate) fn handler(mut item: ItemFn) -> Result<Handler, (ItemFn, Vec<syn::Err
             }
             FnArg::Typed(typed) => {
                 let marker = take_marker(&mut typed.attrs);
-                let span = typed.span();
+                let whole = &*typed;
                 let role = match marker {
                     Some(Marker::Tx) => Some(Role::Tx(is_connection(&typed.ty))),
                     Some(Marker::Events) => Some(Role::Events),
@@ -60,26 +62,31 @@ pub(crate) fn handler(mut item: ItemFn) -> Result<Handler, (ItemFn, Vec<syn::Err
                 };
                 match role {
                     Some(Role::Tx(connection)) => {
-                        if let Some(first) = tx_seen {
-                            errors.push(more_than_one(span, first, "transaction", "#[tx]"));
+                        if let Some(first) = &tx_seen {
+                            errors.push(more_than_one(whole, first, "transaction", "#[tx]"));
                         }
-                        tx_seen.get_or_insert(span);
+                        tx_seen.get_or_insert_with(|| whole.to_token_stream());
                         if !is_mut_reference(&typed.ty) {
-                            errors.push(syn::Error::new(
-                                typed.ty.span(),
+                            errors.push(syn::Error::new_spanned(
+                                &typed.ty,
                                 "the transaction parameter must be a mutable reference: `tx: &mut Transaction<'_, Postgres>`",
                             ));
                         }
                         params.push(Param::Transaction { connection });
                     }
                     Some(Role::Events) => {
-                        if let Some(first) = events_seen {
-                            errors.push(more_than_one(span, first, "event collector", "#[events]"));
+                        if let Some(first) = &events_seen {
+                            errors.push(more_than_one(
+                                whole,
+                                first,
+                                "event collector",
+                                "#[events]",
+                            ));
                         }
-                        events_seen.get_or_insert(span);
+                        events_seen.get_or_insert_with(|| whole.to_token_stream());
                         if !is_mut_reference(&typed.ty) {
-                            errors.push(syn::Error::new(
-                                typed.ty.span(),
+                            errors.push(syn::Error::new_spanned(
+                                &typed.ty,
                                 "the event collector parameter must be a mutable reference: `events: &mut Events`",
                             ));
                         }
@@ -117,11 +124,7 @@ pub(crate) fn handler(mut item: ItemFn) -> Result<Handler, (ItemFn, Vec<syn::Err
             "#[outbox_handler] needs an event collector parameter: add `events: &mut Events` (outbox_core::Events) and call `events.record(...)` (mark a parameter of an aliased type with `#[events]`)",
         ));
     }
-    if errors.is_empty() {
-        Ok(Handler { item, params })
-    } else {
-        Err((item, errors))
-    }
+    (Handler { item, params }, errors)
 }
 
 /// Checks that need the attribute's arguments too.
@@ -205,14 +208,19 @@ fn last_segment(ty: &Type) -> Option<String> {
     }
 }
 
-fn more_than_one(span: Span, first: Span, what: &str, marker: &str) -> syn::Error {
-    let mut error = syn::Error::new(
-        span,
+fn more_than_one(
+    param: &syn::PatType,
+    first: &TokenStream,
+    what: &str,
+    marker: &str,
+) -> syn::Error {
+    let mut error = syn::Error::new_spanned(
+        param,
         format!(
             "more than one {what} parameter; a handler gets exactly one (if this one is not meant as the {what}, give it a different type, or mark the intended one with `{marker}`)"
         ),
     );
-    error.combine(syn::Error::new(
+    error.combine(syn::Error::new_spanned(
         first,
         format!("the first {what} parameter is here"),
     ));
