@@ -30,6 +30,10 @@
 //! let record = outbox_core::OutboxRecord::from_event(&event).unwrap();
 //! assert_eq!(record.payload["event_id"], event.event_id.to_string());
 //! ```
+//!
+//! Write them with a command handler: `#[outbox_handler]` (or the plain
+//! [`transaction`] API) runs your statements and inserts the events you
+//! [record](Events::record) in one transaction; see `docs/handler.md`.
 
 mod error;
 mod event;
@@ -55,6 +59,11 @@ pub use unit_of_work::{
 
 #[cfg(feature = "derive")]
 pub use outbox_derive::{DomainEvent, outbox_handler};
+
+// The handler guide's examples are compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/handler.md")]
+struct HandlerGuide;
 
 /// Re-exports used by generated code. Not a public API: may change in any release.
 #[doc(hidden)]

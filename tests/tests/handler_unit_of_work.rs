@@ -334,3 +334,19 @@ async fn insert_records_is_one_statement_for_many_rows(pool: PgPool) {
         assert_row_is(row, event);
     }
 }
+
+#[sqlx::test(migrations = false)]
+async fn inside_an_open_transaction_it_is_a_savepoint(pool: PgPool) {
+    setup(&pool).await;
+    let mut outer = pool.begin().await.unwrap();
+    transaction(&mut *outer)
+        .run(async |tx, events| place_order(tx, events, 1, 2).await)
+        .await
+        .unwrap();
+    // The unit of work's commit only released its savepoint: the outer
+    // transaction still decides.
+    assert_eq!(count(&pool, "outbox_event").await, 0);
+    outer.rollback().await.unwrap();
+    assert_eq!(count(&pool, "orders").await, 0);
+    assert_eq!(count(&pool, "outbox_event").await, 0);
+}
