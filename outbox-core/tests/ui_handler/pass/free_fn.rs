@@ -51,6 +51,20 @@ pub(crate) async fn with_connection(
     Ok(id)
 }
 
+/// Arguments named like the wrapper's own locals (`db`, `tx`, `events`) do not
+/// clash with them: the generated names are hygienic.
+#[outbox_handler(retries = 1)]
+pub async fn hygiene(
+    conn: &mut Transaction<'_, Postgres>,
+    collector: &mut Events,
+    db: String,
+    tx: i32,
+    events: Vec<u8>,
+) -> Result<usize, outbox_core::Error> {
+    let _ = (conn, collector);
+    Ok(db.len() + tx as usize + events.len())
+}
+
 fn assert_send<T: Send>(_: &T) {}
 
 #[allow(dead_code)]
@@ -61,6 +75,7 @@ async fn callers(pool: PgPool) -> Result<(), AppError> {
     create_order(pool.clone(), CreateOrder { amount: 1 }).await?;
     let mut conn = pool.acquire().await?;
     with_connection(&mut *conn, CreateOrder { amount: 2 }).await?;
+    hygiene(&pool, "db".into(), 1, vec![]).await?;
     // The handler itself, on a transaction and collector of your own.
     let mut tx = pool.begin().await?;
     let mut events = Events::new();
