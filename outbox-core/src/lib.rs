@@ -30,22 +30,41 @@
 //! let record = outbox_core::OutboxRecord::from_event(&event).unwrap();
 //! assert_eq!(record.payload["event_id"], event.event_id.to_string());
 //! ```
+//!
+//! Write them with a command handler: `#[outbox_handler]` (or the plain
+//! [`transaction`] API) runs your statements and inserts the events you
+//! [record](Events::record) in one transaction; see `docs/handler.md`.
 
 mod derive_support;
 mod error;
 mod event;
+mod events;
+mod insert;
 mod record;
+mod retry;
 pub mod schema;
+pub mod testing;
 pub mod trace;
+mod unit_of_work;
 pub mod wakeup;
 pub mod wire;
 
 pub use error::Error;
 pub use event::{DomainEvent, PartitionKey};
+pub use events::Events;
+pub use insert::insert_records;
 pub use record::OutboxRecord;
+pub use unit_of_work::{
+    IsolationLevel, RetryingUnitOfWork, TransactionSource, UnitOfWork, transaction,
+};
 
 #[cfg(feature = "derive")]
-pub use outbox_derive::DomainEvent;
+pub use outbox_derive::{DomainEvent, outbox_handler};
+
+// The handler guide's examples are compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/handler.md")]
+struct HandlerGuide;
 
 /// Re-exports used by generated code. Not a public API: may change in any release.
 #[doc(hidden)]

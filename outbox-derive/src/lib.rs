@@ -5,6 +5,7 @@
 use proc_macro::TokenStream;
 
 mod domain_event;
+mod outbox_handler;
 
 /// Derives `outbox_core::DomainEvent` for a struct with named fields.
 ///
@@ -26,4 +27,27 @@ mod domain_event;
 pub fn derive_domain_event(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
     domain_event::derive(&input).into()
+}
+
+/// Turns an async command handler into a unit of work: one transaction for
+/// its writes and the events it records (R-DIST-OBX-1).
+///
+/// ```ignore
+/// #[outbox_handler(isolation = "serializable", retries = 3)] // both optional
+/// pub async fn create_order(
+///     tx: &mut Transaction<'_, Postgres>,
+///     events: &mut Events,
+///     cmd: CreateOrder,
+/// ) -> Result<Order, AppError> { /* ... */ }
+///
+/// let order = create_order(&pool, cmd).await?; // begin, run, insert events, commit
+/// ```
+///
+/// Generates `create_order(db, cmd)` (runs the unit of work on a `&PgPool`,
+/// `PgPool` or `&mut PgConnection`) and `create_order_in_tx(tx, events, cmd)`
+/// (the function as written, for tests and composition). The reference,
+/// including every compile-time check, is `docs/handler.md`.
+#[proc_macro_attribute]
+pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    outbox_handler::expand(args.into(), item.into()).into()
 }

@@ -1,0 +1,8 @@
+use outbox_core::{outbox_handler, Events};
+
+#[outbox_handler]
+async fn create_order(_events: &mut Events, _amount: i64) -> Result<(), outbox_core::Error> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,60 @@
+use outbox_core::{outbox_handler, DomainEvent, Events};
+use sqlx::{PgPool, Postgres, Transaction};
+
+/// Generic over the event type and a const, with a where clause and `impl Trait`.
+#[outbox_handler]
+pub async fn record_batch<E, const N: usize>(
+    _tx: &mut Transaction<'_, Postgres>,
+    events: &mut Events,
+    batch: [E; N],
+    label: impl Into<String> + Send,
+) -> Result<String, outbox_core::Error>
+where
+    E: DomainEvent,
+{
+    for event in batch {
+        events.record(event);
+    }
+    Ok(label.into())
+}
+
+/// Aliased types, marked explicitly.
+type Tx<'c> = Transaction<'c, Postgres>;
+type Collector = Events;
+
+#[outbox_handler(retries = 1)]
+async fn with_aliases(#[tx] _tx: &mut Tx<'_>, #[events] _events: &mut Collector) -> Result<(), outbox_core::Error> {
+    Ok(())
+}
+
+#[derive(serde::Serialize)]
+struct Pinged {
+    event_id: uuid::Uuid,
+}
+
+impl DomainEvent for Pinged {
+    const TOPIC: &'static str = "pings";
+    const EVENT_TYPE: &'static str = "Pinged";
+    const AGGREGATE_TYPE: &'static str = "Ping";
+    const PARTITION_KEY_FIELD: &'static str = "event_id";
+    fn event_id(&self) -> uuid::Uuid {
+        self.event_id
+    }
+    fn aggregate_id(&self) -> String {
+        self.event_id.to_string()
+    }
+    fn partition_key(&self) -> String {
+        self.event_id.to_string()
+    }
+}
+
+#[allow(dead_code)]
+async fn callers(pool: PgPool) -> Result<(), outbox_core::Error> {
+    let ping = Pinged { event_id: uuid::Uuid::new_v4() };
+    record_batch(&pool, [ping], "one").await?;
+    record_batch::<Pinged, 0>(&pool, [], String::from("none")).await?;
+    with_aliases(&pool).await?;
+    Ok(())
+}
+
+fn main() {}

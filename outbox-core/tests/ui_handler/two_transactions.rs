@@ -1,0 +1,13 @@
+use outbox_core::{outbox_handler, Events};
+use sqlx::{Postgres, Transaction};
+
+#[outbox_handler]
+async fn create_order(
+    _tx: &mut Transaction<'_, Postgres>,
+    _events: &mut Events,
+    _other: &mut sqlx::PgConnection,
+) -> Result<(), outbox_core::Error> {
+    Ok(())
+}
+
+fn main() {}
