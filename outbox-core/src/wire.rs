@@ -14,6 +14,9 @@ pub const HEADER_AGGREGATE_ID: &str = "aggregate_id";
 pub const HEADER_CONTENT_TYPE: &str = "content-type";
 /// W3C trace context header, present when the event was recorded inside a trace.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
+/// Header present only on records re-sent by `outbox replay`; its value is
+/// the id of the replay run (`outbox_replay_run.id`). The relay never sets it.
+pub const HEADER_REPLAY: &str = "replay";
 /// The payload's media type.
 pub const CONTENT_TYPE_JSON: &str = "application/json";
 /// Payload field carrying the event id (consumers without headers dedup on it).

@@ -36,10 +36,7 @@ use uuid::Uuid;
 
 use super::OpsError;
 
-/// Header present on every replayed record; its value is the
-/// `outbox_replay_run.id` of the run that sent it. Records sent by the relay
-/// never carry it.
-pub const HEADER_REPLAY: &str = "replay";
+pub use outbox_core::wire::HEADER_REPLAY;
 
 /// Which published events to replay. Every field that is set must match;
 /// the time range is half-open: `from <= created_at < to`.
