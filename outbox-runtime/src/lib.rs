@@ -6,4 +6,5 @@
 
 pub use outbox_core as core;
 
+pub mod consumer;
 pub mod migrations;
