@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::handler::{Decoded, ErasedHandler};
 use super::message::{Classified, DeadLetterReason, Envelope, classify};
 use super::metric_names as m;
-use super::run::Ctx;
+use super::run::{Aside, Ctx};
 
 struct Work {
     index: usize,
@@ -53,8 +53,7 @@ enum One {
 pub(crate) async fn handle_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> {
     let mut done = vec![false; batch.len()];
     let mut work = Vec::new();
-    let mut dead = Vec::new();
-    let mut unknown = Vec::new();
+    let mut aside = Vec::new();
     for (index, message) in batch.iter().enumerate() {
         match classify(message, &ctx.dispatch, ctx.settings.max_message_bytes) {
             Classified::Known(envelope) => {
@@ -70,18 +69,22 @@ pub(crate) async fn handle_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool>
                         handler,
                         decoded: Some(event),
                     }),
-                    Err(error) => dead.push((
+                    Err(error) => aside.push((
                         index,
-                        DeadLetterReason::PayloadMismatch,
-                        format!(
-                            "payload does not match `{}`: {error}",
-                            envelope.meta.event_type
+                        Aside::Dead(
+                            DeadLetterReason::PayloadMismatch,
+                            format!(
+                                "payload does not match `{}`: {error}",
+                                envelope.meta.event_type
+                            ),
                         ),
                     )),
                 }
             }
-            Classified::Unknown(envelope) => unknown.push((index, envelope.meta.event_type)),
-            Classified::Bad(reason, error) => dead.push((index, reason, error)),
+            Classified::Unknown(envelope) => {
+                aside.push((index, Aside::Unknown(envelope.meta.event_type)))
+            }
+            Classified::Bad(reason, error) => aside.push((index, Aside::Dead(reason, error))),
         }
     }
     if !work.is_empty() {
@@ -92,27 +95,15 @@ pub(crate) async fn handle_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool>
                 for w in &mut work {
                     match handle_one(ctx, w).await {
                         One::Done => done[w.index] = true,
-                        One::DeadLetter(error) => {
-                            dead.push((w.index, DeadLetterReason::HandlerFailed, error))
-                        }
+                        One::DeadLetter(error) => aside
+                            .push((w.index, Aside::Dead(DeadLetterReason::HandlerFailed, error))),
                         One::Interrupted => return done,
                     }
                 }
             }
         }
     }
-    for (index, reason, error) in dead {
-        if !ctx.dead_letter(&batch[index], reason, &error).await {
-            return done;
-        }
-        done[index] = true;
-    }
-    for (index, event_type) in unknown {
-        if !ctx.unknown(&batch[index], &event_type).await {
-            return done;
-        }
-        done[index] = true;
-    }
+    ctx.set_aside(batch, aside, &mut done).await;
     done
 }
 

@@ -22,14 +22,13 @@ use uuid::Uuid;
 use super::handler::{Decoded, ErasedHandler, EventMeta};
 use super::message::{Classified, classify};
 use super::metric_names as m;
-use super::run::Ctx;
+use super::run::{Aside, Ctx};
 
 /// Stores a batch in the inbox; returns which messages are finished.
 pub(crate) async fn store_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> {
     let mut done = vec![false; batch.len()];
     let mut stored = Vec::new();
-    let mut dead = Vec::new();
-    let mut unknown = Vec::new();
+    let mut aside = Vec::new();
     let (mut ids, mut payloads, mut types, mut topics, mut keys, mut headers) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     for (index, message) in batch.iter().enumerate() {
@@ -49,8 +48,10 @@ pub(crate) async fn store_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> 
                     .collect();
                 headers.push(serde_json::Value::Object(map));
             }
-            Classified::Unknown(envelope) => unknown.push((index, envelope.meta.event_type)),
-            Classified::Bad(reason, error) => dead.push((index, reason, error)),
+            Classified::Unknown(envelope) => {
+                aside.push((index, Aside::Unknown(envelope.meta.event_type)))
+            }
+            Classified::Bad(reason, error) => aside.push((index, Aside::Dead(reason, error))),
         }
     }
     if !ids.is_empty() {
@@ -84,18 +85,7 @@ pub(crate) async fn store_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> 
         ctx.stored.notify_waiters();
         stored.into_iter().for_each(|i| done[i] = true);
     }
-    for (index, reason, error) in dead {
-        if !ctx.dead_letter(&batch[index], reason, &error).await {
-            return done;
-        }
-        done[index] = true;
-    }
-    for (index, event_type) in unknown {
-        if !ctx.unknown(&batch[index], &event_type).await {
-            return done;
-        }
-        done[index] = true;
-    }
+    ctx.set_aside(batch, aside, &mut done).await;
     done
 }
 

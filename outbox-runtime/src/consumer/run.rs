@@ -244,6 +244,14 @@ impl Consumer {
     }
 }
 
+/// A message that does not reach a handler.
+pub(crate) enum Aside {
+    /// To the dead-letter topic.
+    Dead(DeadLetterReason, String),
+    /// No handler for this event type (the string; empty if none was named).
+    Unknown(String),
+}
+
 /// Per partition, the offset after the last message of the unbroken run of
 /// finished messages from the batch's start.
 fn next_offsets(batch: &[OwnedMessage], done: &[bool]) -> HashMap<(String, i32), i64> {
@@ -358,8 +366,29 @@ impl Ctx {
         }
     }
 
+    /// Dead-letters or skips the messages set aside, in offset order, marking
+    /// each finished; stops at the first one interrupted by shutdown.
+    pub(crate) async fn set_aside(
+        &self,
+        batch: &[OwnedMessage],
+        mut aside: Vec<(usize, Aside)>,
+        done: &mut [bool],
+    ) {
+        aside.sort_by_key(|(index, _)| *index);
+        for (index, what) in aside {
+            let finished = match what {
+                Aside::Dead(reason, error) => self.dead_letter(&batch[index], reason, &error).await,
+                Aside::Unknown(event_type) => self.unknown(&batch[index], &event_type).await,
+            };
+            if !finished {
+                return;
+            }
+            done[index] = true;
+        }
+    }
+
     /// Applies the unknown-event policy. False if shutting down before done.
-    pub(crate) async fn unknown(&self, message: &OwnedMessage, event_type: &str) -> bool {
+    async fn unknown(&self, message: &OwnedMessage, event_type: &str) -> bool {
         match self.settings.unknown_events {
             super::UnknownEventPolicy::Skip => {
                 metrics::counter!(m::UNKNOWN_SKIPPED, "group" => self.group(), "topic" => message.topic().to_owned())
