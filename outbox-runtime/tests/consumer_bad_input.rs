@@ -43,7 +43,8 @@ async fn bad_messages_are_dead_lettered_with_their_reason_and_the_consumer_goes_
     let oversized = serde_json::json!({
         "event_id": id(), "order_id": id(), "amount": 1, "padding": "x".repeat(5000)
     });
-    let cases: Vec<(&str, Vec<u8>, &[(&str, &str)])> = vec![
+    type Headers<'a> = &'a [(&'a str, &'a str)];
+    let cases: Vec<(&str, Vec<u8>, Headers<'_>)> = vec![
         ("not_json", b"not json {".to_vec(), &typed),
         ("not_json", b"[1, 2]".to_vec(), &typed),
         (

@@ -21,8 +21,13 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
     let meta_arg = handler.takes_meta.then(|| quote!(, meta));
     let output_span = function.sig.output.span();
     let private = quote!(::outbox_runtime::consumer::__private);
+    // Spanned on the return type, so an error type without `Display` is
+    // reported there, once.
     let call = quote_spanned! {output_span=>
-        ::core::result::Result::map_err(#name(tx, event #meta_arg).await, #private::handler_error)
+        ::core::result::Result::map_err(
+            #name(tx, event #meta_arg).await,
+            ::outbox_runtime::consumer::__private::handler_error,
+        )
     };
     quote! {
         #(#docs)*

@@ -17,8 +17,10 @@ const SHAPE: &str = "expected `async fn name(tx: &mut Transaction<'_, Postgres>,
 struct Errors(Option<syn::Error>);
 
 impl Errors {
-    fn push(&mut self, span: proc_macro2::Span, message: impl std::fmt::Display) {
-        let error = syn::Error::new(span, message);
+    /// Records an error spanning all of `tokens` (a plain `Span` would cover
+    /// only their first token on stable Rust).
+    fn push(&mut self, tokens: impl quote::ToTokens, message: impl std::fmt::Display) {
+        let error = syn::Error::new_spanned(tokens, message);
         match &mut self.0 {
             Some(all) => all.combine(error),
             None => self.0 = Some(error),
@@ -39,14 +41,14 @@ impl HandlerFn {
         let mut errors = Errors(None);
         if !args.is_empty() {
             errors.push(
-                args.span(),
+                &args,
                 "#[event_handler] takes no arguments: the topic and event type come from the event's `DomainEvent` impl",
             );
         }
         let sig = &function.sig;
         if sig.asyncness.is_none() {
             errors.push(
-                sig.fn_token.span,
+                sig.fn_token,
                 format!(
                     "an event handler must be an `async fn`\nhint: write `async fn {}(..)`",
                     sig.ident
@@ -54,26 +56,26 @@ impl HandlerFn {
             );
         }
         if let Some(constness) = &sig.constness {
-            errors.push(constness.span, "an event handler cannot be a `const fn`");
+            errors.push(constness, "an event handler cannot be a `const fn`");
         }
         if let Some(unsafety) = &sig.unsafety {
-            errors.push(unsafety.span, "an event handler cannot be `unsafe`");
+            errors.push(unsafety, "an event handler cannot be `unsafe`");
         }
         if let Some(abi) = &sig.abi {
-            errors.push(abi.span(), "an event handler cannot have an `extern` ABI");
+            errors.push(abi, "an event handler cannot have an `extern` ABI");
         }
         if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
             errors.push(
-                sig.generics.span(),
+                &sig.generics,
                 "an event handler cannot be generic: it handles exactly one concrete event type",
             );
         }
         if let Some(variadic) = &sig.variadic {
-            errors.push(variadic.span(), "an event handler cannot be variadic");
+            errors.push(variadic, "an event handler cannot be variadic");
         }
         if let ReturnType::Default = sig.output {
             errors.push(
-                sig.paren_token.span.close(),
+                syn::Ident::new("_", sig.paren_token.span.close()),
                 "an event handler must return `Result<(), E>` where `E: Display`\nhint: add `-> Result<(), sqlx::Error>` (or your error type) and return `Ok(())`",
             );
         }
@@ -82,7 +84,7 @@ impl HandlerFn {
         for input in &sig.inputs {
             match input {
                 FnArg::Receiver(receiver) => errors.push(
-                    receiver.span(),
+                    receiver,
                     "an event handler is a free function and takes no `self`\nhint: move it out of the `impl` block",
                 ),
                 FnArg::Typed(typed) => types.push(&*typed.ty),
@@ -92,10 +94,7 @@ impl HandlerFn {
         let has_receiver = sig.inputs.iter().any(|i| matches!(i, FnArg::Receiver(_)));
         match types.as_slice() {
             [] | [_] if !has_receiver => errors.push(
-                sig.inputs
-                    .span()
-                    .join(sig.paren_token.span.join())
-                    .unwrap_or(sig.ident.span()),
+                &sig.ident,
                 format!("an event handler takes the transaction and the event\n{SHAPE}"),
             ),
             [tx, event, rest @ ..] if rest.len() <= 1 => {
@@ -106,7 +105,7 @@ impl HandlerFn {
                         "write `tx: &mut Transaction<'_, Postgres>`"
                     };
                     errors.push(
-                        tx.span(),
+                        tx,
                         format!("the first parameter must be the transaction, `&mut Transaction<'_, Postgres>`\nhint: {hint}"),
                     );
                 }
@@ -115,12 +114,12 @@ impl HandlerFn {
                         event_type = Some((*event).clone());
                     }
                     Type::Reference(_) if is_mut_ref(tx) => errors.push(
-                        event.span(),
+                        event,
                         "the event is taken by value, not by reference\nhint: write `event: MyEvent`",
                     ),
                     Type::Reference(_) => {}
                     other => errors.push(
-                        other.span(),
+                        other,
                         "the second parameter must be the event, a type implementing `DomainEvent` and `Deserialize`, taken by value",
                     ),
                 }
@@ -128,14 +127,12 @@ impl HandlerFn {
                     && !is_shared_ref(meta)
                 {
                     errors.push(
-                        meta.span(),
+                        meta,
                         "the optional third parameter must be `&EventMeta`\nhint: write `meta: &outbox_runtime::consumer::EventMeta`",
                     );
                 }
             }
-            [_, _, _, extra, ..] => {
-                errors.push(extra.span(), format!("too many parameters\n{SHAPE}"))
-            }
+            [_, _, _, extra, ..] => errors.push(extra, format!("too many parameters\n{SHAPE}")),
             _ => {}
         }
         match (errors.0, event_type) {

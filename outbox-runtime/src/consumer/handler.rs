@@ -43,6 +43,26 @@ pub struct EventMeta {
 }
 
 impl EventMeta {
+    /// Metadata with only the event's identity, for calling a handler directly
+    /// (in a unit test, say) through [`EventHandler::handle`].
+    ///
+    /// ```
+    /// let meta = outbox_runtime::consumer::EventMeta::new(uuid::Uuid::nil(), "Paid", "payments");
+    /// assert_eq!(meta.partition, None);
+    /// ```
+    pub fn new(event_id: Uuid, event_type: impl Into<String>, topic: impl Into<String>) -> Self {
+        Self {
+            event_id,
+            event_type: event_type.into(),
+            topic: topic.into(),
+            partition: None,
+            offset: None,
+            key: None,
+            headers: Vec::new(),
+            traceparent: None,
+        }
+    }
+
     /// The value of the first header named `name`.
     ///
     /// ```
