@@ -355,3 +355,70 @@ async fn admin_pool(pool: &PgPool) -> PgPool {
         .await
         .unwrap()
 }
+
+test_event!(StuckPaid, "consumer-test.dedup.stuck", "StuckPaid");
+
+/// Always fails.
+#[event_handler]
+async fn on_stuck_paid(
+    _tx: &mut Transaction<'_, Postgres>,
+    _event: StuckPaid,
+) -> Result<(), &'static str> {
+    Err("downstream is down")
+}
+
+/// Shutting down while a handler is being retried is prompt and commits the
+/// offsets of the messages before it, never its own.
+#[sqlx::test(migrations = false)]
+async fn shutdown_during_retries_commits_only_what_was_handled(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(StuckPaid::TOPIC, 1).await;
+    let group = unique_group("stuck");
+    start_group_at(&group, StuckPaid::TOPIC, 1, true).await;
+    let start = high_watermarks(StuckPaid::TOPIC, 1).await[0];
+    let producer = producer();
+    // An unknown event type (skipped) first, then the event that keeps failing.
+    let other = format!(
+        r#"{{"event_id":"{}","order_id":"{}","amount":1}}"#,
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4()
+    );
+    produce(
+        &producer,
+        StuckPaid::TOPIC,
+        None,
+        other.as_bytes(),
+        &[("event_type", "Other")],
+    )
+    .await;
+    produce_event(&producer, &StuckPaid::new(1)).await;
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_stuck_paid)
+        .max_attempts(1000)
+        .backoff(Duration::from_millis(200), Duration::from_secs(1))
+        // One message per batch, so the skipped one finishes on its own.
+        .batch_size(1)
+        .build()
+        .unwrap()
+        .spawn();
+    wait_until(
+        "the first message committed",
+        Duration::from_secs(20),
+        || async { committed(&group, StuckPaid::TOPIC, 1).await == vec![start + 1] },
+    )
+    .await;
+    let stopping = std::time::Instant::now();
+    running.shutdown().await.unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "shutdown waited for retries"
+    );
+    assert_eq!(
+        committed(&group, StuckPaid::TOPIC, 1).await,
+        vec![start + 1]
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_event").await,
+        0
+    );
+}

@@ -408,3 +408,44 @@ impl Ctx {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::message::Timestamp;
+
+    use super::*;
+
+    fn message(topic: &str, partition: i32, offset: i64) -> OwnedMessage {
+        OwnedMessage::new(
+            None,
+            None,
+            topic.to_owned(),
+            Timestamp::NotAvailable,
+            partition,
+            offset,
+            None,
+        )
+    }
+
+    #[test]
+    fn offsets_stop_at_the_first_unfinished_message_of_each_partition() {
+        let batch = [
+            message("a", 0, 10),
+            message("a", 1, 5),
+            message("a", 0, 11),
+            message("a", 1, 6),
+            message("a", 0, 12),
+            message("b", 0, 3),
+        ];
+        let done = [true, false, true, true, false, true];
+        let next = next_offsets(&batch, &done);
+        let mut next: Vec<_> = next.into_iter().collect();
+        next.sort();
+        // a/0: 10 and 11 done, 12 not: next is 12. a/1: 5 not done, so 6 must
+        // not be committed either. b/0: 3 done.
+        assert_eq!(
+            next,
+            vec![(("a".to_owned(), 0), 12), (("b".to_owned(), 0), 4)]
+        );
+    }
+}
