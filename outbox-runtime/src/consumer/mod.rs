@@ -3,9 +3,20 @@
 //! Write one `#[event_handler]` async function per event type, assemble a
 //! [`Consumer`] from them and spawn it:
 //!
-//! ```ignore
+//! ```no_run
 //! use outbox_runtime::consumer::{event_handler, Consumer, Mode};
 //! use sqlx::{Postgres, Transaction};
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct PaymentCompleted { event_id: uuid::Uuid, order_id: uuid::Uuid }
+//! # impl outbox_core::DomainEvent for PaymentCompleted {
+//! #     const TOPIC: &'static str = "payments";
+//! #     const EVENT_TYPE: &'static str = "PaymentCompleted";
+//! #     const AGGREGATE_TYPE: &'static str = "Payment";
+//! #     const PARTITION_KEY_FIELD: &'static str = "order_id";
+//! #     fn event_id(&self) -> uuid::Uuid { self.event_id }
+//! #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
+//! #     fn partition_key(&self) -> String { self.order_id.to_string() }
+//! # }
 //!
 //! #[event_handler]
 //! async fn on_payment_completed(
@@ -19,13 +30,17 @@
 //!     Ok(())
 //! }
 //!
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut kafka_config = rdkafka::ClientConfig::new();
+//! kafka_config.set("bootstrap.servers", "127.0.0.1:9092");
 //! let running = Consumer::builder(pool, kafka_config, "orders-service")
 //!     .handler(on_payment_completed)
 //!     .mode(Mode::Dedup) // the default; Mode::Inbox for critical or bursty flows
 //!     .build()?
 //!     .spawn();
-//! // ...
+//! // ... on SIGTERM:
 //! running.shutdown().await?;
+//! # Ok(()) }
 //! ```
 //!
 //! Delivery is at-least-once; the consumer makes the effect happen once per
