@@ -6,6 +6,7 @@
 //! scripts/services.sh up
 //! cargo bench -p outbox-runtime --bench consumer            # 100,000 events
 //! OUTBOX_BENCH_EVENTS=20000 cargo bench -p outbox-runtime --bench consumer
+//! OUTBOX_BENCH_PROCESSORS=4 OUTBOX_BENCH_PROCESSOR_BATCH=500 cargo bench ...  # inbox tuning
 //! ```
 //!
 //! Needs `DATABASE_URL` (a database the bench may create scratch databases
@@ -245,12 +246,16 @@ async fn baseline(pool: &PgPool, start: &[i64], n: usize) {
     }
 }
 
-#[tokio::main]
-async fn main() {
-    let n: usize = std::env::var("OUTBOX_BENCH_EVENTS")
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() {
+    let n = env_or("OUTBOX_BENCH_EVENTS", 100_000);
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
         kafka().create().unwrap();
     let _ = admin
@@ -293,6 +298,8 @@ async fn main() {
     let running = Consumer::builder(pool.clone(), kafka(), &group)
         .handler(on_paid_inbox)
         .mode(Mode::Inbox)
+        .processor_batch_size(env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500))
+        .processors(env_or("OUTBOX_BENCH_PROCESSORS", 2))
         .build()
         .unwrap()
         .spawn();
@@ -302,13 +309,18 @@ async fn main() {
 
     pool.close().await;
     drop_database(&db).await;
+    let inbox_label = format!(
+        "inbox consumer + {} processors claiming {} rows",
+        env_or("OUTBOX_BENCH_PROCESSORS", 2),
+        env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500)
+    );
     let rate = |secs: f64| n as f64 / secs;
     println!("| variant | events | seconds | events/s | vs baseline |");
     println!("|---|---:|---:|---:|---:|");
     for (name, secs) in [
         ("baseline: one transaction per message", base),
         ("dedup consumer (default settings)", dedup),
-        ("inbox consumer + 2 processors (default settings)", inbox),
+        (inbox_label.as_str(), inbox),
     ] {
         println!(
             "| {name} | {n} | {secs:.2} | {:.0} | {:.1}x |",

@@ -104,7 +104,7 @@ impl ConsumerBuilder {
                 max_message_bytes: 1024 * 1024,
                 batch_size: 500,
                 processors: 2,
-                processor_batch_size: 100,
+                processor_batch_size: 500,
                 processor_poll_interval: Duration::from_millis(500),
                 backlog_interval: Duration::from_secs(10),
             },
@@ -173,7 +173,7 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Rows one inbox processor claims per transaction. Default 100; at least 1.
+    /// Rows one inbox processor claims per transaction. Default 500; at least 1.
     pub fn processor_batch_size(mut self, size: usize) -> Self {
         self.settings.processor_batch_size = size.max(1);
         self
