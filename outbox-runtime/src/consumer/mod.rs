@@ -50,6 +50,7 @@
 //! describes the failure semantics and metrics.
 
 mod config;
+mod context;
 mod dedup;
 mod dlq;
 mod handler;
@@ -90,6 +91,9 @@ pub mod metric_names {
     pub const INBOX_PARKED: &str = "outbox_inbox_parked_total";
     /// Gauge: unprocessed, unparked rows in `inbox_event`.
     pub const INBOX_BACKLOG: &str = "outbox_inbox_backlog";
+    /// Gauge: messages between the group's position and the end of a partition
+    /// (labels `topic`, `partition`), from librdkafka's statistics.
+    pub const LAG: &str = "outbox_consumer_lag";
     /// Gauge: parked rows in `inbox_event`.
     pub const INBOX_PARKED_ROWS: &str = "outbox_inbox_parked_rows";
 }

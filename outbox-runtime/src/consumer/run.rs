@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::config::{ConsumerBuilder, Mode, Settings};
+use super::context::KafkaContext;
 use super::dlq::DeadLetters;
 use super::handler::{Dispatch, ErasedHandler, EventMeta, HandlerError};
 use super::message::DeadLetterReason;
@@ -25,7 +26,7 @@ use super::{BuildError, ConsumerError, dedup, inbox, metric_names as m};
 /// [`spawn`](Self::spawn) or [`run`](Self::run).
 pub struct Consumer {
     pub(crate) ctx: Arc<Ctx>,
-    kafka: StreamConsumer,
+    kafka: StreamConsumer<KafkaContext>,
 }
 
 /// State shared by the receiving loop and the inbox processors.
@@ -105,7 +106,13 @@ impl Consumer {
         if kafka.get("fetch.message.max.bytes").is_none() {
             kafka.set("fetch.message.max.bytes", needed.to_string());
         }
-        let kafka: StreamConsumer = kafka.create()?;
+        if kafka.get("statistics.interval.ms").is_none() {
+            // Feeds the lag gauge (see `context.rs`).
+            kafka.set("statistics.interval.ms", "10000");
+        }
+        let kafka: StreamConsumer<KafkaContext> = kafka.create_with_context(KafkaContext {
+            group: settings.group_id.clone(),
+        })?;
         Ok(Self {
             ctx: Arc::new(Ctx {
                 pool,
