@@ -192,7 +192,8 @@ impl ConsumerBuilder {
     /// keys, which the consumer owns: `group.id`, `enable.auto.offset.store=false`
     /// (offsets are stored only after the database commit), `enable.auto.commit=true`
     /// (stored offsets are committed in the background, on rebalance and on
-    /// shutdown); `auto.offset.reset` defaults to `earliest`.
+    /// shutdown); `auto.offset.reset` defaults to `earliest` and
+    /// `statistics.interval.ms` to 10 s (it feeds the lag gauge).
     pub fn build(self) -> Result<Consumer, BuildError> {
         if self.handlers.is_empty() {
             return Err(BuildError::NoHandlers);
