@@ -1,0 +1,331 @@
+//! Consumer throughput: dedup consumer and inbox consumer + processors against
+//! a naive baseline that handles each message in its own transaction, all
+//! reading the same topic in one run.
+//!
+//! ```text
+//! scripts/services.sh up
+//! cargo bench -p outbox-runtime --bench consumer            # 100,000 events
+//! OUTBOX_BENCH_EVENTS=20000 cargo bench -p outbox-runtime --bench consumer
+//! OUTBOX_BENCH_PROCESSORS=4 OUTBOX_BENCH_PROCESSOR_BATCH=500 cargo bench ...  # inbox tuning
+//! ```
+//!
+//! Needs `DATABASE_URL` (a database the bench may create scratch databases
+//! from) and `KAFKA_BROKERS_TEST`. Each variant consumes the same N events with
+//! its own consumer group and runs the same effect (one INSERT per event).
+//! Elapsed time is from the first effect (or inbox row) to the last, measured
+//! by the database clock, so consumer-group join time is not counted.
+
+use std::time::{Duration, Instant};
+
+use outbox_core::DomainEvent;
+use outbox_runtime::consumer::{Consumer, Mode, event_handler};
+use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use sqlx::{Connection, PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BenchPaid {
+    event_id: Uuid,
+    order_id: Uuid,
+    amount: i64,
+}
+
+impl DomainEvent for BenchPaid {
+    const TOPIC: &'static str = "bench.consumer.paid";
+    const EVENT_TYPE: &'static str = "BenchPaid";
+    const AGGREGATE_TYPE: &'static str = "Order";
+    const PARTITION_KEY_FIELD: &'static str = "order_id";
+    fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+    fn aggregate_id(&self) -> String {
+        self.order_id.to_string()
+    }
+    fn partition_key(&self) -> String {
+        self.order_id.to_string()
+    }
+}
+
+const PARTITIONS: i32 = 4;
+
+async fn effect(
+    tx: &mut sqlx::PgConnection,
+    event: &BenchPaid,
+    variant: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effect (event_id, amount, variant) VALUES ($1, $2, $3)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .bind(variant)
+        .execute(tx)
+        .await
+        .map(drop)
+}
+
+#[event_handler]
+async fn on_paid_dedup(
+    tx: &mut Transaction<'_, Postgres>,
+    event: BenchPaid,
+) -> Result<(), sqlx::Error> {
+    effect(tx, &event, "dedup").await
+}
+
+#[event_handler]
+async fn on_paid_inbox(
+    tx: &mut Transaction<'_, Postgres>,
+    event: BenchPaid,
+) -> Result<(), sqlx::Error> {
+    effect(tx, &event, "inbox").await
+}
+
+fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+fn kafka() -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers())
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500");
+    c
+}
+
+async fn scratch_database() -> (PgPool, String) {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let name = format!("outbox_bench_consumer_{}", Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(options.database(&name))
+        .await
+        .unwrap();
+    outbox_runtime::migrations::run(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE effect (event_id uuid NOT NULL, amount bigint NOT NULL, variant text NOT NULL,
+                              at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    (pool, name)
+}
+
+async fn drop_database(name: &str) {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await;
+}
+
+fn watermarks(consumer: &StreamConsumer) -> Vec<i64> {
+    (0..PARTITIONS)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(BenchPaid::TOPIC, p, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .collect()
+}
+
+/// Commits `offsets` for `group`, so it starts there.
+fn start_group(group: &str, offsets: &[i64]) {
+    let consumer: StreamConsumer = kafka().set("group.id", group).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in offsets.iter().enumerate() {
+        tpl.add_partition_offset(BenchPaid::TOPIC, p as i32, Offset::Offset(*o))
+            .unwrap();
+    }
+    consumer.commit(&tpl, CommitMode::Sync).unwrap();
+}
+
+async fn produce(n: usize) {
+    let producer: FutureProducer = kafka()
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .unwrap();
+    let mut pending = Vec::with_capacity(n);
+    for i in 0..n {
+        let event = BenchPaid {
+            event_id: Uuid::new_v4(),
+            order_id: Uuid::new_v4(),
+            amount: i as i64,
+        };
+        let value = serde_json::to_vec(&event).unwrap();
+        let key = event.partition_key();
+        let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+            key: outbox_core::wire::HEADER_EVENT_TYPE,
+            value: Some(BenchPaid::EVENT_TYPE),
+        });
+        let record = FutureRecord::to(BenchPaid::TOPIC)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        pending.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
+    }
+    for delivery in pending {
+        delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+    }
+}
+
+/// Seconds from the first to the last effect of `variant` (inbox: from the first stored row).
+async fn elapsed(pool: &PgPool, variant: &str) -> f64 {
+    let from = if variant == "inbox" {
+        "(SELECT min(received_at) FROM inbox_event)"
+    } else {
+        "min(at)"
+    };
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT extract(epoch FROM max(at) - {from})::float8 FROM effect WHERE variant = $1"
+    )))
+    .bind(variant)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn wait_effects(pool: &PgPool, variant: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    loop {
+        let done: i64 = sqlx::query_scalar("SELECT count(*) FROM effect WHERE variant = $1")
+            .bind(variant)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if done as usize >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{variant}: only {done}/{n} handled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The baseline: per message, one transaction (dedup insert + effect) and commit.
+async fn baseline(pool: &PgPool, start: &[i64], n: usize) {
+    let group = format!("bench-baseline-{}", Uuid::new_v4().simple());
+    start_group(&group, start);
+    let consumer: StreamConsumer = kafka()
+        .set("group.id", &group)
+        .set("enable.auto.offset.store", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[BenchPaid::TOPIC]).unwrap();
+    for _ in 0..n {
+        let message = consumer.recv().await.unwrap();
+        let event: BenchPaid = serde_json::from_slice(message.payload().unwrap()).unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        let fresh = sqlx::query(
+            "INSERT INTO processed_event (consumer_group, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(&group)
+        .bind(event.event_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap()
+        .rows_affected();
+        if fresh == 1 {
+            effect(&mut tx, &event, "baseline").await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        consumer.store_offset_from_message(&message).unwrap();
+    }
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() {
+    let n = env_or("OUTBOX_BENCH_EVENTS", 100_000);
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        kafka().create().unwrap();
+    let _ = admin
+        .create_topics(
+            &[rdkafka::admin::NewTopic::new(
+                BenchPaid::TOPIC,
+                PARTITIONS,
+                rdkafka::admin::TopicReplication::Fixed(1),
+            )],
+            &rdkafka::admin::AdminOptions::new(),
+        )
+        .await;
+    let probe: StreamConsumer = kafka().set("group.id", "bench-probe").create().unwrap();
+    let start = watermarks(&probe);
+    let produced = Instant::now();
+    produce(n).await;
+    println!(
+        "produced {n} events to {} ({PARTITIONS} partitions) in {:.1} s",
+        BenchPaid::TOPIC,
+        produced.elapsed().as_secs_f64()
+    );
+    let (pool, db) = scratch_database().await;
+
+    baseline(&pool, &start, n).await;
+    let base = elapsed(&pool, "baseline").await;
+
+    let group = format!("bench-dedup-{}", Uuid::new_v4().simple());
+    start_group(&group, &start);
+    let running = Consumer::builder(pool.clone(), kafka(), &group)
+        .handler(on_paid_dedup)
+        .build()
+        .unwrap()
+        .spawn();
+    wait_effects(&pool, "dedup", n).await;
+    running.shutdown().await.unwrap();
+    let dedup = elapsed(&pool, "dedup").await;
+
+    let group = format!("bench-inbox-{}", Uuid::new_v4().simple());
+    start_group(&group, &start);
+    let running = Consumer::builder(pool.clone(), kafka(), &group)
+        .handler(on_paid_inbox)
+        .mode(Mode::Inbox)
+        .processor_batch_size(env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500))
+        .processors(env_or("OUTBOX_BENCH_PROCESSORS", 2))
+        .build()
+        .unwrap()
+        .spawn();
+    wait_effects(&pool, "inbox", n).await;
+    running.shutdown().await.unwrap();
+    let inbox = elapsed(&pool, "inbox").await;
+
+    pool.close().await;
+    drop_database(&db).await;
+    let inbox_label = format!(
+        "inbox consumer + {} processors claiming {} rows",
+        env_or("OUTBOX_BENCH_PROCESSORS", 2),
+        env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500)
+    );
+    let rate = |secs: f64| n as f64 / secs;
+    println!("| variant | events | seconds | events/s | vs baseline |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, secs) in [
+        ("baseline: one transaction per message", base),
+        ("dedup consumer (default settings)", dedup),
+        (inbox_label.as_str(), inbox),
+    ] {
+        println!(
+            "| {name} | {n} | {secs:.2} | {:.0} | {:.1}x |",
+            rate(secs),
+            base / secs
+        );
+    }
+}

@@ -1,0 +1,58 @@
+//! The Kafka client context: consumer lag from librdkafka's statistics, and
+//! rebalance logging.
+
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::statistics::Statistics;
+
+use super::metric_names as m;
+
+pub(crate) struct KafkaContext {
+    pub(crate) group: String,
+}
+
+impl ClientContext for KafkaContext {
+    /// librdkafka computes the lag of each assigned partition (end offset minus
+    /// committed/consumed position) in its periodic statistics; publishing it
+    /// costs no broker round trip of our own.
+    fn stats(&self, statistics: Statistics) {
+        for (topic, stats) in &statistics.topics {
+            for (partition, p) in &stats.partitions {
+                // -1 is librdkafka's internal "unassigned" partition.
+                if *partition < 0 || !p.desired || p.consumer_lag < 0 {
+                    continue;
+                }
+                metrics::gauge!(
+                    m::LAG,
+                    "group" => self.group.clone(),
+                    "topic" => topic.clone(),
+                    "partition" => partition.to_string()
+                )
+                .set(p.consumer_lag as f64);
+            }
+        }
+    }
+}
+
+impl ConsumerContext for KafkaContext {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let describe = |tpl: &rdkafka::TopicPartitionList| {
+            tpl.elements()
+                .iter()
+                .map(|e| format!("{}/{}", e.topic(), e.partition()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                tracing::info!(group = %self.group, partitions = %describe(tpl), "partitions assigned")
+            }
+            Rebalance::Revoke(tpl) => {
+                tracing::info!(group = %self.group, partitions = %describe(tpl), "partitions revoked")
+            }
+            Rebalance::Error(error) => {
+                tracing::warn!(group = %self.group, %error, "rebalance error")
+            }
+        }
+    }
+}
