@@ -7,7 +7,7 @@
 //!
 //! Declare an event with `#[derive(DomainEvent)]`:
 //!
-//! ```ignore
+//! ```
 //! use outbox_core::DomainEvent;
 //! use serde::{Deserialize, Serialize};
 //! use schemars::JsonSchema;
@@ -31,6 +31,7 @@
 //! assert_eq!(record.payload["event_id"], event.event_id.to_string());
 //! ```
 
+mod derive_support;
 mod error;
 mod event;
 mod record;
@@ -49,6 +50,7 @@ pub use outbox_derive::DomainEvent;
 /// Re-exports used by generated code. Not a public API: may change in any release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::derive_support::{EventIdField, String};
     pub use inventory;
     pub use schemars;
     pub use serde_json;

@@ -1,11 +1,26 @@
 //! Procedural macros of the outbox framework. Use them through `outbox_core`
-//! (which re-exports them); this crate holds only the thin entry points.
+//! (which re-exports them); this crate holds only the thin entry points, the
+//! work happens in one module per macro (parse, validate, expand).
 
 use proc_macro::TokenStream;
 
-/// Derives `outbox_core::DomainEvent`. See the attribute reference in `docs/attributes.md`.
+mod domain_event;
+
+/// Derives `outbox_core::DomainEvent` for a struct with named fields.
+///
+/// ```ignore
+/// #[derive(DomainEvent, Serialize, JsonSchema)]
+/// #[event(topic = "order.events", event_type = "OrderCreated", aggregate = "Order")]
+/// pub struct OrderCreated {
+///     #[event_id] pub event_id: Uuid,
+///     #[partition_key] #[aggregate_id] pub order_id: Uuid,
+/// }
+/// ```
+///
+/// Every attribute, its default and the errors it can produce are listed in
+/// `docs/attributes.md`.
 #[proc_macro_derive(DomainEvent, attributes(event, event_id, partition_key, aggregate_id))]
 pub fn derive_domain_event(input: TokenStream) -> TokenStream {
-    let _ = input;
-    TokenStream::new()
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    domain_event::derive(&input).into()
 }

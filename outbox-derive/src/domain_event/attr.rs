@@ -1,0 +1,366 @@
+//! Parsing of the attributes the derive reads: `#[event(...)]` on the struct,
+//! the `#[event_id]`, `#[partition_key]`, `#[aggregate_id]` markers on fields,
+//! and the parts of `#[serde(...)]` that change a field's serialized name.
+//!
+//! Parsing is purely syntactic and never stops at the first mistake; semantic
+//! checks (required keys, topic syntax, counts) live in [`super::valid`].
+
+use proc_macro2::Span;
+use quote::quote;
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Attribute, Expr, Lit, LitStr, Meta, Token};
+
+use super::Errors;
+use super::case::RenameRule;
+
+/// Keys accepted in `#[event(...)]`, in the order the docs list them.
+pub(crate) const CONTAINER_KEYS: &[&str] = &["topic", "event_type", "aggregate", "crate"];
+
+/// Field marker attributes, for messages.
+const FIELD_MARKERS: &str = "`#[event_id]`, `#[partition_key]` or `#[aggregate_id]`";
+
+/// A key of `#[event(...)]`: `present` is where it was written (even if its
+/// value was malformed, so that a bad value does not also count as missing).
+pub(crate) struct Key<T> {
+    pub present: Option<Span>,
+    pub value: Option<T>,
+}
+
+impl<T> Default for Key<T> {
+    fn default() -> Self {
+        Self {
+            present: None,
+            value: None,
+        }
+    }
+}
+
+/// What the struct-level attributes say.
+#[derive(Default)]
+pub(crate) struct Container<'a> {
+    /// The first `#[event(...)]` attribute, for "missing key" messages.
+    pub event_attr: Option<&'a Attribute>,
+    pub topic: Key<LitStr>,
+    pub event_type: Key<LitStr>,
+    pub aggregate: Key<LitStr>,
+    pub krate: Key<syn::Path>,
+    /// `#[serde(rename_all = "...")]` (or its `serialize = ...` form).
+    pub rename_all: Option<RenameRule>,
+}
+
+impl<'a> Container<'a> {
+    pub(crate) fn from_attrs(attrs: &'a [Attribute], errors: &mut Errors) -> Self {
+        let mut container = Container::default();
+        for attr in attrs {
+            if attr.path().is_ident("event") {
+                container.event_attr.get_or_insert(attr);
+                container.parse_event(attr, errors);
+            } else if attr.path().is_ident("serde") {
+                if let Some(rule) = serde_rename_all(attr) {
+                    container.rename_all = Some(rule);
+                }
+            } else if let Some(marker) = field_marker(attr) {
+                errors.spanned(
+                    attr,
+                    format!(
+                        "`#[{marker}]` goes on a field, not on the struct\n\
+                         help: put it on the field that holds the value"
+                    ),
+                );
+            }
+        }
+        container
+    }
+
+    fn parse_event(&mut self, attr: &Attribute, errors: &mut Errors) {
+        let list = match &attr.meta {
+            Meta::List(list) => list,
+            other => {
+                errors.spanned(
+                    other,
+                    "expected `#[event(topic = \"...\", aggregate = \"...\")]`",
+                );
+                return;
+            }
+        };
+        let items = match list.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated) {
+            Ok(items) => items,
+            Err(error) => {
+                errors.at(
+                    error.span(),
+                    format!(
+                        "{error}\nhelp: write `#[event(key = \"value\", ...)]`, e.g. \
+                         `#[event(topic = \"order.events\", aggregate = \"Order\")]`"
+                    ),
+                );
+                return;
+            }
+        };
+        for item in items {
+            self.parse_key(&item, errors);
+        }
+    }
+
+    fn parse_key(&mut self, item: &Meta, errors: &mut Errors) {
+        let path = item.path();
+        let name = path
+            .get_ident()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| quote!(#path).to_string().replace(' ', ""));
+        match name.as_str() {
+            "topic" => set_key(&mut self.topic, item, &name, "order.events", errors),
+            "event_type" => set_key(&mut self.event_type, item, &name, "OrderCreated", errors),
+            "aggregate" => set_key(&mut self.aggregate, item, &name, "Order", errors),
+            "crate" => {
+                // The value is a path inside a string (serde's convention), so
+                // it goes through a string slot first.
+                let mut lit = Key {
+                    present: self.krate.present,
+                    value: None,
+                };
+                set_key(&mut lit, item, &name, "my_app::outbox", errors);
+                self.krate.present = lit.present;
+                if let Some(lit) = lit.value {
+                    match lit.parse::<syn::Path>() {
+                        Ok(parsed) => self.krate.value = Some(parsed),
+                        Err(_) => errors.spanned(
+                            &lit,
+                            "`crate` must be a path to the crate that re-exports `outbox_core`, \
+                             e.g. `crate = \"my_app::outbox\"`",
+                        ),
+                    }
+                }
+            }
+            _ => {
+                let mut message = format!(
+                    "unknown key `{name}` in `#[event(...)]`; valid keys are {}",
+                    CONTAINER_KEYS
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                if let Some(close) = closest(&name, CONTAINER_KEYS) {
+                    message.push_str(&format!("\nhelp: did you mean `{close}`?"));
+                }
+                errors.spanned(path, message);
+            }
+        }
+    }
+}
+
+/// Stores the string value of `key = "..."` into `slot`, reporting duplicates
+/// and values of the wrong form (`topic`, `topic(...)`, `topic = 5`).
+fn set_key(slot: &mut Key<LitStr>, item: &Meta, name: &str, example: &str, errors: &mut Errors) {
+    if slot.present.is_some() {
+        errors.spanned(
+            item.path(),
+            format!(
+                "duplicate `{name}` in `#[event(...)]`\nhelp: keep only one `{name} = \"...\"`"
+            ),
+        );
+        return;
+    }
+    slot.present = Some(item.path().span());
+    let hint = format!("`{name}` expects a string: `{name} = \"{example}\"`");
+    match item {
+        Meta::NameValue(nv) => match &nv.value {
+            Expr::Lit(expr) => match &expr.lit {
+                Lit::Str(lit) => slot.value = Some(lit.clone()),
+                other => errors.spanned(other, format!("expected a string literal\nhelp: {hint}")),
+            },
+            other => errors.spanned(other, format!("expected a string literal\nhelp: {hint}")),
+        },
+        other => errors.spanned(other, format!("expected `{name} = \"...\"`\nhelp: {hint}")),
+    }
+}
+
+/// The name of a field marker attribute (`event_id`, ...), if `attr` is one.
+fn field_marker(attr: &Attribute) -> Option<&'static str> {
+    ["event_id", "partition_key", "aggregate_id"]
+        .into_iter()
+        .find(|m| attr.path().is_ident(m))
+}
+
+/// What a field's attributes say.
+#[derive(Default)]
+pub(crate) struct FieldAttrs {
+    pub event_id: Option<Span>,
+    pub partition_key: Option<Span>,
+    pub aggregate_id: Option<Span>,
+    /// `#[serde(rename = "...")]` (or `rename(serialize = "...")`).
+    pub serde_rename: Option<String>,
+    /// A serde attribute that keeps the field out of the payload under its
+    /// name: `skip`, `skip_serializing` or `flatten`, with its span.
+    pub serde_hidden: Option<(Span, String)>,
+}
+
+impl FieldAttrs {
+    pub(crate) fn from_attrs(attrs: &[Attribute], errors: &mut Errors) -> Self {
+        let mut field = FieldAttrs::default();
+        for attr in attrs {
+            if let Some(marker) = field_marker(attr) {
+                let slot = match marker {
+                    "event_id" => &mut field.event_id,
+                    "partition_key" => &mut field.partition_key,
+                    _ => &mut field.aggregate_id,
+                };
+                parse_marker(attr, marker, slot, errors);
+            } else if attr.path().is_ident("event") {
+                errors.spanned(
+                    attr,
+                    format!(
+                        "`#[event(...)]` goes on the struct, not on a field\n\
+                         help: on fields use {FIELD_MARKERS}"
+                    ),
+                );
+            } else if attr.path().is_ident("serde") {
+                field.parse_serde(attr);
+            }
+        }
+        field
+    }
+
+    /// Reads the serde field attributes that matter here and ignores the rest
+    /// (including malformed ones: serde itself reports those).
+    fn parse_serde(&mut self, attr: &Attribute) {
+        let _ = attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("rename") {
+                if let Some(name) = serialize_name(&meta)? {
+                    self.serde_rename = Some(name);
+                }
+            } else if let Some(key) = ["skip", "skip_serializing", "flatten"]
+                .into_iter()
+                .find(|k| meta.path.is_ident(k))
+            {
+                self.serde_hidden = Some((meta.path.span(), key.to_owned()));
+            } else {
+                skip_value(&meta)?;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// `#[partition_key]` and friends take no arguments.
+fn parse_marker(attr: &Attribute, marker: &str, slot: &mut Option<Span>, errors: &mut Errors) {
+    match &attr.meta {
+        Meta::Path(path) => {
+            if slot.is_some() {
+                errors.spanned(attr, format!("duplicate `#[{marker}]` on this field"));
+            } else {
+                *slot = Some(path.span());
+            }
+        }
+        Meta::List(list) => errors.at(
+            list.delimiter.span().join(),
+            format!("`#[{marker}]` takes no arguments\nhelp: write `#[{marker}]`"),
+        ),
+        Meta::NameValue(nv) => {
+            let (eq, value) = (&nv.eq_token, &nv.value);
+            errors.spanned(
+                quote!(#eq #value),
+                format!("`#[{marker}]` takes no value\nhelp: write `#[{marker}]`"),
+            );
+        }
+    }
+}
+
+/// The container's `rename_all` rule, if it has one we understand.
+fn serde_rename_all(attr: &Attribute) -> Option<RenameRule> {
+    let mut rule = None;
+    let _ = attr.parse_nested_meta(|meta| {
+        if meta.path.is_ident("rename_all") {
+            if let Some(name) = serialize_name(&meta)? {
+                rule = RenameRule::from_name(&name);
+            }
+        } else {
+            skip_value(&meta)?;
+        }
+        Ok(())
+    });
+    rule
+}
+
+/// The serialize-side value of `key = "..."` or `key(serialize = "...", ...)`.
+fn serialize_name(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Option<String>> {
+    if meta.input.peek(Token![=]) {
+        return Ok(Some(meta.value()?.parse::<LitStr>()?.value()));
+    }
+    let mut name = None;
+    meta.parse_nested_meta(|inner| {
+        if inner.path.is_ident("serialize") {
+            name = Some(inner.value()?.parse::<LitStr>()?.value());
+        } else {
+            skip_value(&inner)?;
+        }
+        Ok(())
+    })?;
+    Ok(name)
+}
+
+/// Consumes the value of a serde key we do not care about (`= expr` or `(...)`).
+fn skip_value(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
+    if meta.input.peek(Token![=]) {
+        meta.value()?.parse::<Expr>()?;
+    } else if meta.input.peek(syn::token::Paren) {
+        meta.input.parse::<proc_macro2::Group>()?;
+    }
+    Ok(())
+}
+
+/// The valid key closest to a mistyped one, if it is close enough to be a typo
+/// (or a well-known alias like `aggregate_type`).
+fn closest(name: &str, valid: &[&'static str]) -> Option<&'static str> {
+    if let Some(hit) = valid
+        .iter()
+        .find(|v| name.starts_with(*v) || v.starts_with(name))
+    {
+        return Some(hit);
+    }
+    valid
+        .iter()
+        .map(|v| (edit_distance(name, v), *v))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, v)| v)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_keys() {
+        assert_eq!(closest("topc", CONTAINER_KEYS), Some("topic"));
+        assert_eq!(closest("aggregate_type", CONTAINER_KEYS), Some("aggregate"));
+        assert_eq!(closest("eventtype", CONTAINER_KEYS), Some("event_type"));
+        assert_eq!(closest("partition", CONTAINER_KEYS), None);
+    }
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("topic", "topic"), 0);
+        assert_eq!(edit_distance("topik", "topic"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("crate", "create"), 1);
+    }
+}

@@ -1,0 +1,388 @@
+//! Semantic checks of the parsed input, producing the [`Event`] model that
+//! [`super::expand`] turns into code.
+//!
+//! Every check records its error and carries on; the model keeps whatever is
+//! valid (a missing part becomes `None`), so the expansion can still emit an
+//! implementation that type-checks the parts the user got right.
+
+use syn::ext::IdentExt;
+
+use super::Errors;
+use super::ast::{Field, Input, Shape};
+
+/// What the expansion needs, as far as it could be established.
+pub(crate) struct Event<'a> {
+    /// Path of the `outbox_core` crate in generated code.
+    pub krate: syn::Path,
+    pub topic: Option<String>,
+    pub event_type: String,
+    pub aggregate: Option<String>,
+    pub event_id: Option<&'a Field<'a>>,
+    /// The partition key field and its serialized name.
+    pub partition_key: Option<(&'a Field<'a>, String)>,
+    /// The explicit `#[aggregate_id]` field; `None` means "same as the partition key".
+    pub aggregate_id: Option<&'a Field<'a>>,
+}
+
+const SUPPORTED: &str =
+    "`#[derive(DomainEvent)]` supports structs with named fields and no generic parameters";
+
+pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> {
+    check_generics(input, errors);
+    let attrs = &input.attrs;
+    let struct_name = input.ident.unraw().to_string();
+
+    if attrs.event_attr.is_none() {
+        errors.spanned(
+            input.ident,
+            "missing `#[event(topic = \"...\", aggregate = \"...\")]` on the event struct\n\
+             help: `topic` (the Kafka topic) and `aggregate` (the aggregate type, e.g. \"Order\") \
+             are required",
+        );
+    }
+    let missing_key = |errors: &mut Errors, key: &str, help: &str| {
+        if let Some(attr) = attrs.event_attr {
+            errors.spanned(
+                attr,
+                format!("missing `{key}` in `#[event(...)]`\nhelp: {help}"),
+            );
+        }
+    };
+
+    if attrs.topic.present.is_none() {
+        missing_key(
+            errors,
+            "topic",
+            "add the Kafka topic, e.g. `topic = \"order.events\"`",
+        );
+    }
+    let topic = attrs.topic.value.as_ref().and_then(|lit| {
+        let topic = lit.value();
+        match kafka_topic_problem(&topic) {
+            None => Some(topic),
+            Some(problem) => {
+                errors.spanned(lit, problem);
+                None
+            }
+        }
+    });
+
+    let event_type = match &attrs.event_type.value {
+        Some(lit) => {
+            let value = lit.value();
+            if let Some(problem) = event_type_problem(&value, &struct_name) {
+                errors.spanned(lit, problem);
+            }
+            value
+        }
+        None => struct_name,
+    };
+
+    if attrs.aggregate.present.is_none() {
+        missing_key(
+            errors,
+            "aggregate",
+            "name the aggregate type the event belongs to, e.g. `aggregate = \"Order\"`; \
+             it fills the `aggregate_type` column and header",
+        );
+    }
+    let aggregate = attrs.aggregate.value.as_ref().and_then(|lit| {
+        let value = lit.value();
+        if value.trim().is_empty() {
+            errors.spanned(
+                lit,
+                "`aggregate` must not be empty\n\
+                 help: name the aggregate type the event belongs to, e.g. `aggregate = \"Order\"`",
+            );
+            None
+        } else {
+            Some(value)
+        }
+    });
+
+    let krate = attrs
+        .krate
+        .value
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(::outbox_core));
+
+    let mut event = Event {
+        krate,
+        topic,
+        event_type,
+        aggregate,
+        event_id: None,
+        partition_key: None,
+        aggregate_id: None,
+    };
+    match &input.shape {
+        Shape::Named(fields) => check_fields(input, fields, &mut event, errors),
+        Shape::Tuple(span) => errors.at(
+            *span,
+            format!(
+                "`#[derive(DomainEvent)]` does not support tuple structs\n\
+                 help: {SUPPORTED}: the payload is a JSON object keyed by field name"
+            ),
+        ),
+        Shape::Unit(span) => errors.at(
+            *span,
+            format!(
+                "`#[derive(DomainEvent)]` does not support unit structs\n\
+                 help: {SUPPORTED}; an event needs at least an `event_id: Uuid` and a \
+                 `#[partition_key]` field"
+            ),
+        ),
+        Shape::Enum(span) => errors.at(
+            *span,
+            format!(
+                "`#[derive(DomainEvent)]` does not support enums\n\
+                 help: {SUPPORTED}; declare one struct per event type"
+            ),
+        ),
+        Shape::Union(span) => errors.at(
+            *span,
+            format!("`#[derive(DomainEvent)]` does not support unions\nhelp: {SUPPORTED}"),
+        ),
+    }
+    event
+}
+
+fn check_generics(input: &Input<'_>, errors: &mut Errors) {
+    for param in &input.generics.params {
+        match param {
+            syn::GenericParam::Lifetime(def) => errors.spanned(
+                def,
+                format!(
+                    "events cannot borrow data: `DomainEvent` requires `'static`\n\
+                     help: {SUPPORTED}; remove `{}` and own the data (e.g. `String` instead of `&str`)",
+                    def.lifetime
+                ),
+            ),
+            syn::GenericParam::Type(_) | syn::GenericParam::Const(_) => errors.spanned(
+                param,
+                format!(
+                    "generic events are not supported: an event type has one topic and one JSON schema\n\
+                     help: {SUPPORTED}; use a concrete type instead of the parameter"
+                ),
+            ),
+        }
+    }
+}
+
+fn check_fields<'a>(
+    input: &'a Input<'a>,
+    fields: &'a [Field<'a>],
+    event: &mut Event<'a>,
+    errors: &mut Errors,
+) {
+    let serialized = |field: &Field<'_>| -> String {
+        let name = field.ident.unraw().to_string();
+        match (&field.attrs.serde_rename, input.attrs.rename_all) {
+            (Some(renamed), _) => renamed.clone(),
+            (None, Some(rule)) => rule.apply_to_field(&name),
+            (None, None) => name,
+        }
+    };
+
+    // #[partition_key]: exactly one.
+    let keys: Vec<_> = fields
+        .iter()
+        .filter(|f| f.attrs.partition_key.is_some())
+        .collect();
+    match keys.split_first() {
+        None => errors.spanned(
+            input.ident,
+            "no `#[partition_key]` field\n\
+             help: mark the field whose value decides the Kafka partition (usually the aggregate \
+             id) with `#[partition_key]`; events with the same key keep their order",
+        ),
+        Some((first, rest)) => {
+            for extra in rest {
+                errors.at(
+                    extra.attrs.partition_key.expect("filtered"),
+                    format!(
+                        "more than one `#[partition_key]` field (the first is `{}`)\n\
+                         help: a Kafka record has one key: keep `#[partition_key]` on one field \
+                         (to key by several values, implement `outbox_core::PartitionKey` on a newtype)",
+                        first.ident
+                    ),
+                );
+            }
+            if let Some((span, key)) = &first.attrs.serde_hidden {
+                errors.at(
+                    *span,
+                    format!(
+                        "`#[serde({key})]` keeps the `#[partition_key]` field out of the payload\n\
+                         help: consumers and the schema expect the key field in the JSON; remove \
+                         `{key}` or put `#[partition_key]` on another field"
+                    ),
+                );
+            }
+            event.partition_key = Some((first, serialized(first)));
+        }
+    }
+
+    // #[event_id]: exactly one, or a field named `event_id`.
+    let ids: Vec<_> = fields
+        .iter()
+        .filter(|f| f.attrs.event_id.is_some())
+        .collect();
+    match ids.split_first() {
+        None => match fields.iter().find(|f| f.ident.unraw() == "event_id") {
+            Some(field) => event.event_id = Some(field),
+            None => errors.spanned(
+                input.ident,
+                "no event id field\n\
+                 help: add a field `event_id: Uuid`, or mark the field holding the event's \
+                 unique UUID with `#[event_id]`",
+            ),
+        },
+        Some((first, rest)) => {
+            for extra in rest {
+                errors.at(
+                    extra.attrs.event_id.expect("filtered"),
+                    format!(
+                        "more than one `#[event_id]` field (the first is `{}`)\n\
+                         help: an event has one id: remove `#[event_id]` from all fields but one",
+                        first.ident
+                    ),
+                );
+            }
+            event.event_id = Some(first);
+        }
+    }
+    // Receivers dedup on payload["event_id"]: it must be the event id, not
+    // another field that happens to serialize under that name.
+    if let Some(id) = event.event_id {
+        for field in fields {
+            if !std::ptr::eq(field, id) && serialized(field) == "event_id" {
+                errors.spanned(
+                    field.ident,
+                    format!(
+                        "this field is serialized as `event_id`, but the event id is `{}`\n\
+                         help: consumers deduplicate on `payload[\"event_id\"]`; rename this \
+                         field or put `#[event_id]` on it",
+                        id.ident
+                    ),
+                );
+            }
+        }
+    }
+
+    // #[aggregate_id]: at most one; defaults to the partition key.
+    let aggregate_ids: Vec<_> = fields
+        .iter()
+        .filter(|f| f.attrs.aggregate_id.is_some())
+        .collect();
+    if let Some((first, rest)) = aggregate_ids.split_first() {
+        for extra in rest {
+            errors.at(
+                extra.attrs.aggregate_id.expect("filtered"),
+                format!(
+                    "more than one `#[aggregate_id]` field (the first is `{}`)\n\
+                     help: an event belongs to one aggregate instance: keep `#[aggregate_id]` on \
+                     one field (without it, the partition key is the aggregate id)",
+                    first.ident
+                ),
+            );
+        }
+        event.aggregate_id = Some(first);
+    }
+}
+
+/// Why Kafka would reject `topic`, if it would (the rules of Kafka's `Topic.validate`).
+pub(crate) fn kafka_topic_problem(topic: &str) -> Option<String> {
+    const HELP: &str = "help: Kafka topic names use ASCII letters, digits, `.`, `_` and `-`, \
+                        e.g. `order.events`";
+    if topic.is_empty() {
+        return Some(format!("the topic must not be empty\n{HELP}"));
+    }
+    if topic == "." || topic == ".." {
+        return Some(format!("`{topic}` is not a valid Kafka topic name\n{HELP}"));
+    }
+    let len = topic.chars().count();
+    if len > 249 {
+        return Some(format!(
+            "the topic is {len} characters long; Kafka allows at most 249\n{HELP}"
+        ));
+    }
+    let (position, bad) = topic
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))?;
+    Some(format!(
+        "invalid character {bad:?} at position {} of topic \"{topic}\"\n{HELP}",
+        position + 1
+    ))
+}
+
+/// Why `event_type` is unusable, if it is. It travels in a Kafka header and
+/// names a schema file (`schemas/<topic>/<event_type>.json`), so it must be a
+/// non-empty single token that is safe as a file name.
+fn event_type_problem(event_type: &str, struct_name: &str) -> Option<String> {
+    let help = format!(
+        "help: remove `event_type` to use the struct name `{struct_name}`, or write a name such \
+         as `event_type = \"{struct_name}\"`"
+    );
+    if event_type.is_empty() {
+        return Some(format!("`event_type` must not be empty\n{help}"));
+    }
+    if event_type == "." || event_type == ".." {
+        return Some(format!("`{event_type}` is not a usable event type\n{help}"));
+    }
+    let bad = event_type
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '\\'))?;
+    Some(format!(
+        "invalid character {bad:?} in `event_type`: it names a schema file and travels in a \
+         header, so whitespace, control characters, `/` and `\\` are not allowed\n{help}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_kafka_topics() {
+        for ok in ["order.events", "a", "A-Z_0.9", "...", &"x".repeat(249)] {
+            assert_eq!(kafka_topic_problem(ok), None, "{ok}");
+        }
+    }
+
+    #[test]
+    fn rejects_what_kafka_rejects() {
+        let cases = [
+            ("", "must not be empty"),
+            (".", "not a valid Kafka topic"),
+            ("..", "not a valid Kafka topic"),
+            ("order events", "invalid character ' ' at position 6"),
+            ("orders/created", "invalid character '/' at position 7"),
+            ("zaĸaz", "invalid character 'ĸ' at position 3"),
+        ];
+        for (topic, expected) in cases {
+            let problem = kafka_topic_problem(topic).expect(topic);
+            assert!(problem.contains(expected), "{topic}: {problem}");
+        }
+        let long = "x".repeat(250);
+        assert!(
+            kafka_topic_problem(&long)
+                .unwrap()
+                .contains("250 characters")
+        );
+    }
+
+    #[test]
+    fn event_types_must_be_file_name_safe() {
+        assert_eq!(event_type_problem("OrderCreated", "X"), None);
+        assert_eq!(event_type_problem("order.created.v1", "X"), None);
+        assert!(
+            event_type_problem("", "X")
+                .unwrap()
+                .contains("must not be empty")
+        );
+        assert!(event_type_problem("a b", "X").unwrap().contains("' '"));
+        assert!(event_type_problem("a/b", "X").unwrap().contains("'/'"));
+        assert!(event_type_problem("..", "X").is_some());
+    }
+}
