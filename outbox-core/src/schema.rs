@@ -1,8 +1,34 @@
-//! Registry of the event types linked into a binary, for the schema export.
+//! Registry of the event types linked into a binary, and the schema export
+//! built on it.
 //!
 //! `#[derive(DomainEvent)]` submits one [`EventDescriptor`] per event type;
-//! [`registered_events`] lists them. The export (JSON Schema per event and an
-//! AsyncAPI document) is built on top of this list.
+//! [`registered_events`] lists them. [`SchemaExport`] turns that list into the
+//! files consumers read: one JSON Schema (draft 2020-12) per event at
+//! `<topic>/<event_type>.json` and one AsyncAPI 3.0 document `asyncapi.yaml`.
+//! Its [`check`](SchemaExport::check) mode compares them with committed files,
+//! so CI notices when the code and `schemas/` drift apart.
+//!
+//! ```no_run
+//! use outbox_core::schema::{ExportOptions, SchemaExport};
+//!
+//! let export = ExportOptions::new()
+//!     .title("orders")
+//!     .version("1.0.0")
+//!     .export(&outbox_core::schema::registered_events())?;
+//! export.write_to("schemas")?;
+//! export.check("schemas")?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod asyncapi;
+mod check;
+mod export;
+mod json;
+#[cfg(test)]
+mod tests;
+
+pub use check::{Difference, DifferenceKind, Differences};
+pub use export::{ExportError, ExportOptions, SchemaExport, WriteReport};
 
 /// Static description of one event type.
 #[derive(Debug, Clone, Copy)]
@@ -17,7 +43,8 @@ pub struct EventDescriptor {
     pub partition_key_field: &'static str,
     /// Rust type path of the event, for messages (`module_path!()::Name`).
     pub rust_type: &'static str,
-    /// The event's JSON Schema (schemars).
+    /// The event's JSON Schema (schemars); [`json_schema_for`] builds the
+    /// one the export expects.
     pub schema: fn() -> schemars::Schema,
 }
 
@@ -28,4 +55,26 @@ pub fn registered_events() -> Vec<&'static EventDescriptor> {
     let mut events: Vec<_> = inventory::iter::<EventDescriptor>.into_iter().collect();
     events.sort_by_key(|e| (e.topic, e.event_type));
     events
+}
+
+/// The JSON Schema (draft 2020-12) of `T` as it appears on the wire.
+///
+/// Uses schemars' serialize contract: the schema describes what
+/// `serde_json::to_value(&event)` produces, which is what consumers receive
+/// (a field with `skip_serializing_if` is optional, one with only
+/// `#[serde(default)]` is still required).
+///
+/// ```
+/// #[derive(serde::Serialize, schemars::JsonSchema)]
+/// struct Ping { n: u32 }
+///
+/// let schema = outbox_core::schema::json_schema_for::<Ping>();
+/// assert_eq!(schema.get("$schema").unwrap(), "https://json-schema.org/draft/2020-12/schema");
+/// assert_eq!(schema.get("required").unwrap(), &serde_json::json!(["n"]));
+/// ```
+pub fn json_schema_for<T: schemars::JsonSchema + ?Sized>() -> schemars::Schema {
+    schemars::generate::SchemaSettings::draft2020_12()
+        .for_serialize()
+        .into_generator()
+        .into_root_schema_for::<T>()
 }

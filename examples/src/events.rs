@@ -1,0 +1,156 @@
+//! The events of the example system, the seed's story: the orders service
+//! publishes `OrderCreated` / `OrderCancelled` on `order.events`; the payments
+//! service publishes `PaymentCompleted` on `payment.events`.
+//!
+//! Their schemas are exported to `schemas/` by the `schemas` binary
+//! (`cargo run -p outbox-examples --bin schemas -- export`).
+
+use chrono::{DateTime, Utc};
+use outbox_core::DomainEvent;
+use outbox_core::schema::{ExportError, ExportOptions, SchemaExport, registered_events};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// An order was placed. Keyed by the order, so all events of one order keep
+/// their order on `order.events`.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
+#[event(
+    topic = "order.events",
+    event_type = "OrderCreated",
+    aggregate = "Order"
+)]
+pub struct OrderCreated {
+    /// Unique id of this event; receivers deduplicate on it.
+    #[event_id]
+    pub event_id: Uuid,
+    /// The new order (partition key and aggregate id).
+    #[partition_key]
+    #[aggregate_id]
+    pub order_id: Uuid,
+    /// Who ordered.
+    pub customer_id: Uuid,
+    /// What was ordered.
+    pub product_id: Uuid,
+    /// Price in minor currency units (cents).
+    pub amount: i64,
+    /// When the order was created.
+    pub created_at: DateTime<Utc>,
+}
+
+/// An order was cancelled before it was paid.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
+#[event(
+    topic = "order.events",
+    event_type = "OrderCancelled",
+    aggregate = "Order"
+)]
+pub struct OrderCancelled {
+    /// Unique id of this event; receivers deduplicate on it.
+    #[event_id]
+    pub event_id: Uuid,
+    /// The cancelled order (partition key and aggregate id).
+    #[partition_key]
+    #[aggregate_id]
+    pub order_id: Uuid,
+    /// Why it was cancelled.
+    pub reason: CancellationReason,
+    /// When it was cancelled.
+    pub cancelled_at: DateTime<Utc>,
+}
+
+/// Why an order was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CancellationReason {
+    /// The customer withdrew the order.
+    CustomerRequest,
+    /// The payment was declined.
+    PaymentDeclined,
+    /// The product is no longer available.
+    OutOfStock,
+}
+
+/// A payment for an order went through. Keyed by the order (not the payment),
+/// so a consumer sees the payments of one order in order.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
+#[event(
+    topic = "payment.events",
+    event_type = "PaymentCompleted",
+    aggregate = "Payment"
+)]
+pub struct PaymentCompleted {
+    /// Unique id of this event; receivers deduplicate on it.
+    #[event_id]
+    pub event_id: Uuid,
+    /// The payment (aggregate id).
+    #[aggregate_id]
+    pub payment_id: Uuid,
+    /// The paid order (partition key).
+    #[partition_key]
+    pub order_id: Uuid,
+    /// Amount paid in minor currency units (cents).
+    pub amount: i64,
+    /// When the payment completed.
+    pub completed_at: DateTime<Utc>,
+}
+
+/// The schema export of the example events, as the `schemas` binary writes it
+/// to (and checks it against) `schemas/`.
+///
+/// ```
+/// let export = outbox_examples::events::schema_export().unwrap();
+/// assert!(export.file("order.events/OrderCreated.json").is_some());
+/// assert!(export.file("payment.events/PaymentCompleted.json").is_some());
+/// ```
+pub fn schema_export() -> Result<SchemaExport, ExportError> {
+    ExportOptions::new()
+        .title("outbox-examples")
+        .version(env!("CARGO_PKG_VERSION"))
+        .description(
+            "Events of the example orders and payments services. \
+             Wire format: docs/wire-format.md.",
+        )
+        .export(&registered_events())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::OutboxRecord;
+
+    #[test]
+    fn payments_are_keyed_by_order_and_belong_to_the_payment() {
+        let event = PaymentCompleted {
+            event_id: Uuid::new_v4(),
+            payment_id: Uuid::new_v4(),
+            order_id: Uuid::new_v4(),
+            amount: 4_200,
+            completed_at: Utc::now(),
+        };
+        let record = OutboxRecord::from_event(&event).unwrap();
+        assert_eq!(record.topic, "payment.events");
+        assert_eq!(record.event_type, "PaymentCompleted");
+        assert_eq!(record.aggregate_type, "Payment");
+        assert_eq!(record.aggregate_id, event.payment_id.to_string());
+        assert_eq!(record.partition_key, event.order_id.to_string());
+        assert_eq!(PaymentCompleted::PARTITION_KEY_FIELD, "order_id");
+        assert_eq!(record.payload["event_id"], event.event_id.to_string());
+        assert_eq!(record.payload["amount"], 4_200);
+    }
+
+    #[test]
+    fn orders_are_keyed_by_order() {
+        let event = OrderCancelled {
+            event_id: Uuid::new_v4(),
+            order_id: Uuid::new_v4(),
+            reason: CancellationReason::OutOfStock,
+            cancelled_at: Utc::now(),
+        };
+        assert_eq!(OrderCancelled::TOPIC, OrderCreated::TOPIC);
+        assert_eq!(event.partition_key(), event.order_id.to_string());
+        assert_eq!(event.aggregate_id(), event.order_id.to_string());
+        let record = OutboxRecord::from_event(&event).unwrap();
+        assert_eq!(record.payload["reason"], "out_of_stock");
+    }
+}
