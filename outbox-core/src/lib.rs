@@ -34,18 +34,28 @@
 mod derive_support;
 mod error;
 mod event;
+mod events;
+mod insert;
 mod record;
+mod retry;
 pub mod schema;
+pub mod testing;
 pub mod trace;
+mod unit_of_work;
 pub mod wakeup;
 pub mod wire;
 
 pub use error::Error;
 pub use event::{DomainEvent, PartitionKey};
+pub use events::Events;
+pub use insert::insert_records;
 pub use record::OutboxRecord;
+pub use unit_of_work::{
+    IsolationLevel, RetryingUnitOfWork, TransactionSource, UnitOfWork, transaction,
+};
 
 #[cfg(feature = "derive")]
-pub use outbox_derive::DomainEvent;
+pub use outbox_derive::{DomainEvent, outbox_handler};
 
 /// Re-exports used by generated code. Not a public API: may change in any release.
 #[doc(hidden)]

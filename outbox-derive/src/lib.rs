@@ -5,6 +5,7 @@
 use proc_macro::TokenStream;
 
 mod domain_event;
+mod outbox_handler;
 
 /// Derives `outbox_core::DomainEvent` for a struct with named fields.
 ///
@@ -23,4 +24,11 @@ mod domain_event;
 pub fn derive_domain_event(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
     domain_event::derive(&input).into()
+}
+
+/// Turns an async command handler into a unit of work: one transaction for
+/// its writes and the events it records. See `docs/handler.md`.
+#[proc_macro_attribute]
+pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    outbox_handler::expand(args.into(), item.into()).into()
 }

@@ -1,0 +1,131 @@
+//! Test support: run a command handler against a real database without
+//! leaving anything behind, and inspect the events it recorded.
+
+use sqlx::{Postgres, Transaction};
+
+use crate::{DomainEvent, Error, Events, OutboxRecord, TransactionSource, insert_records};
+
+/// Runs `handler` in a transaction that is always rolled back, and returns
+/// what it returned together with the events it recorded.
+///
+/// The recorded events are also inserted into `outbox_event` before the
+/// rollback, exactly as the unit of work would, so a test still fails on an
+/// event that cannot be serialized or stored (the `Err` of this function).
+/// The database is left unchanged either way.
+///
+/// With `#[outbox_handler]`, call the generated `<name>_in_tx` function, which
+/// takes the transaction and collector explicitly:
+///
+/// ```no_run
+/// # #[derive(serde::Serialize)]
+/// # struct OrderCreated { event_id: uuid::Uuid, order_id: i64 }
+/// # impl outbox_core::DomainEvent for OrderCreated {
+/// #     const TOPIC: &'static str = "orders";
+/// #     const EVENT_TYPE: &'static str = "OrderCreated";
+/// #     const AGGREGATE_TYPE: &'static str = "Order";
+/// #     const PARTITION_KEY_FIELD: &'static str = "order_id";
+/// #     fn event_id(&self) -> uuid::Uuid { self.event_id }
+/// #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
+/// #     fn partition_key(&self) -> String { self.order_id.to_string() }
+/// # }
+/// use outbox_core::{Events, outbox_handler};
+/// use sqlx::{Postgres, Transaction};
+///
+/// #[outbox_handler]
+/// async fn create_order(
+///     tx: &mut Transaction<'_, Postgres>,
+///     events: &mut Events,
+///     order_id: i64,
+/// ) -> Result<i64, outbox_core::Error> {
+///     events.record(OrderCreated { event_id: uuid::Uuid::new_v4(), order_id });
+///     Ok(order_id)
+/// }
+///
+/// # async fn t(pool: sqlx::PgPool) {
+/// let run = outbox_core::testing::record_events(&pool, async |tx, events| {
+///     create_order_in_tx(tx, events, 7).await
+/// })
+/// .await
+/// .unwrap();
+/// assert_eq!(run.output.as_ref().unwrap(), &7);
+/// let created = run.assert_count::<OrderCreated>(1);
+/// assert_eq!(created[0].order_id, 7);
+/// # }
+/// ```
+pub async fn record_events<S, R, F>(mut source: S, handler: F) -> Result<Recorded<R>, Error>
+where
+    S: TransactionSource,
+    F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> R,
+{
+    let mut tx = source.begin_transaction(None).await?;
+    let mut events = Events::new();
+    let output = handler(&mut tx, &mut events).await;
+    if let Err(error) = events.take_failure() {
+        tx.rollback().await?;
+        return Err(error);
+    }
+    let stored = insert_records(&mut tx, events.records()).await;
+    tx.rollback().await?;
+    stored?;
+    Ok(Recorded { output, events })
+}
+
+/// What [`record_events`] observed: the handler's return value and its events.
+#[derive(Debug)]
+pub struct Recorded<R> {
+    /// What the handler returned (typically its `Result`).
+    pub output: R,
+    /// The events it recorded.
+    pub events: Events,
+}
+
+impl<R> Recorded<R> {
+    /// The outbox records, in recording order.
+    pub fn records(&self) -> &[OutboxRecord] {
+        self.events.records()
+    }
+
+    /// The recorded events of type `E`; panics if there is none.
+    #[track_caller]
+    pub fn assert_recorded<E: DomainEvent>(&self) -> Vec<&E> {
+        let found = self.events.of_type::<E>();
+        assert!(
+            !found.is_empty(),
+            "expected at least one `{}` event, recorded: {:?}",
+            E::EVENT_TYPE,
+            self.event_types()
+        );
+        found
+    }
+
+    /// The recorded events of type `E`; panics unless there are exactly `count`.
+    #[track_caller]
+    pub fn assert_count<E: DomainEvent>(&self, count: usize) -> Vec<&E> {
+        let found = self.events.of_type::<E>();
+        assert_eq!(
+            found.len(),
+            count,
+            "expected {count} `{}` event(s), recorded: {:?}",
+            E::EVENT_TYPE,
+            self.event_types()
+        );
+        found
+    }
+
+    /// Panics if any event was recorded.
+    #[track_caller]
+    pub fn assert_none(&self) {
+        assert!(
+            self.events.is_empty(),
+            "expected no events, recorded: {:?}",
+            self.event_types()
+        );
+    }
+
+    fn event_types(&self) -> Vec<&str> {
+        self.records()
+            .iter()
+            .map(|r| r.event_type.as_str())
+            .collect()
+    }
+}

@@ -1,0 +1,313 @@
+//! The unit of work: one transaction for a command handler's writes and its
+//! outbox rows. `#[outbox_handler]` expands to [`transaction`].
+
+use std::future::Future;
+
+use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
+
+use crate::{Error, Events, insert_records, retry, wakeup};
+
+/// Transaction isolation level of a unit of work.
+///
+/// Default: none set, so the database's default applies (PostgreSQL:
+/// `READ COMMITTED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsolationLevel {
+    /// `READ COMMITTED`.
+    ReadCommitted,
+    /// `REPEATABLE READ` (snapshot isolation; may fail with SQLSTATE 40001).
+    RepeatableRead,
+    /// `SERIALIZABLE` (may fail with SQLSTATE 40001; pair it with retries).
+    Serializable,
+}
+
+impl IsolationLevel {
+    /// The statement that opens a transaction at this level, so choosing a level
+    /// costs no extra round trip.
+    fn begin_statement(self) -> &'static str {
+        match self {
+            Self::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            Self::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            Self::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        }
+    }
+}
+
+/// Anything a unit of work can open a transaction on: `&PgPool`, `PgPool`, or
+/// `&mut PgConnection`.
+///
+/// A `&mut PgConnection` that is already inside a transaction gets a savepoint
+/// (only without an isolation level, which PostgreSQL cannot change there); the
+/// outbox rows then commit with the outer transaction.
+pub trait TransactionSource: Send {
+    /// Opens a transaction, at `isolation` if given.
+    fn begin_transaction(
+        &mut self,
+        isolation: Option<IsolationLevel>,
+    ) -> impl Future<Output = Result<Transaction<'_, Postgres>, sqlx::Error>> + Send;
+}
+
+impl TransactionSource for &PgPool {
+    async fn begin_transaction(
+        &mut self,
+        isolation: Option<IsolationLevel>,
+    ) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
+        begin_on_pool(self, isolation).await
+    }
+}
+
+impl TransactionSource for PgPool {
+    async fn begin_transaction(
+        &mut self,
+        isolation: Option<IsolationLevel>,
+    ) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
+        begin_on_pool(self, isolation).await
+    }
+}
+
+async fn begin_on_pool(
+    pool: &PgPool,
+    isolation: Option<IsolationLevel>,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    match isolation {
+        Some(level) => pool.begin_with(level.begin_statement()).await,
+        None => pool.begin().await,
+    }
+}
+
+impl TransactionSource for &mut PgConnection {
+    async fn begin_transaction(
+        &mut self,
+        isolation: Option<IsolationLevel>,
+    ) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
+        match isolation {
+            Some(level) => sqlx::Connection::begin_with(&mut **self, level.begin_statement()).await,
+            None => (&mut **self).begin().await,
+        }
+    }
+}
+
+/// Starts building a unit of work on `source` (a pool or a connection).
+///
+/// `run` opens a transaction, runs your code with it and a fresh [`Events`]
+/// collector, then inserts the recorded events into `outbox_event` (one
+/// statement, after your writes), commits, and wakes an in-process relay
+/// ([`wakeup::notify_committed`]). If your code returns `Err` (including a `?`
+/// early return), panics, or the insert or commit fails, the transaction is
+/// rolled back and nothing of it is written.
+///
+/// Your error type needs only `From<outbox_core::Error>` (framework failures:
+/// begin, serialization, outbox insert, commit, are converted into it).
+///
+/// ```no_run
+/// # #[derive(serde::Serialize)]
+/// # struct OrderCreated { event_id: uuid::Uuid, order_id: i64 }
+/// # impl outbox_core::DomainEvent for OrderCreated {
+/// #     const TOPIC: &'static str = "orders";
+/// #     const EVENT_TYPE: &'static str = "OrderCreated";
+/// #     const AGGREGATE_TYPE: &'static str = "Order";
+/// #     const PARTITION_KEY_FIELD: &'static str = "order_id";
+/// #     fn event_id(&self) -> uuid::Uuid { self.event_id }
+/// #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
+/// #     fn partition_key(&self) -> String { self.order_id.to_string() }
+/// # }
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), outbox_core::Error> {
+/// use outbox_core::IsolationLevel;
+///
+/// let order_id: i64 = outbox_core::transaction(&pool)
+///     .isolation(IsolationLevel::Serializable)
+///     .retries(3)
+///     .run(async |tx, events| {
+///         let id: i64 = sqlx::query_scalar("INSERT INTO orders (amount) VALUES (42) RETURNING id")
+///             .fetch_one(&mut **tx)
+///             .await
+///             .map_err(outbox_core::Error::from)?;
+///         events.record(OrderCreated { event_id: uuid::Uuid::new_v4(), order_id: id });
+///         Ok::<_, outbox_core::Error>(id)
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub fn transaction<S: TransactionSource>(source: S) -> UnitOfWork<S> {
+    UnitOfWork {
+        source,
+        isolation: None,
+    }
+}
+
+/// A unit of work being configured; see [`transaction`].
+#[derive(Debug)]
+#[must_use = "a unit of work does nothing until `run` is awaited"]
+pub struct UnitOfWork<S> {
+    source: S,
+    isolation: Option<IsolationLevel>,
+}
+
+impl<S: TransactionSource> UnitOfWork<S> {
+    /// Runs the transaction at `level` (default: the database's default).
+    pub fn isolation(mut self, level: IsolationLevel) -> Self {
+        self.isolation = Some(level);
+        self
+    }
+
+    /// Re-runs the whole handler, in a fresh transaction with a fresh
+    /// collector, up to `retries` more times when it fails with a
+    /// serialization failure or a deadlock (SQLSTATE 40001 / 40P01), after a
+    /// short jittered backoff (a few milliseconds, doubling, at most 100 ms).
+    ///
+    /// Default: no retry. The handler must then be `Clone` (each attempt runs
+    /// a fresh clone, see [`RetryingUnitOfWork::run`]) and its error type must implement `std::error::Error + 'static`
+    /// and keep the `sqlx::Error` in its `source()` chain (as `#[from]` /
+    /// `#[source]` of thiserror do), so that a failure inside the handler can be
+    /// recognized.
+    pub fn retries(self, retries: u32) -> RetryingUnitOfWork<S> {
+        RetryingUnitOfWork {
+            inner: self,
+            retries,
+        }
+    }
+
+    /// Runs `handler` once in the transaction; see [`transaction`].
+    pub async fn run<T, E, F>(mut self, handler: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E>,
+        E: From<Error>,
+    {
+        let mut tx = begin(&mut self.source, self.isolation).await?;
+        let mut events = Events::new();
+        let outcome = handler(&mut tx, &mut events).await;
+        finish(tx, events, outcome)
+            .await
+            .map_err(Failure::into_user)
+    }
+}
+
+/// A unit of work that retries on serialization failures; see [`UnitOfWork::retries`].
+#[derive(Debug)]
+#[must_use = "a unit of work does nothing until `run` is awaited"]
+pub struct RetryingUnitOfWork<S> {
+    inner: UnitOfWork<S>,
+    retries: u32,
+}
+
+impl<S: TransactionSource> RetryingUnitOfWork<S> {
+    /// Runs the transaction at `level` (default: the database's default).
+    pub fn isolation(mut self, level: IsolationLevel) -> Self {
+        self.inner.isolation = Some(level);
+        self
+    }
+
+    /// Runs `handler`, again on serialization failure, at most `1 + retries` times.
+    /// The error of the last attempt is returned when all fail.
+    ///
+    /// Each attempt runs a fresh clone of `handler`, so it starts from the same
+    /// captured state: a closure capturing by reference (`async |tx, events|`)
+    /// or owning `Clone` values (`async move |tx, events|`) works; one that
+    /// mutates its captures does not compile (count attempts with an atomic).
+    pub async fn run<T, E, F>(mut self, handler: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E> + Clone,
+        E: From<Error> + std::error::Error + 'static,
+    {
+        let mut retried = 0;
+        loop {
+            // An owned clone per attempt rather than `AsyncFnMut`: the futures of
+            // an `AsyncFnMut` borrow the closure, and rustc then fails to prove
+            // the caller's future `Send` (higher-ranked auto-trait inference,
+            // rust-lang/rust#110338), which would make handlers unusable in
+            // `tokio::spawn` or axum.
+            let mut tx = begin(&mut self.inner.source, self.inner.isolation).await?;
+            let mut events = Events::new();
+            let outcome = handler.clone()(&mut tx, &mut events).await;
+            let failure = match finish(tx, events, outcome).await {
+                Ok(output) => return Ok(output),
+                Err(failure) => failure,
+            };
+            let retryable = match &failure {
+                Failure::Handler(error) => retry::is_serialization_failure(error),
+                Failure::Framework(error) => retry::is_serialization_failure(error),
+            };
+            if !retryable || retried == self.retries {
+                return Err(failure.into_user());
+            }
+            retried += 1;
+            tracing::debug!(
+                attempt = retried + 1,
+                "outbox unit of work: retrying after a serialization failure"
+            );
+            tokio::time::sleep(retry::backoff(retried)).await;
+        }
+    }
+}
+
+/// Who failed an attempt: the handler (its own error) or the framework.
+enum Failure<E> {
+    Handler(E),
+    Framework(Error),
+}
+
+impl<E: From<Error>> Failure<E> {
+    fn into_user(self) -> E {
+        match self {
+            Self::Handler(error) => error,
+            Self::Framework(error) => E::from(error),
+        }
+    }
+}
+
+/// Opens the transaction of one attempt.
+async fn begin<S: TransactionSource>(
+    source: &mut S,
+    isolation: Option<IsolationLevel>,
+) -> Result<Transaction<'_, Postgres>, Error> {
+    Ok(source.begin_transaction(isolation).await?)
+}
+
+/// Ends one attempt after the handler ran: on its success inserts the events,
+/// commits and wakes the relay; otherwise rolls back.
+///
+/// A panic in the handler never reaches this: it unwinds through the caller,
+/// where dropping the transaction queues a rollback that sqlx runs before the
+/// connection is used again, so no half-open transaction survives it.
+async fn finish<T, E>(
+    mut tx: Transaction<'_, Postgres>,
+    mut events: Events,
+    outcome: Result<T, E>,
+) -> Result<T, Failure<E>> {
+    let output = match outcome {
+        Ok(output) => output,
+        Err(error) => {
+            rollback(tx).await;
+            return Err(Failure::Handler(error));
+        }
+    };
+    if let Err(error) = events.take_failure() {
+        rollback(tx).await;
+        return Err(Failure::Framework(error));
+    }
+    let inserted = match insert_records(&mut tx, events.records()).await {
+        Ok(inserted) => inserted,
+        Err(error) => {
+            rollback(tx).await;
+            return Err(Failure::Framework(error.into()));
+        }
+    };
+    // A failed commit (deferred constraint, serialization failure) has rolled
+    // the transaction back on the server; nothing to undo here.
+    tx.commit()
+        .await
+        .map_err(|error| Failure::Framework(error.into()))?;
+    if inserted > 0 {
+        wakeup::notify_committed();
+    }
+    Ok(output)
+}
+
+/// Rolls back eagerly so the connection is clean when the error reaches the
+/// caller. Its own failure is not reported: the caller's error matters more,
+/// and a connection that cannot roll back is closed by sqlx.
+async fn rollback(tx: Transaction<'_, Postgres>) {
+    if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "outbox unit of work: rollback failed");
+    }
+}

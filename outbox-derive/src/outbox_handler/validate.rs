@@ -1,0 +1,282 @@
+//! Checks the handler's signature and finds its transaction and collector
+//! parameters. Every mistake is reported, each on its own tokens.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::{FnArg, Ident, ItemFn, Pat, Type, TypePath};
+
+/// What a parameter of the user's function is, in order.
+pub(crate) enum Param {
+    /// `&self` / `&mut self`.
+    Receiver { mutable: bool },
+    /// The transaction: `&mut Transaction<'_, Postgres>` (`PgTransaction`) or `&mut PgConnection`.
+    Transaction { connection: bool },
+    /// The event collector, `&mut Events`.
+    Events,
+    /// Anything else: an argument the caller passes through.
+    Forwarded { name: Ident, ty: Box<Type> },
+}
+
+/// A handler whose signature passed the checks.
+pub(crate) struct Handler {
+    /// The user's function, minus our `#[tx]` / `#[events]` parameter markers.
+    pub item: ItemFn,
+    pub params: Vec<Param>,
+}
+
+/// Validates `item`; on failure returns every error, and the function with our
+/// parameter markers removed (so it can still be emitted as written).
+pub(crate) fn handler(mut item: ItemFn) -> Result<Handler, (ItemFn, Vec<syn::Error>)> {
+    let mut errors = Vec::new();
+    if item.sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            item.sig.fn_token.span,
+            "#[outbox_handler] needs an `async fn`: the handler awaits its database statements inside the transaction; write `async fn`",
+        ));
+    }
+    let mut params = Vec::new();
+    let (mut tx_seen, mut events_seen) = (None::<Span>, None::<Span>);
+    for (index, input) in item.sig.inputs.iter_mut().enumerate() {
+        match input {
+            FnArg::Receiver(receiver) => {
+                if receiver.reference.is_none() || receiver.colon_token.is_some() {
+                    errors.push(syn::Error::new(
+                        receiver.span(),
+                        "#[outbox_handler] methods take `&self` or `&mut self`: the handler runs inside a unit of work that borrows its receiver (and may run it again on retry), so `self` by value or a typed receiver is not supported",
+                    ));
+                    continue;
+                }
+                params.push(Param::Receiver {
+                    mutable: receiver.mutability.is_some(),
+                });
+            }
+            FnArg::Typed(typed) => {
+                let marker = take_marker(&mut typed.attrs);
+                let span = typed.span();
+                let role = match marker {
+                    Some(Marker::Tx) => Some(Role::Tx(is_connection(&typed.ty))),
+                    Some(Marker::Events) => Some(Role::Events),
+                    None => role_by_type(&typed.ty),
+                };
+                match role {
+                    Some(Role::Tx(connection)) => {
+                        if let Some(first) = tx_seen {
+                            errors.push(more_than_one(span, first, "transaction", "#[tx]"));
+                        }
+                        tx_seen.get_or_insert(span);
+                        if !is_mut_reference(&typed.ty) {
+                            errors.push(syn::Error::new(
+                                typed.ty.span(),
+                                "the transaction parameter must be a mutable reference: `tx: &mut Transaction<'_, Postgres>`",
+                            ));
+                        }
+                        params.push(Param::Transaction { connection });
+                    }
+                    Some(Role::Events) => {
+                        if let Some(first) = events_seen {
+                            errors.push(more_than_one(span, first, "event collector", "#[events]"));
+                        }
+                        events_seen.get_or_insert(span);
+                        if !is_mut_reference(&typed.ty) {
+                            errors.push(syn::Error::new(
+                                typed.ty.span(),
+                                "the event collector parameter must be a mutable reference: `events: &mut Events`",
+                            ));
+                        }
+                        params.push(Param::Events);
+                    }
+                    None => {
+                        if let Some(producer) = producer_in(&typed.ty) {
+                            errors.push(syn::Error::new(
+                                producer.span(),
+                                format!(
+                                    "a command handler must not get a Kafka producer (`{}`): R-DIST-OBX-X1 forbids `producer.send` inside a handler, an event sent before the commit is lost or wrong when the transaction rolls back; record it with `events.record(...)` instead, the relay publishes it from the outbox after the commit",
+                                    producer.ident
+                                ),
+                            ));
+                        }
+                        params.push(Param::Forwarded {
+                            name: forwarded_name(&typed.pat, index),
+                            ty: typed.ty.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let signature = item.sig.paren_token.span.join();
+    if tx_seen.is_none() {
+        errors.push(syn::Error::new(
+            signature,
+            "#[outbox_handler] needs a transaction parameter: add `tx: &mut Transaction<'_, Postgres>` (sqlx); the handler's statements run on it (mark a parameter of an aliased type with `#[tx]`)",
+        ));
+    }
+    if events_seen.is_none() {
+        errors.push(syn::Error::new(
+            signature,
+            "#[outbox_handler] needs an event collector parameter: add `events: &mut Events` (outbox_core::Events) and call `events.record(...)` (mark a parameter of an aliased type with `#[events]`)",
+        ));
+    }
+    if errors.is_empty() {
+        Ok(Handler { item, params })
+    } else {
+        Err((item, errors))
+    }
+}
+
+/// Checks that need the attribute's arguments too.
+pub(crate) fn with_retries(handler: &Handler, retries_span: Span) -> Vec<syn::Error> {
+    let mutable_receiver = handler
+        .params
+        .iter()
+        .any(|param| matches!(param, Param::Receiver { mutable: true }));
+    if mutable_receiver {
+        vec![syn::Error::new(
+            retries_span,
+            "`retries` needs a `&self` method: each attempt re-runs the handler, which cannot hold `&mut self` across attempts; take `&self` or drop `retries`",
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
+enum Marker {
+    Tx,
+    Events,
+}
+
+enum Role {
+    Tx(bool),
+    Events,
+}
+
+/// Removes our `#[tx]` / `#[events]` markers (rustc would reject them on the emitted fn).
+fn take_marker(attrs: &mut Vec<syn::Attribute>) -> Option<Marker> {
+    let mut marker = None;
+    attrs.retain(|attr| {
+        if attr.path().is_ident("tx") {
+            marker = Some(Marker::Tx);
+            false
+        } else if attr.path().is_ident("events") {
+            marker = Some(Marker::Events);
+            false
+        } else {
+            true
+        }
+    });
+    marker
+}
+
+fn role_by_type(ty: &Type) -> Option<Role> {
+    let Type::Reference(reference) = ty else {
+        // `events: Events` by value: recognized, then rejected as not `&mut`.
+        return match last_segment(ty)?.as_str() {
+            "Events" => Some(Role::Events),
+            "Transaction" | "PgTransaction" | "PgConnection" => Some(Role::Tx(is_connection(ty))),
+            _ => None,
+        };
+    };
+    match last_segment(&reference.elem)?.as_str() {
+        "Events" => Some(Role::Events),
+        "Transaction" | "PgTransaction" => Some(Role::Tx(false)),
+        "PgConnection" => Some(Role::Tx(true)),
+        _ => None,
+    }
+}
+
+fn is_connection(ty: &Type) -> bool {
+    let ty = match ty {
+        Type::Reference(reference) => &reference.elem,
+        other => other,
+    };
+    last_segment(ty).is_some_and(|name| name == "PgConnection")
+}
+
+fn is_mut_reference(ty: &Type) -> bool {
+    matches!(ty, Type::Reference(reference) if reference.mutability.is_some())
+}
+
+fn last_segment(ty: &Type) -> Option<String> {
+    match ty {
+        Type::Path(TypePath { path, .. }) => path.segments.last().map(|s| s.ident.to_string()),
+        Type::Paren(paren) => last_segment(&paren.elem),
+        Type::Group(group) => last_segment(&group.elem),
+        _ => None,
+    }
+}
+
+fn more_than_one(span: Span, first: Span, what: &str, marker: &str) -> syn::Error {
+    let mut error = syn::Error::new(
+        span,
+        format!(
+            "more than one {what} parameter; a handler gets exactly one (if this one is not meant as the {what}, give it a different type, or mark the intended one with `{marker}`)"
+        ),
+    );
+    error.combine(syn::Error::new(
+        first,
+        format!("the first {what} parameter is here"),
+    ));
+    error
+}
+
+/// The first path segment anywhere in `ty` naming a producer (`*Producer`).
+fn producer_in(ty: &Type) -> Option<&syn::PathSegment> {
+    match ty {
+        Type::Path(TypePath { qself, path }) => {
+            if let Some(qself) = qself
+                && let Some(found) = producer_in(&qself.ty)
+            {
+                return Some(found);
+            }
+            producer_in_path(path)
+        }
+        Type::Reference(reference) => producer_in(&reference.elem),
+        Type::Ptr(ptr) => producer_in(&ptr.elem),
+        Type::Paren(paren) => producer_in(&paren.elem),
+        Type::Group(group) => producer_in(&group.elem),
+        Type::Slice(slice) => producer_in(&slice.elem),
+        Type::Array(array) => producer_in(&array.elem),
+        Type::Tuple(tuple) => tuple.elems.iter().find_map(producer_in),
+        Type::ImplTrait(bounds) => bounds.bounds.iter().find_map(producer_in_bound),
+        Type::TraitObject(bounds) => bounds.bounds.iter().find_map(producer_in_bound),
+        _ => None,
+    }
+}
+
+fn producer_in_bound(bound: &syn::TypeParamBound) -> Option<&syn::PathSegment> {
+    match bound {
+        syn::TypeParamBound::Trait(trait_bound) => producer_in_path(&trait_bound.path),
+        _ => None,
+    }
+}
+
+fn producer_in_path(path: &syn::Path) -> Option<&syn::PathSegment> {
+    if let Some(last) = path.segments.last()
+        && last.ident.to_string().ends_with("Producer")
+    {
+        return Some(last);
+    }
+    path.segments
+        .iter()
+        .find_map(|segment| match &segment.arguments {
+            syn::PathArguments::AngleBracketed(args) => {
+                args.args.iter().find_map(|arg| match arg {
+                    syn::GenericArgument::Type(ty) => producer_in(ty),
+                    _ => None,
+                })
+            }
+            _ => None,
+        })
+}
+
+/// The name the outer function gives a forwarded argument: the user's own when
+/// the pattern is a plain binding (`cmd`, `mut cmd`), else a positional one.
+fn forwarded_name(pat: &Pat, index: usize) -> Ident {
+    match pat {
+        Pat::Ident(binding) if binding.subpat.is_none() => {
+            Ident::new(&binding.ident.to_string(), binding.ident.span())
+        }
+        // Generated names are hygienic: they cannot clash with the user's.
+        _ => Ident::new(&format!("arg{index}"), Span::mixed_site()),
+    }
+}
