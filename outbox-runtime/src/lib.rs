@@ -7,3 +7,4 @@
 pub use outbox_core as core;
 
 pub mod migrations;
+pub mod relay;

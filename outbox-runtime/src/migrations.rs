@@ -29,11 +29,18 @@ pub struct Migration {
 }
 
 /// Every migration the framework ships, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "outbox_inbox_base",
-    sql: include_str!("../migrations/0001_outbox_inbox_base.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox_inbox_base",
+        sql: include_str!("../migrations/0001_outbox_inbox_base.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "relay_indexes",
+        sql: include_str!("../migrations/0002_relay_indexes.sql"),
+    },
+];
 
 /// Failure to migrate.
 #[derive(Debug, thiserror::Error)]
