@@ -5,6 +5,7 @@
 use proc_macro::TokenStream;
 
 mod domain_event;
+mod event_handler;
 mod outbox_handler;
 
 /// Derives `outbox_core::DomainEvent` for a struct with named fields.
@@ -31,4 +32,11 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     outbox_handler::expand(args.into(), item.into()).into()
+}
+
+/// Turns an async fn into a consumer-side event handler. See `docs/consumer.md`
+/// and `outbox_runtime::consumer`.
+#[proc_macro_attribute]
+pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    event_handler::event_handler(args.into(), item.into()).into()
 }

@@ -6,5 +6,6 @@
 
 pub use outbox_core as core;
 
+pub mod consumer;
 pub mod migrations;
 pub mod relay;

@@ -1,0 +1,54 @@
+//! Code generation for `#[event_handler]`.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+
+use super::parse::HandlerFn;
+
+pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
+    let mut function = handler.function.clone();
+    let name = function.sig.ident.clone();
+    let vis = std::mem::replace(&mut function.vis, syn::Visibility::Inherited);
+    let docs: Vec<_> = function
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .cloned()
+        .collect();
+    let event = &handler.event_type;
+    let name_str = name.to_string();
+    let meta_arg = handler.takes_meta.then(|| quote!(, meta));
+    let output_span = function.sig.output.span();
+    let private = quote!(::outbox_runtime::consumer::__private);
+    let call = quote_spanned! {output_span=>
+        ::core::result::Result::map_err(#name(tx, event #meta_arg).await, #private::handler_error)
+    };
+    quote! {
+        #(#docs)*
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, Default)]
+        #vis struct #name;
+
+        #[automatically_derived]
+        impl ::outbox_runtime::consumer::EventHandler for #name {
+            type Event = #event;
+            const NAME: &'static str = #name_str;
+
+            fn handle<'__outbox>(
+                &'__outbox self,
+                tx: &'__outbox mut #private::Transaction<'static, #private::Postgres>,
+                event: #event,
+                meta: &'__outbox ::outbox_runtime::consumer::EventMeta,
+            ) -> #private::BoxFuture<
+                '__outbox,
+                ::core::result::Result<(), ::outbox_runtime::consumer::HandlerError>,
+            > {
+                // The user's function, shadowing the struct's value name in here.
+                #function
+                let _ = meta;
+                ::std::boxed::Box::pin(async move { #call })
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The consumer's settings and their builder.
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use sqlx::PgPool;
+
+use super::handler::{Dispatch, EventHandler, Registration};
+use super::{BuildError, Consumer};
+
+/// How received events reach their handlers (rule R-DIST-OBX-2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// The default: for each message, one transaction inserts
+    /// `(consumer_group, event_id)` into `processed_event` (`ON CONFLICT DO
+    /// NOTHING`) and, only if that row is new, runs the handler; the offset is
+    /// stored after the commit.
+    #[default]
+    Dedup,
+    /// For critical or bursty flows: messages are first written to
+    /// `inbox_event` (many per statement) and the offset is stored after that
+    /// insert commits; processors then claim rows `FOR UPDATE SKIP LOCKED` and
+    /// run the handler in the transaction that marks the row processed.
+    Inbox,
+}
+
+/// What to do with a well-formed message whose event type has no handler here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownEventPolicy {
+    /// The default: count it (`outbox_consumer_unknown_skipped_total`) and move on;
+    /// topics often carry event types a given service does not care about.
+    #[default]
+    Skip,
+    /// Publish it to the dead-letter topic with reason `unknown_event_type`.
+    DeadLetter,
+}
+
+/// Settings of a [`Consumer`]; see [`ConsumerBuilder`] for each default.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) group_id: String,
+    pub(crate) mode: Mode,
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff_initial: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) dlq_suffix: String,
+    pub(crate) unknown_events: UnknownEventPolicy,
+    pub(crate) max_message_bytes: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) processors: usize,
+    pub(crate) processor_batch_size: usize,
+    pub(crate) processor_poll_interval: Duration,
+    pub(crate) backlog_interval: Duration,
+}
+
+impl Settings {
+    /// Delay before retry number `attempt` (1-based): exponential, capped, with jitter
+    /// so that consumers failing together do not retry in lockstep.
+    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self
+            .backoff_initial
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+        let capped = exp.min(self.backoff_max);
+        capped.mul_f64(rand::random_range(0.75..=1.0))
+    }
+}
+
+/// Builds a [`Consumer`]. Start with [`Consumer::builder`].
+///
+/// ```no_run
+/// # use outbox_runtime::consumer::{Consumer, Mode};
+/// # fn f(pool: sqlx::PgPool, h: impl outbox_runtime::consumer::EventHandler) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut kafka = rdkafka::ClientConfig::new();
+/// kafka.set("bootstrap.servers", "127.0.0.1:9092");
+/// let consumer = Consumer::builder(pool, kafka, "payments")
+///     .handler(h)
+///     .mode(Mode::Inbox)
+///     .build()?;
+/// let running = consumer.spawn();
+/// # Ok(()) }
+/// ```
+#[must_use = "call .build() to get a consumer"]
+pub struct ConsumerBuilder {
+    pool: PgPool,
+    kafka: ClientConfig,
+    settings: Settings,
+    handlers: Vec<Registration>,
+}
+
+impl ConsumerBuilder {
+    pub(crate) fn new(pool: PgPool, kafka: ClientConfig, group_id: String) -> Self {
+        Self {
+            pool,
+            kafka,
+            handlers: Vec::new(),
+            settings: Settings {
+                group_id,
+                mode: Mode::Dedup,
+                max_attempts: 5,
+                backoff_initial: Duration::from_millis(100),
+                backoff_max: Duration::from_secs(10),
+                dlq_suffix: ".dlq".to_owned(),
+                unknown_events: UnknownEventPolicy::Skip,
+                max_message_bytes: 1024 * 1024,
+                batch_size: 500,
+                processors: 2,
+                processor_batch_size: 100,
+                processor_poll_interval: Duration::from_millis(500),
+                backlog_interval: Duration::from_secs(10),
+            },
+        }
+    }
+
+    /// Registers a handler (an `#[event_handler]` function). Its event's topic is
+    /// subscribed; two handlers for one (topic, event type) fail [`build`](Self::build).
+    pub fn handler<H: EventHandler>(mut self, handler: H) -> Self {
+        self.handlers.push(Registration::new(handler));
+        self
+    }
+
+    /// Dedup (default) or inbox; see [`Mode`].
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.settings.mode = mode;
+        self
+    }
+
+    /// Handler attempts per event before it is dead-lettered (dedup) or parked
+    /// (inbox). Default 5; at least 1.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.settings.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Backoff between handler attempts and while the database is unreachable:
+    /// doubles from `initial` up to `max`, with jitter. Default 100 ms to 10 s.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.settings.backoff_initial = initial;
+        self.settings.backoff_max = max.max(initial);
+        self
+    }
+
+    /// Suffix of the dead-letter topic (`<topic><suffix>`). Default `.dlq`.
+    /// The topic must exist (or the broker must auto-create topics).
+    pub fn dlq_suffix(mut self, suffix: impl Into<String>) -> Self {
+        self.settings.dlq_suffix = suffix.into();
+        self
+    }
+
+    /// What to do with event types that have no handler. Default [`UnknownEventPolicy::Skip`].
+    pub fn unknown_events(mut self, policy: UnknownEventPolicy) -> Self {
+        self.settings.unknown_events = policy;
+        self
+    }
+
+    /// Messages larger than this (key + value) are dead-lettered unread. Default 1 MiB.
+    pub fn max_message_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_message_bytes = bytes;
+        self
+    }
+
+    /// Most messages handled in one database transaction (dedup mode) or
+    /// inserted by one statement (inbox mode); a batch is what has already been
+    /// fetched, never a wait for more. Default 500; at least 1.
+    pub fn batch_size(mut self, size: usize) -> Self {
+        self.settings.batch_size = size.max(1);
+        self
+    }
+
+    /// Inbox processors running in parallel (inbox mode). Default 2. Zero runs
+    /// none: rows are only stored, for processors in another process.
+    pub fn processors(mut self, count: usize) -> Self {
+        self.settings.processors = count;
+        self
+    }
+
+    /// Rows one inbox processor claims per transaction. Default 100; at least 1.
+    pub fn processor_batch_size(mut self, size: usize) -> Self {
+        self.settings.processor_batch_size = size.max(1);
+        self
+    }
+
+    /// How often an idle inbox processor looks for due rows (it is also woken at
+    /// once when this consumer stores rows). Default 500 ms.
+    pub fn processor_poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.processor_poll_interval = interval;
+        self
+    }
+
+    /// Checks the registrations and creates the Kafka clients.
+    ///
+    /// The Kafka configuration you passed is used as given except for these
+    /// keys, which the consumer owns: `group.id`, `enable.auto.offset.store=false`
+    /// (offsets are stored only after the database commit), `enable.auto.commit=true`
+    /// (stored offsets are committed in the background, on rebalance and on
+    /// shutdown); `auto.offset.reset` defaults to `earliest`.
+    pub fn build(self) -> Result<Consumer, BuildError> {
+        if self.handlers.is_empty() {
+            return Err(BuildError::NoHandlers);
+        }
+        let dispatch =
+            Dispatch::new(self.handlers).map_err(|dups| BuildError::DuplicateHandlers {
+                duplicates: dups
+                    .into_iter()
+                    .map(|d| {
+                        format!(
+                            "`{}` and `{}` both handle `{}` on topic `{}`",
+                            d.first, d.second, d.event_type, d.topic
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            })?;
+        Consumer::new(self.pool, self.kafka, self.settings, dispatch)
+    }
+}

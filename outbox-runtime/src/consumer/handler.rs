@@ -1,0 +1,227 @@
+//! The handler contract and the type-erased dispatch table built from it.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use outbox_core::DomainEvent;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use sqlx::{Postgres, Transaction};
+use uuid::Uuid;
+
+/// What a handler knows about the message it handles, besides the event.
+///
+/// Take it as an optional third parameter of an `#[event_handler]` function:
+///
+/// ```ignore
+/// #[event_handler]
+/// async fn on_paid(tx: &mut Transaction<'_, Postgres>, event: PaymentCompleted, meta: &EventMeta)
+///     -> Result<(), sqlx::Error> { /* meta.event_id, meta.headers ... */ Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventMeta {
+    /// The event id (from the payload's `event_id`, the key receivers dedup on).
+    pub event_id: Uuid,
+    /// The resolved event type (header, payload field, or the topic's only handler).
+    pub event_type: String,
+    /// The topic the message came from.
+    pub topic: String,
+    /// The Kafka partition; `None` when replayed from the inbox table.
+    pub partition: Option<i32>,
+    /// The Kafka offset; `None` when replayed from the inbox table.
+    pub offset: Option<i64>,
+    /// The record key as text, if any.
+    pub key: Option<String>,
+    /// The message headers (UTF-8 values only), in order.
+    pub headers: Vec<(String, String)>,
+    /// The W3C `traceparent` header, if any; the handler runs inside this trace.
+    pub traceparent: Option<String>,
+}
+
+impl EventMeta {
+    /// The value of the first header named `name`.
+    ///
+    /// ```
+    /// # use outbox_runtime::consumer::EventMeta;
+    /// # fn f(meta: &EventMeta) -> Option<&str> {
+    /// meta.header("tenant")
+    /// # }
+    /// ```
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The error a handler returned, as text (handlers may use any `Display` error).
+///
+/// ```
+/// let err = outbox_runtime::consumer::HandlerError::new("stock service unavailable");
+/// assert_eq!(err.to_string(), "stock service unavailable");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerError(String);
+
+impl HandlerError {
+    /// Wraps any displayable error.
+    pub fn new(error: impl fmt::Display) -> Self {
+        Self(error.to_string())
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HandlerError {}
+
+/// A consumer-side handler of one event type.
+///
+/// Write it with `#[event_handler]` on an async function (see
+/// `docs/consumer.md`); the attribute turns the function into a unit struct of
+/// the same name implementing this trait, which you pass to
+/// [`ConsumerBuilder::handler`](super::ConsumerBuilder::handler). The topic and
+/// event type come from `<Self::Event as DomainEvent>`.
+///
+/// The handler runs inside the consumer's transaction: whatever it writes
+/// through `tx` commits atomically with the dedup row (dedup mode) or with
+/// marking the inbox row processed (inbox mode). It must not commit `tx`.
+pub trait EventHandler: Send + Sync + 'static {
+    /// The event this handler receives.
+    type Event: DomainEvent + DeserializeOwned;
+    /// The handler's name, used in logs and metrics.
+    const NAME: &'static str;
+
+    /// Handles one event inside the consumer's transaction.
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut Transaction<'static, Postgres>,
+        event: Self::Event,
+        meta: &'a EventMeta,
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+/// A decoded event waiting for its handler.
+pub(crate) type Decoded = Box<dyn Any + Send>;
+
+/// [`EventHandler`] with the event type erased, so one table holds them all.
+pub(crate) trait ErasedHandler: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, serde_json::Error>;
+    fn call<'a>(
+        &'a self,
+        tx: &'a mut Transaction<'static, Postgres>,
+        event: Decoded,
+        meta: &'a EventMeta,
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+struct Erased<H>(H);
+
+impl<H: EventHandler> ErasedHandler for Erased<H> {
+    fn name(&self) -> &'static str {
+        H::NAME
+    }
+
+    fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, serde_json::Error> {
+        H::Event::deserialize(payload).map(|event| Box::new(event) as Decoded)
+    }
+
+    fn call<'a>(
+        &'a self,
+        tx: &'a mut Transaction<'static, Postgres>,
+        event: Decoded,
+        meta: &'a EventMeta,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        let event = *event
+            .downcast::<H::Event>()
+            .expect("decoded by the same handler");
+        self.0.handle(tx, event, meta)
+    }
+}
+
+/// One registered handler with its routing key.
+pub(crate) struct Registration {
+    pub(crate) topic: &'static str,
+    pub(crate) event_type: &'static str,
+    pub(crate) handler: Arc<dyn ErasedHandler>,
+}
+
+impl Registration {
+    pub(crate) fn new<H: EventHandler>(handler: H) -> Self {
+        Self {
+            topic: <H::Event as DomainEvent>::TOPIC,
+            event_type: <H::Event as DomainEvent>::EVENT_TYPE,
+            handler: Arc::new(Erased(handler)),
+        }
+    }
+}
+
+/// Routes (topic, event type) to a handler.
+pub(crate) struct Dispatch {
+    by_type: HashMap<&'static str, HashMap<&'static str, Arc<dyn ErasedHandler>>>,
+    by_topic: HashMap<&'static str, Vec<&'static str>>,
+}
+
+/// Two handlers registered for one (topic, event type).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Duplicate {
+    pub(crate) topic: &'static str,
+    pub(crate) event_type: &'static str,
+    pub(crate) first: &'static str,
+    pub(crate) second: &'static str,
+}
+
+impl Dispatch {
+    pub(crate) fn new(registrations: Vec<Registration>) -> Result<Self, Vec<Duplicate>> {
+        let mut by_type: HashMap<_, HashMap<_, Arc<dyn ErasedHandler>>> = HashMap::new();
+        let mut by_topic: HashMap<_, Vec<_>> = HashMap::new();
+        let mut duplicates = Vec::new();
+        for r in registrations {
+            let of_topic = by_type.entry(r.topic).or_default();
+            if let Some(first) = of_topic.get(r.event_type) {
+                duplicates.push(Duplicate {
+                    topic: r.topic,
+                    event_type: r.event_type,
+                    first: first.name(),
+                    second: r.handler.name(),
+                });
+                continue;
+            }
+            by_topic.entry(r.topic).or_default().push(r.event_type);
+            of_topic.insert(r.event_type, r.handler);
+        }
+        if duplicates.is_empty() {
+            Ok(Self { by_type, by_topic })
+        } else {
+            Err(duplicates)
+        }
+    }
+
+    /// Topics with at least one handler, sorted.
+    pub(crate) fn topics(&self) -> Vec<&'static str> {
+        let mut topics: Vec<_> = self.by_topic.keys().copied().collect();
+        topics.sort_unstable();
+        topics
+    }
+
+    pub(crate) fn handler(&self, topic: &str, event_type: &str) -> Option<&Arc<dyn ErasedHandler>> {
+        self.by_type.get(topic)?.get(event_type)
+    }
+
+    /// The event type of the topic's only handler, for messages that name no type.
+    pub(crate) fn sole_event_type(&self, topic: &str) -> Option<&'static str> {
+        match self.by_topic.get(topic).map(Vec::as_slice) {
+            Some([only]) => Some(only),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Receiving events: idempotent handlers in dedup or inbox mode (rule R-DIST-OBX-2).
+//!
+//! Write one `#[event_handler]` async function per event type, assemble a
+//! [`Consumer`] from them and spawn it:
+//!
+//! ```ignore
+//! use outbox_runtime::consumer::{event_handler, Consumer, Mode};
+//! use sqlx::{Postgres, Transaction};
+//!
+//! #[event_handler]
+//! async fn on_payment_completed(
+//!     tx: &mut Transaction<'_, Postgres>,
+//!     event: PaymentCompleted,
+//! ) -> Result<(), sqlx::Error> {
+//!     sqlx::query("UPDATE orders SET paid = true WHERE id = $1")
+//!         .bind(event.order_id)
+//!         .execute(&mut **tx)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! let running = Consumer::builder(pool, kafka_config, "orders-service")
+//!     .handler(on_payment_completed)
+//!     .mode(Mode::Dedup) // the default; Mode::Inbox for critical or bursty flows
+//!     .build()?
+//!     .spawn();
+//! // ...
+//! running.shutdown().await?;
+//! ```
+//!
+//! Delivery is at-least-once; the consumer makes the effect happen once per
+//! event id and consumer group. An offset is stored only after its message was
+//! handled, found to be a duplicate, written to the inbox, skipped by policy or
+//! dead-lettered, and only after the database commit. `docs/consumer.md`
+//! describes the failure semantics and metrics.
+
+mod config;
+mod dedup;
+mod dlq;
+mod handler;
+mod inbox;
+mod message;
+mod run;
+
+pub use config::{ConsumerBuilder, Mode, UnknownEventPolicy};
+pub use dlq::{
+    HEADER_DLQ_ERROR, HEADER_DLQ_GROUP, HEADER_DLQ_OFFSET, HEADER_DLQ_PARTITION, HEADER_DLQ_REASON,
+    HEADER_DLQ_TOPIC, HEADER_DLQ_VALUE_DROPPED,
+};
+pub use handler::{EventHandler, EventMeta, HandlerError};
+pub use message::DeadLetterReason;
+pub use outbox_derive::event_handler;
+pub use run::{Consumer, ConsumerHandle};
+
+/// Names of the metrics the consumer records (through the `metrics` facade).
+/// Every metric carries a `group` label; per-message counters also `topic`.
+pub mod metric_names {
+    /// Counter: messages received from Kafka.
+    pub const CONSUMED: &str = "outbox_consumer_messages_total";
+    /// Counter: events whose handler ran and committed (label `event_type`).
+    pub const HANDLED: &str = "outbox_consumer_handled_total";
+    /// Counter: events skipped because their id was already processed / stored.
+    pub const DUPLICATES: &str = "outbox_consumer_duplicates_total";
+    /// Counter: failed handler attempts (label `event_type`).
+    pub const HANDLER_ERRORS: &str = "outbox_consumer_handler_errors_total";
+    /// Counter: messages published to the dead-letter topic (label `reason`).
+    pub const DEAD_LETTERED: &str = "outbox_consumer_dead_lettered_total";
+    /// Counter: messages of event types without a handler, skipped by policy.
+    pub const UNKNOWN_SKIPPED: &str = "outbox_consumer_unknown_skipped_total";
+    /// Counter: database failures that made the consumer pause and retry.
+    pub const DB_ERRORS: &str = "outbox_consumer_db_errors_total";
+    /// Counter: rows written to `inbox_event`.
+    pub const INBOX_STORED: &str = "outbox_inbox_stored_total";
+    /// Counter: inbox rows parked after failing (label `reason`).
+    pub const INBOX_PARKED: &str = "outbox_inbox_parked_total";
+    /// Gauge: unprocessed, unparked rows in `inbox_event`.
+    pub const INBOX_BACKLOG: &str = "outbox_inbox_backlog";
+    /// Gauge: parked rows in `inbox_event`.
+    pub const INBOX_PARKED_ROWS: &str = "outbox_inbox_parked_rows";
+}
+
+/// A consumer could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No handler was registered, so there is nothing to subscribe to.
+    #[error("the consumer has no handlers: register at least one with .handler(..)")]
+    NoHandlers,
+    /// Two handlers claim the same (topic, event type).
+    #[error("duplicate handlers: {duplicates}")]
+    DuplicateHandlers {
+        /// Each clash, described.
+        duplicates: String,
+    },
+    /// The Kafka consumer or dead-letter producer could not be created.
+    #[error("kafka client could not be created: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+}
+
+/// A running consumer stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumerError {
+    /// Subscribing to the handlers' topics failed.
+    #[error("subscribing to {topics:?} failed: {source}")]
+    Subscribe {
+        /// The topics.
+        topics: Vec<String>,
+        /// The Kafka error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    /// A consumer task panicked or was aborted.
+    #[error("consumer task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Re-exports used by code that `#[event_handler]` generates. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use futures::future::BoxFuture;
+    pub use sqlx::{Postgres, Transaction};
+
+    /// Turns a handler's error into a [`super::HandlerError`].
+    pub fn handler_error<E: std::fmt::Display>(error: E) -> super::HandlerError {
+        super::HandlerError::new(error)
+    }
+}

@@ -1,0 +1,410 @@
+//! The polling loop shared by both modes, offsets, and lifecycle.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::config::{ConsumerBuilder, Mode, Settings};
+use super::dlq::DeadLetters;
+use super::handler::{Dispatch, ErasedHandler, EventMeta, HandlerError};
+use super::message::DeadLetterReason;
+use super::{BuildError, ConsumerError, dedup, inbox, metric_names as m};
+
+/// A Kafka consumer that runs [`EventHandler`](super::EventHandler)s
+/// idempotently. Build it with [`Consumer::builder`], run it with
+/// [`spawn`](Self::spawn) or [`run`](Self::run).
+pub struct Consumer {
+    pub(crate) ctx: Arc<Ctx>,
+    kafka: StreamConsumer,
+}
+
+/// State shared by the receiving loop and the inbox processors.
+pub(crate) struct Ctx {
+    pub(crate) pool: PgPool,
+    pub(crate) dispatch: Dispatch,
+    pub(crate) settings: Settings,
+    pub(crate) dlq: DeadLetters,
+    /// Wakes idle inbox processors when rows were stored.
+    pub(crate) stored: Notify,
+    pub(crate) token: CancellationToken,
+}
+
+/// A spawned consumer. Dropping it leaves the consumer running; call
+/// [`shutdown`](Self::shutdown) to stop it gracefully.
+pub struct ConsumerHandle {
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
+}
+
+impl ConsumerHandle {
+    /// The token that stops the consumer; cancel it from anywhere.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
+    /// Stops taking messages, finishes (or abandons, without storing its
+    /// offsets) the batch in hand, commits the offsets of everything durably
+    /// handled, and waits for the processors to finish their transactions.
+    pub async fn shutdown(self) -> Result<(), ConsumerError> {
+        self.token.cancel();
+        self.task.await?
+    }
+
+    /// Waits until the consumer stops (after its token is cancelled or on a fatal error).
+    pub async fn join(self) -> Result<(), ConsumerError> {
+        self.task.await?
+    }
+}
+
+impl Consumer {
+    /// Starts a builder: the pool for `processed_event` / `inbox_event` and your
+    /// handlers' writes, the Kafka client configuration (at least
+    /// `bootstrap.servers`), and the consumer group id, which is also the dedup
+    /// scope in `processed_event`.
+    pub fn builder(
+        pool: PgPool,
+        kafka_config: ClientConfig,
+        group_id: impl Into<String>,
+    ) -> ConsumerBuilder {
+        ConsumerBuilder::new(pool, kafka_config, group_id.into())
+    }
+
+    pub(crate) fn new(
+        pool: PgPool,
+        mut kafka: ClientConfig,
+        settings: Settings,
+        dispatch: Dispatch,
+    ) -> Result<Self, BuildError> {
+        let dlq = DeadLetters::new(
+            &kafka,
+            settings.dlq_suffix.clone(),
+            settings.group_id.clone(),
+            settings.max_message_bytes,
+        )?;
+        if kafka.get("auto.offset.reset").is_none() {
+            kafka.set("auto.offset.reset", "earliest");
+        }
+        // Offsets are stored by us, after the database commit, and librdkafka
+        // commits what was stored: periodically, on rebalance (revoke) and on
+        // close. A commit per message would cost a broker round trip each.
+        kafka
+            .set("group.id", &settings.group_id)
+            .set("enable.auto.commit", "true")
+            .set("enable.auto.offset.store", "false");
+        let needed = (settings.max_message_bytes + 64 * 1024).max(1_048_576);
+        if kafka.get("fetch.message.max.bytes").is_none() {
+            kafka.set("fetch.message.max.bytes", needed.to_string());
+        }
+        let kafka: StreamConsumer = kafka.create()?;
+        Ok(Self {
+            ctx: Arc::new(Ctx {
+                pool,
+                dispatch,
+                settings,
+                dlq,
+                stored: Notify::new(),
+                token: CancellationToken::new(),
+            }),
+            kafka,
+        })
+    }
+
+    /// The topics this consumer subscribes to (those of its handlers).
+    pub fn topics(&self) -> Vec<&'static str> {
+        self.ctx.dispatch.topics()
+    }
+
+    /// Runs the consumer on a new task.
+    pub fn spawn(self) -> ConsumerHandle {
+        let token = self.ctx.token.clone();
+        ConsumerHandle {
+            token: token.clone(),
+            task: tokio::spawn(self.run(token)),
+        }
+    }
+
+    /// Runs until `token` is cancelled, then shuts down gracefully.
+    pub async fn run(self, token: CancellationToken) -> Result<(), ConsumerError> {
+        let ctx = self.ctx.clone();
+        // Our own token also stops the processors and any retry waits.
+        let stop = ctx.token.clone();
+        let forward = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                token.cancelled().await;
+                stop.cancel();
+            })
+        };
+        let mut processors = JoinSet::new();
+        if ctx.settings.mode == Mode::Inbox {
+            for index in 0..ctx.settings.processors {
+                processors.spawn(inbox::process(ctx.clone(), index));
+            }
+        }
+        let result = self.receive().await;
+        stop.cancel();
+        forward.abort();
+        while let Some(joined) = processors.join_next().await {
+            joined?;
+        }
+        result
+    }
+
+    async fn receive(self) -> Result<(), ConsumerError> {
+        let ctx = &self.ctx;
+        let topics = ctx.dispatch.topics();
+        self.kafka
+            .subscribe(&topics)
+            .map_err(|source| ConsumerError::Subscribe {
+                topics: topics.iter().map(|t| t.to_string()).collect(),
+                source,
+            })?;
+        tracing::info!(group = %ctx.settings.group_id, ?topics, mode = ?ctx.settings.mode, "consumer started");
+        let group = ctx.settings.group_id.clone();
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = ctx.token.cancelled() => break,
+                received = self.kafka.recv() => received,
+            };
+            let mut batch = Vec::with_capacity(ctx.settings.batch_size);
+            match first {
+                Ok(message) => batch.push(message.detach()),
+                Err(error) => {
+                    tracing::warn!(%error, "kafka consumer error");
+                    continue;
+                }
+            }
+            // A batch is what librdkafka has already fetched: never wait for more.
+            while batch.len() < ctx.settings.batch_size {
+                match self.kafka.recv().now_or_never() {
+                    Some(Ok(message)) => batch.push(message.detach()),
+                    Some(Err(error)) => tracing::warn!(%error, "kafka consumer error"),
+                    None => break,
+                }
+            }
+            for message in &batch {
+                metrics::counter!(m::CONSUMED, "group" => group.clone(), "topic" => message.topic().to_owned())
+                    .increment(1);
+            }
+            let span =
+                tracing::info_span!("outbox.consume_batch", group = %group, size = batch.len());
+            let done = match ctx.settings.mode {
+                Mode::Dedup => dedup::handle_batch(ctx, &batch).instrument(span).await,
+                Mode::Inbox => inbox::store_batch(ctx, &batch).instrument(span).await,
+            };
+            let offsets = next_offsets(&batch, &done);
+            if !offsets.is_empty() {
+                self.store(&offsets);
+            }
+            if done.iter().any(|d| !d) {
+                // Only a shutdown leaves messages unfinished. Their offsets stay
+                // unstored, so they are redelivered to whoever consumes next.
+                break;
+            }
+        }
+        self.close();
+        Ok(())
+    }
+
+    fn store(&self, offsets: &HashMap<(String, i32), i64>) {
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), next) in offsets {
+            if let Err(error) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*next)) {
+                tracing::warn!(%error, topic, partition, "cannot store offset");
+            }
+        }
+        // Fails for partitions revoked meanwhile; their new owner redelivers and
+        // the dedup table / inbox key absorbs the repeat.
+        if let Err(error) = self.kafka.store_offsets(&tpl) {
+            tracing::debug!(%error, "storing offsets failed (partition revoked?)");
+        }
+    }
+
+    fn close(&self) {
+        match self.kafka.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) => {}
+            Err(rdkafka::error::KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::NoOffset,
+            )) => {}
+            Err(error) => tracing::warn!(%error, "final offset commit failed"),
+        }
+        self.kafka.unsubscribe();
+        tracing::info!(group = %self.ctx.settings.group_id, "consumer stopped");
+    }
+}
+
+/// A message that does not reach a handler.
+pub(crate) enum Aside {
+    /// To the dead-letter topic.
+    Dead(DeadLetterReason, String),
+    /// No handler for this event type (the string; empty if none was named).
+    Unknown(String),
+}
+
+/// Per partition, the offset after the last message of the unbroken run of
+/// finished messages from the batch's start.
+fn next_offsets(batch: &[OwnedMessage], done: &[bool]) -> HashMap<(String, i32), i64> {
+    let mut next = HashMap::new();
+    let mut blocked: Vec<(&str, i32)> = Vec::new();
+    for (message, &done) in batch.iter().zip(done) {
+        let key = (message.topic(), message.partition());
+        if blocked.contains(&key) {
+            continue;
+        }
+        if done {
+            next.insert((key.0.to_owned(), key.1), message.offset() + 1);
+        } else {
+            blocked.push(key);
+        }
+    }
+    next
+}
+
+impl Ctx {
+    pub(crate) fn group(&self) -> String {
+        self.settings.group_id.clone()
+    }
+
+    /// Sleeps `delay`; false if the consumer is shutting down.
+    pub(crate) async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            () = self.token.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    /// After a database error: counts it and waits before the next try.
+    /// False if the consumer is shutting down.
+    pub(crate) async fn db_failed(&self, error: &sqlx::Error, retry: &mut u32) -> bool {
+        *retry += 1;
+        metrics::counter!(m::DB_ERRORS, "group" => self.group()).increment(1);
+        tracing::warn!(%error, retry = *retry, "database unavailable; pausing before retry");
+        self.pause(self.settings.backoff(*retry)).await
+    }
+
+    /// Whether the database answers; a handler error while it does not is an
+    /// outage, not the event's fault, and must not use up the event's attempts.
+    pub(crate) async fn db_reachable(&self) -> bool {
+        let ping = sqlx::query("SELECT 1").execute(&self.pool);
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), ping).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Runs the handler inside the producer's trace (from `traceparent`).
+    pub(crate) async fn call(
+        &self,
+        handler: &dyn ErasedHandler,
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        event: super::handler::Decoded,
+        meta: &EventMeta,
+    ) -> Result<(), HandlerError> {
+        let span = tracing::debug_span!(
+            "outbox.handle",
+            handler = handler.name(),
+            event_id = %meta.event_id,
+            event_type = %meta.event_type,
+        );
+        let result = outbox_core::trace::with_traceparent(
+            meta.traceparent.clone(),
+            handler.call(tx, event, meta),
+        )
+        .instrument(span)
+        .await;
+        if let Err(error) = &result {
+            metrics::counter!(m::HANDLER_ERRORS, "group" => self.group(), "event_type" => meta.event_type.clone())
+                .increment(1);
+            tracing::warn!(%error, handler = handler.name(), event_id = %meta.event_id, "handler failed");
+        }
+        result
+    }
+
+    /// Publishes to the dead-letter topic, retrying until the broker takes it.
+    /// False if the consumer is shutting down first.
+    pub(crate) async fn dead_letter(
+        &self,
+        message: &OwnedMessage,
+        reason: DeadLetterReason,
+        error: &str,
+    ) -> bool {
+        let mut retry = 0;
+        loop {
+            match self.dlq.publish(message, reason, error).await {
+                Ok(()) => {
+                    metrics::counter!(m::DEAD_LETTERED, "group" => self.group(), "topic" => message.topic().to_owned(), "reason" => reason.as_str())
+                        .increment(1);
+                    tracing::warn!(
+                        topic = message.topic(),
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        %reason,
+                        error,
+                        "message dead-lettered"
+                    );
+                    return true;
+                }
+                Err(kafka) => {
+                    retry += 1;
+                    tracing::warn!(error = %kafka, dlq = %self.dlq.topic_for(message.topic()), "dead-letter publish failed; retrying");
+                    if !self.pause(self.settings.backoff(retry)).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Dead-letters or skips the messages set aside, in offset order, marking
+    /// each finished; stops at the first one interrupted by shutdown.
+    pub(crate) async fn set_aside(
+        &self,
+        batch: &[OwnedMessage],
+        mut aside: Vec<(usize, Aside)>,
+        done: &mut [bool],
+    ) {
+        aside.sort_by_key(|(index, _)| *index);
+        for (index, what) in aside {
+            let finished = match what {
+                Aside::Dead(reason, error) => self.dead_letter(&batch[index], reason, &error).await,
+                Aside::Unknown(event_type) => self.unknown(&batch[index], &event_type).await,
+            };
+            if !finished {
+                return;
+            }
+            done[index] = true;
+        }
+    }
+
+    /// Applies the unknown-event policy. False if shutting down before done.
+    async fn unknown(&self, message: &OwnedMessage, event_type: &str) -> bool {
+        match self.settings.unknown_events {
+            super::UnknownEventPolicy::Skip => {
+                metrics::counter!(m::UNKNOWN_SKIPPED, "group" => self.group(), "topic" => message.topic().to_owned())
+                    .increment(1);
+                tracing::debug!(topic = message.topic(), event_type, "no handler; skipped");
+                true
+            }
+            super::UnknownEventPolicy::DeadLetter => {
+                let error = if event_type.is_empty() {
+                    "message names no event type and its topic has several handlers".to_owned()
+                } else {
+                    format!("no handler for event type `{event_type}`")
+                };
+                self.dead_letter(message, DeadLetterReason::UnknownEventType, &error)
+                    .await
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Each kind of bad input ends in the dead-letter topic with its reason, the
+//! original key, value and headers, and the consumer goes on with the next
+//! good message.
+#![allow(missing_docs)]
+
+mod consumer_support;
+
+use std::time::Duration;
+
+use consumer_support::*;
+use outbox_core::DomainEvent;
+use outbox_runtime::consumer::{Consumer, UnknownEventPolicy, event_handler};
+use rdkafka::Message;
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+test_event!(BadPaid, "consumer-test.bad.paid", "BadPaid");
+
+#[event_handler]
+async fn on_bad_paid(
+    tx: &mut Transaction<'_, Postgres>,
+    event: BadPaid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effect (event_id, amount) VALUES ($1, $2)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+}
+
+#[sqlx::test(migrations = false)]
+async fn bad_messages_are_dead_lettered_with_their_reason_and_the_consumer_goes_on(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(BadPaid::TOPIC, 1).await;
+    let group = unique_group("bad");
+    start_group_at(&group, BadPaid::TOPIC, 1, true).await;
+    let dlq = format!("{}.dlq", BadPaid::TOPIC);
+    let dlq_start = high_watermarks(&dlq, 1).await[0];
+    let producer = producer();
+    let typed = [("event_type", "BadPaid"), ("tenant", "acme")];
+    let id = || Uuid::new_v4().to_string();
+    let oversized = serde_json::json!({
+        "event_id": id(), "order_id": id(), "amount": 1, "padding": "x".repeat(5000)
+    });
+    let cases: Vec<(&str, Vec<u8>, &[(&str, &str)])> = vec![
+        ("not_json", b"not json {".to_vec(), &typed),
+        ("not_json", b"[1, 2]".to_vec(), &typed),
+        (
+            "missing_event_id",
+            format!(r#"{{"order_id":"{}","amount":1}}"#, id()).into_bytes(),
+            &typed,
+        ),
+        (
+            "invalid_event_id",
+            format!(r#"{{"event_id":"abc","order_id":"{}","amount":1}}"#, id()).into_bytes(),
+            &typed,
+        ),
+        (
+            "payload_mismatch",
+            format!(
+                r#"{{"event_id":"{}","order_id":"{}","amount":"lots"}}"#,
+                id(),
+                id()
+            )
+            .into_bytes(),
+            &typed,
+        ),
+        (
+            "unknown_event_type",
+            format!(
+                r#"{{"event_id":"{}","order_id":"{}","amount":1}}"#,
+                id(),
+                id()
+            )
+            .into_bytes(),
+            &[("event_type", "SomethingElse")],
+        ),
+        ("oversized", serde_json::to_vec(&oversized).unwrap(), &typed),
+    ];
+    for (i, (_, value, headers)) in cases.iter().enumerate() {
+        let key = format!("key-{i}");
+        produce(&producer, BadPaid::TOPIC, Some(&key), value, headers).await;
+    }
+    let good = BadPaid::new(42);
+    produce_event(&producer, &good).await;
+    let end = high_watermarks(BadPaid::TOPIC, 1).await;
+
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_bad_paid)
+        .unknown_events(UnknownEventPolicy::DeadLetter)
+        .max_message_bytes(4096)
+        .build()
+        .unwrap()
+        .spawn();
+    let dead = read_until(&dlq, dlq_start, Duration::from_secs(20), |m| {
+        m.len() >= cases.len()
+    })
+    .await;
+    wait_until(
+        "the good event handled and all offsets committed",
+        Duration::from_secs(20),
+        || async {
+            count(&pool, "SELECT count(*) FROM effect WHERE amount = 42").await == 1
+                && committed(&group, BadPaid::TOPIC, 1).await == end
+        },
+    )
+    .await;
+    running.shutdown().await.unwrap();
+
+    assert_eq!(dead.len(), cases.len());
+    let first_offset = end[0] - cases.len() as i64 - 1;
+    for (i, ((reason, value, headers), message)) in cases.iter().zip(&dead).enumerate() {
+        assert_eq!(
+            header(message, "dlq_reason").as_deref(),
+            Some(*reason),
+            "case {i}"
+        );
+        assert!(!header(message, "dlq_error").unwrap().is_empty());
+        assert_eq!(
+            header(message, "dlq_original_topic").as_deref(),
+            Some(BadPaid::TOPIC)
+        );
+        assert_eq!(
+            header(message, "dlq_original_partition").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            header(message, "dlq_original_offset"),
+            Some((first_offset + i as i64).to_string())
+        );
+        assert_eq!(header(message, "dlq_consumer_group"), Some(group.clone()));
+        assert_eq!(message.key(), Some(format!("key-{i}").as_bytes()));
+        assert_eq!(
+            message.payload(),
+            Some(value.as_slice()),
+            "case {i}: value kept"
+        );
+        for (name, original) in *headers {
+            assert_eq!(
+                header(message, name).as_deref(),
+                Some(*original),
+                "case {i}"
+            );
+        }
+    }
+    let mismatch = header(&dead[4], "dlq_error").unwrap();
+    assert!(mismatch.contains("BadPaid"), "{mismatch}");
+    assert_eq!(count(&pool, "SELECT count(*) FROM effect").await, 1);
+    // Nothing that failed left a dedup row behind.
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_event").await,
+        1
+    );
+}

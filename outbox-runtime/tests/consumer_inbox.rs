@@ -1,0 +1,178 @@
+//! Inbox mode against real PostgreSQL and the real broker: messages land in
+//! `inbox_event` once, parallel processors handle each row once, and a failing
+//! handler backs off and is parked.
+#![allow(missing_docs)]
+
+mod consumer_support;
+
+use std::time::Duration;
+
+use consumer_support::*;
+use outbox_core::DomainEvent;
+use outbox_runtime::consumer::{Consumer, EventMeta, Mode, event_handler};
+use sqlx::{PgPool, Postgres, Transaction};
+
+test_event!(InboxPaid, "consumer-test.inbox.paid", "InboxPaid");
+test_event!(InboxFlaky, "consumer-test.inbox.flaky", "InboxFlaky");
+
+/// Records the event, with the trace it ran in, after a short pause so that
+/// processors overlap.
+#[event_handler]
+async fn on_inbox_paid(
+    tx: &mut Transaction<'_, Postgres>,
+    event: InboxPaid,
+    meta: &EventMeta,
+) -> Result<(), sqlx::Error> {
+    assert!(meta.partition.is_none(), "replayed from the table");
+    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .bind(outbox_core::trace::current_traceparent())
+        .execute(&mut **tx)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn duplicates_are_stored_once_and_two_processors_handle_each_row_once(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(InboxPaid::TOPIC, 2).await;
+    let group = unique_group("inbox");
+    start_group_at(&group, InboxPaid::TOPIC, 2, true).await;
+    let producer = producer();
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let events: Vec<InboxPaid> = (0..200).map(InboxPaid::new).collect();
+    for (i, event) in events.iter().enumerate() {
+        let produce = produce_event(&producer, event);
+        if i == 0 {
+            outbox_core::trace::with_traceparent(Some(traceparent.into()), produce).await;
+        } else {
+            produce.await;
+        }
+        // Every tenth event is delivered twice.
+        if i % 10 == 0 {
+            produce_event(&producer, event).await;
+        }
+    }
+    let end = high_watermarks(InboxPaid::TOPIC, 2).await;
+
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_inbox_paid)
+        .mode(Mode::Inbox)
+        .processors(2)
+        .processor_batch_size(7)
+        .batch_size(50)
+        .build()
+        .unwrap()
+        .spawn();
+    wait_until("all rows processed", Duration::from_secs(25), || async {
+        count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 200
+    })
+    .await;
+    wait_until("offsets committed", Duration::from_secs(10), || async {
+        committed(&group, InboxPaid::TOPIC, 2).await == end
+    })
+    .await;
+    running.shutdown().await.unwrap();
+
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox_event").await, 200);
+    assert_eq!(count(&pool, "SELECT count(*) FROM effect").await, 200);
+    assert_eq!(
+        count(&pool, "SELECT count(DISTINCT event_id) FROM effect").await,
+        200
+    );
+    let stored: (String, String, serde_json::Value) =
+        sqlx::query_as("SELECT event_type, topic, headers FROM inbox_event WHERE event_id = $1")
+            .bind(events[0].event_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored.0, "InboxPaid");
+    assert_eq!(stored.1, InboxPaid::TOPIC);
+    assert_eq!(stored.2["traceparent"], traceparent);
+    let note: Option<String> = sqlx::query_scalar("SELECT note FROM effect WHERE event_id = $1")
+        .bind(events[0].event_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        note.as_deref(),
+        Some(traceparent),
+        "the trace continues from the inbox"
+    );
+}
+
+/// Fails for negative amounts.
+#[event_handler]
+async fn on_inbox_flaky(
+    tx: &mut Transaction<'_, Postgres>,
+    event: InboxFlaky,
+) -> Result<(), String> {
+    if event.amount < 0 {
+        return Err(format!("refusing amount {}", event.amount));
+    }
+    sqlx::query("INSERT INTO effect (event_id, amount) VALUES ($1, $2)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(InboxFlaky::TOPIC, 1).await;
+    let group = unique_group("inbox-flaky");
+    start_group_at(&group, InboxFlaky::TOPIC, 1, true).await;
+    let producer = producer();
+    let poison = InboxFlaky::new(-5);
+    let good: Vec<_> = (1..=20).map(InboxFlaky::new).collect();
+    produce_event(&producer, &poison).await;
+    for event in &good {
+        produce_event(&producer, event).await;
+    }
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_inbox_flaky)
+        .mode(Mode::Inbox)
+        .max_attempts(3)
+        .backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .processor_poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+        .spawn();
+    wait_until("the poison row parked", Duration::from_secs(25), || async {
+        count(
+            &pool,
+            "SELECT count(*) FROM inbox_event WHERE parked_at IS NOT NULL",
+        )
+        .await
+            == 1
+    })
+    .await;
+    wait_until(
+        "the good rows processed",
+        Duration::from_secs(10),
+        || async { count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 20 },
+    )
+    .await;
+    running.shutdown().await.unwrap();
+
+    let (attempts, last_error, processed): (i32, String, bool) = sqlx::query_as(
+        "SELECT attempts, last_error, processed FROM inbox_event WHERE event_id = $1",
+    )
+    .bind(poison.event_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(attempts, 3);
+    assert!(last_error.contains("refusing amount -5"), "{last_error}");
+    assert!(!processed);
+    assert_eq!(count(&pool, "SELECT count(*) FROM effect").await, 20);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM effect WHERE amount < 0").await,
+        0
+    );
+}

@@ -1,0 +1,303 @@
+//! Shared helpers of the consumer tests: broker access, test events, waiting.
+#![allow(dead_code, missing_docs)]
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
+/// Consumer settings tuned so group joins and commits are quick in tests.
+pub fn kafka_config() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers())
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("fetch.wait.max.ms", "50")
+        .set("auto.commit.interval.ms", "200")
+        .set("topic.metadata.refresh.interval.ms", "1000");
+    config
+}
+
+/// A group id nobody used before.
+pub fn unique_group(name: &str) -> String {
+    format!("{name}-{}", Uuid::new_v4().simple())
+}
+
+/// Creates `topic` (and its dead-letter topic) unless it exists.
+pub async fn create_topic(topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("admin client");
+    let dlq = format!("{topic}.dlq");
+    let topics = [
+        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)),
+        NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)),
+    ];
+    let results = admin
+        .create_topics(&topics, &AdminOptions::new())
+        .await
+        .expect("create topics");
+    for result in results {
+        if let Err((name, code)) = result {
+            assert_eq!(
+                code,
+                rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
+                "creating {name}"
+            );
+        }
+    }
+}
+
+/// Commits the end of every partition of `topic` for `group`, so a consumer of
+/// that group starts after everything earlier runs left in the shared broker.
+pub async fn start_group_at(group: &str, topic: &str, partitions: i32, at_end: bool) {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = kafka_config()
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        for partition in 0..partitions {
+            let offset = if at_end {
+                let (_, high) = consumer
+                    .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                    .expect("watermarks");
+                high
+            } else {
+                0
+            };
+            tpl.add_partition_offset(&topic, partition, Offset::Offset(offset))
+                .unwrap();
+        }
+        consumer
+            .commit(&tpl, CommitMode::Sync)
+            .expect("commit start offsets");
+    })
+    .await
+    .unwrap();
+}
+
+/// The end offsets of `topic`'s partitions.
+pub async fn high_watermarks(topic: &str, partitions: i32) -> Vec<i64> {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = kafka_config().create().expect("consumer");
+        (0..partitions)
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                    .expect("watermarks")
+                    .1
+            })
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// The offsets `group` committed on `topic` (negative when none).
+pub async fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = kafka_config()
+            .set("group.id", &group)
+            .create()
+            .expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition(&topic, p);
+        }
+        let tpl = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .expect("committed offsets");
+        tpl.elements()
+            .iter()
+            .map(|e| e.offset().to_raw().unwrap_or(-1))
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+pub fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer")
+}
+
+/// Produces one record; `headers` as (name, value).
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    key: Option<&str>,
+    value: &[u8],
+    headers: &[(&str, &str)],
+) {
+    let mut owned = OwnedHeaders::new();
+    for (key, value) in headers {
+        owned = owned.insert(Header {
+            key,
+            value: Some(*value),
+        });
+    }
+    let mut record: FutureRecord<'_, str, [u8]> =
+        FutureRecord::to(topic).payload(value).headers(owned);
+    if let Some(key) = key {
+        record = record.key(key);
+    }
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+}
+
+/// Produces `event` the way the relay does: JSON value plus the wire headers.
+pub async fn produce_event<E: outbox_core::DomainEvent>(producer: &FutureProducer, event: &E) {
+    let record = outbox_core::OutboxRecord::from_event(event).unwrap();
+    let value = serde_json::to_vec(&record.payload).unwrap();
+    let event_id = record.event_id.to_string();
+    let mut headers = vec![
+        (outbox_core::wire::HEADER_EVENT_ID, event_id.as_str()),
+        (outbox_core::wire::HEADER_EVENT_TYPE, E::EVENT_TYPE),
+        (
+            outbox_core::wire::HEADER_CONTENT_TYPE,
+            outbox_core::wire::CONTENT_TYPE_JSON,
+        ),
+    ];
+    if let Some(tp) = &record.traceparent {
+        headers.push((outbox_core::wire::HEADER_TRACEPARENT, tp));
+    }
+    produce(
+        producer,
+        E::TOPIC,
+        Some(&record.partition_key),
+        &value,
+        &headers,
+    )
+    .await;
+}
+
+/// Reads `topic` partition 0 from `from` until `done` accepts what was read.
+pub async fn read_until(
+    topic: &str,
+    from: i64,
+    timeout: Duration,
+    done: impl Fn(&[OwnedMessage]) -> bool,
+) -> Vec<OwnedMessage> {
+    let consumer: rdkafka::consumer::StreamConsumer = kafka_config()
+        .set("group.id", unique_group("reader"))
+        .create()
+        .expect("reader");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(from))
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let deadline = Instant::now() + timeout;
+    let mut read = Vec::new();
+    while !done(&read) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, consumer.recv()).await {
+            Ok(Ok(message)) => read.push(message.detach()),
+            Ok(Err(e)) => panic!("reading {topic}: {e}"),
+            Err(_) => panic!("timed out reading {topic}; got {} messages", read.len()),
+        }
+    }
+    read
+}
+
+pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
+    use rdkafka::message::Headers;
+    message
+        .headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+}
+
+/// Polls `check` until it returns true or `timeout` passes.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Migrations plus the table the test handlers write their effects to
+/// (no unique key: applying an effect twice shows as two rows).
+pub async fn prepare_db(pool: &PgPool) {
+    outbox_runtime::migrations::run(pool).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE effect (
+             event_id uuid NOT NULL, amount bigint NOT NULL, note text,
+             at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+pub async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Declares a test event type on its own topic.
+#[macro_export]
+macro_rules! test_event {
+    ($name:ident, $topic:literal, $event_type:literal) => {
+        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+        pub struct $name {
+            pub event_id: uuid::Uuid,
+            pub order_id: uuid::Uuid,
+            pub amount: i64,
+        }
+
+        impl $name {
+            pub fn new(amount: i64) -> Self {
+                Self {
+                    event_id: uuid::Uuid::new_v4(),
+                    order_id: uuid::Uuid::new_v4(),
+                    amount,
+                }
+            }
+        }
+
+        impl outbox_core::DomainEvent for $name {
+            const TOPIC: &'static str = $topic;
+            const EVENT_TYPE: &'static str = $event_type;
+            const AGGREGATE_TYPE: &'static str = "Order";
+            const PARTITION_KEY_FIELD: &'static str = "order_id";
+            fn event_id(&self) -> uuid::Uuid {
+                self.event_id
+            }
+            fn aggregate_id(&self) -> String {
+                self.order_id.to_string()
+            }
+            fn partition_key(&self) -> String {
+                self.order_id.to_string()
+            }
+        }
+    };
+}
