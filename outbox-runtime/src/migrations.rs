@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "relay_indexes",
         sql: include_str!("../migrations/0002_relay_indexes.sql"),
     },
+    Migration {
+        version: 4,
+        description: "operator_tooling",
+        sql: include_str!("../migrations/0004_operator_tooling.sql"),
+    },
 ];
 
 /// Failure to migrate.

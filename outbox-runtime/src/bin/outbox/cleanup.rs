@@ -1,0 +1,149 @@
+//! `outbox cleanup`: the retention job.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_runtime::ops::cleanup::{self, Purge, Target};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::args;
+use crate::error::CliError;
+use crate::output;
+use crate::progress::Progress;
+
+/// Each retention flag enables one part of the job; pass at least one.
+/// Unpublished, parked and unprocessed rows are never deleted.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  outbox cleanup --older-than 7d --dry-run\n  \
+    outbox cleanup --older-than 30d --processed-older-than 14d --inbox-older-than 14d"
+)]
+pub struct CleanupArgs {
+    /// Delete outbox rows published (or discarded) longer ago than this.
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    older_than: Option<Duration>,
+    /// Delete processed_event dedup rows older than this.
+    ///
+    /// Keep it longer than a redelivery can come late (the topic's retention),
+    /// or a late duplicate is processed again.
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    processed_older_than: Option<Duration>,
+    /// Delete inbox rows processed (or discarded) longer ago than this.
+    ///
+    /// Same caveat as --processed-older-than: the inbox is the dedup record.
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    inbox_older_than: Option<Duration>,
+    /// Rows per batch; each batch is one short transaction.
+    #[arg(long, value_name = "N", default_value_t = Purge::DEFAULT_BATCH_SIZE, value_parser = args::positive)]
+    batch_size: i64,
+    /// Pause between batches, to leave room for the relays on a busy database.
+    #[arg(long, value_name = "DURATION", value_parser = args::duration, default_value = "0s")]
+    pause: Duration,
+    /// Only count what would be deleted.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Serialize)]
+struct Outcome {
+    target: Target,
+    cutoff: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    matched: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deleted: Option<u64>,
+}
+
+pub async fn run(pool: &PgPool, args: CleanupArgs, json: bool) -> Result<ExitCode, CliError> {
+    let plan: Vec<(Target, Duration)> = Target::ALL
+        .into_iter()
+        .filter_map(|target| {
+            let age = match target {
+                Target::PublishedOutbox | Target::DiscardedOutbox => args.older_than,
+                Target::ProcessedEvent => args.processed_older_than,
+                Target::ProcessedInbox | Target::DiscardedInbox => args.inbox_older_than,
+            };
+            age.map(|age| (target, age))
+        })
+        .collect();
+    if plan.is_empty() {
+        return Err(CliError::Usage(
+            "nothing to clean: pass --older-than, --processed-older-than or --inbox-older-than"
+                .into(),
+        ));
+    }
+    // Cutoffs come from the database clock, the one that wrote the timestamps.
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let mut outcomes = Vec::new();
+    for (target, age) in plan {
+        let age = chrono::Duration::from_std(age)
+            .map_err(|_| CliError::Usage(format!("duration too large: {age:?}")))?;
+        let cutoff = now - age;
+        let outcome = if args.dry_run {
+            let matched = cleanup::count(pool, target, cutoff).await?;
+            if !json {
+                println!(
+                    "would delete {matched} {} (before {})",
+                    target.describe(),
+                    output::time(cutoff)
+                );
+            }
+            Outcome {
+                target,
+                cutoff,
+                matched: Some(matched),
+                deleted: None,
+            }
+        } else {
+            let deleted = purge(pool, target, cutoff, &args, json).await?;
+            if !json {
+                println!(
+                    "deleted {deleted} {} (before {})",
+                    target.describe(),
+                    output::time(cutoff)
+                );
+            }
+            Outcome {
+                target,
+                cutoff,
+                matched: None,
+                deleted: Some(deleted),
+            }
+        };
+        outcomes.push(outcome);
+    }
+    if json {
+        output::json(&serde_json::json!({ "dry_run": args.dry_run, "targets": outcomes }))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn purge(
+    pool: &PgPool,
+    target: Target,
+    cutoff: DateTime<Utc>,
+    args: &CleanupArgs,
+    json: bool,
+) -> Result<u64, CliError> {
+    // Counting costs a scan: only worth it to size a bar someone watches.
+    let total = if Progress::interactive(json) {
+        Some(cleanup::count(pool, target, cutoff).await? as u64)
+    } else {
+        None
+    };
+    let mut progress = Progress::start(&format!("deleting {}", target.describe()), total, json);
+    let mut purge = Purge::new(target, cutoff).batch_size(args.batch_size);
+    let mut deleted = 0;
+    while !purge.is_done() {
+        let batch = purge.step(pool).await?;
+        deleted += batch;
+        progress.inc(batch);
+        if !args.pause.is_zero() && !purge.is_done() {
+            tokio::time::sleep(args.pause).await;
+        }
+    }
+    progress.finish();
+    Ok(deleted)
+}

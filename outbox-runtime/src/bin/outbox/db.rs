@@ -1,0 +1,48 @@
+//! Connecting to the service database with a clear failure.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+use crate::error::CliError;
+
+/// Connects once (to report the real cause of a failure, which a pool would
+/// hide behind a timeout), then opens a small pool.
+pub async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, CliError> {
+    let url = url.ok_or_else(|| {
+        CliError::Usage("no database given: pass --database-url or set DATABASE_URL".into())
+    })?;
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| CliError::Usage(format!("invalid database URL: {e}")))?
+        .application_name("outbox-cli");
+    // Never print the URL itself: it may carry a password.
+    let target = format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("")
+    );
+    let unreachable = |cause: String| {
+        CliError::Usage(format!(
+            "cannot connect to the database at {target}: {cause}"
+        ))
+    };
+    match tokio::time::timeout(timeout, options.connect()).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+        }
+        Ok(Err(e)) => return Err(unreachable(e.to_string())),
+        Err(_) => {
+            return Err(unreachable(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            )));
+        }
+    }
+    Ok(PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(timeout)
+        .connect_lazy_with(options))
+}

@@ -1,0 +1,110 @@
+//! `outbox`: the operator's tool for the outbox framework's tables.
+//!
+//! See `docs/cli.md` for the commands, their exit codes and examples.
+
+mod args;
+mod cleanup;
+mod db;
+mod dead_letters;
+mod error;
+mod migrate;
+mod output;
+mod progress;
+mod replay;
+mod schemas;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::CliError;
+
+/// Operate the transactional outbox: health, retention, dead letters, replay.
+///
+/// Exit codes: 0 success; 1 a health threshold was exceeded or an operation
+/// failed midway; 2 bad input, unreachable database or missing schema.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every command accepts.
+#[derive(Debug, clap::Args)]
+struct Global {
+    /// PostgreSQL URL of the service database holding the outbox tables.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        global = true,
+        hide_env_values = true,
+        help_heading = "Global options"
+    )]
+    database_url: Option<String>,
+
+    /// How long to wait for the database connection.
+    #[arg(long, global = true, default_value = "5s", value_parser = args::duration, value_name = "DURATION", help_heading = "Global options")]
+    connect_timeout: std::time::Duration,
+
+    /// Print machine-readable JSON on stdout instead of text.
+    #[arg(long, global = true, help_heading = "Global options")]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the framework's migrations (tables, indexes, extension columns).
+    Migrate,
+    /// Show backlog, failing and parked rows; a health check with thresholds.
+    ///
+    /// With --max-* thresholds, exits 1 when one is exceeded and names it on stderr.
+    Status(status::StatusArgs),
+    /// Retention job: delete finished rows older than a duration.
+    ///
+    /// Deletes in small batches (one short transaction each), safely while relays
+    /// and consumers run; never an unpublished, parked or unprocessed row.
+    Cleanup(cleanup::CleanupArgs),
+    /// List, retry or discard parked rows ("dead letters").
+    #[command(subcommand)]
+    DeadLetters(dead_letters::DeadLettersCommand),
+    /// Re-publish published events to Kafka, e.g. to rebuild a projection.
+    Replay(replay::ReplayArgs),
+    /// Export or check event schemas (runs your service's exporter).
+    Schemas(schemas::SchemasArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = args::parse::<Cli>();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return CliError::Failed(format!("cannot start the async runtime: {e}")).report(),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => error.report(),
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let Cli { global, command } = cli;
+    if let Command::Schemas(args) = command {
+        return schemas::run(args);
+    }
+    let pool = db::connect(global.database_url.as_deref(), global.connect_timeout).await?;
+    let json = global.json;
+    match command {
+        Command::Migrate => migrate::run(&pool, json).await,
+        Command::Status(args) => status::run(&pool, args, json).await,
+        Command::Cleanup(args) => cleanup::run(&pool, args, json).await,
+        Command::DeadLetters(command) => dead_letters::run(&pool, command, json).await,
+        Command::Replay(args) => replay::run(&pool, args, json).await,
+        Command::Schemas(_) => unreachable!("handled before connecting"),
+    }
+}

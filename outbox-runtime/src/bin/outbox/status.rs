@@ -1,0 +1,159 @@
+//! `outbox status`: what waits, what fails, what is parked; thresholds for
+//! health checks.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use outbox_runtime::ops::status::{self, ProblemRow, QueueStatus, Status, Thresholds};
+use sqlx::PgPool;
+
+use crate::args;
+use crate::error::CliError;
+use crate::output;
+
+/// Thresholds make the command exit 1 when exceeded, naming each one.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Exit 1 when more than N events wait for the relay.
+    #[arg(long, value_name = "N")]
+    max_backlog: Option<i64>,
+    /// Exit 1 when the oldest unpublished event is older than this (e.g. 30s).
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    max_age: Option<Duration>,
+    /// Exit 1 when more than N rows are parked (outbox and inbox together).
+    #[arg(long, value_name = "N")]
+    max_parked: Option<i64>,
+    /// Exit 1 when more than N inbox events wait for the processor.
+    #[arg(long, value_name = "N")]
+    max_inbox_backlog: Option<i64>,
+    /// Exit 1 when the oldest unprocessed inbox event is older than this.
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    max_inbox_age: Option<Duration>,
+    /// How many failing / parked rows to show of each kind.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    sample: i64,
+}
+
+pub async fn run(pool: &PgPool, args: StatusArgs, json: bool) -> Result<ExitCode, CliError> {
+    let thresholds = Thresholds {
+        max_backlog: args.max_backlog,
+        max_age: args.max_age,
+        max_parked: args.max_parked,
+        max_inbox_backlog: args.max_inbox_backlog,
+        max_inbox_age: args.max_inbox_age,
+    };
+    let status = status::collect(pool, args.sample.max(0)).await?;
+    let breaches = thresholds.check(&status);
+    if json {
+        output::json(&serde_json::json!({
+            "healthy": breaches.is_empty(),
+            "breaches": breaches,
+            "outbox": status.outbox,
+            "inbox": status.inbox,
+            "tables": status.tables,
+        }))?;
+    } else {
+        print!("{}", render(&status));
+    }
+    for breach in &breaches {
+        eprintln!("unhealthy: {breach}");
+    }
+    Ok(if breaches.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn render(status: &Status) -> String {
+    let mut out = String::new();
+    out.push_str("outbox (outbox_event)\n");
+    out.push_str(&queue(&status.outbox, "unpublished", true));
+    out.push_str("\ninbox (inbox_event)\n");
+    out.push_str(&queue(&status.inbox, "unprocessed", false));
+    out.push_str("\ntables\n");
+    let rows: Vec<Vec<String>> = status
+        .tables
+        .iter()
+        .map(|t| {
+            let approx = if t.estimated { "~" } else { "" };
+            vec![
+                format!("  {}", t.table),
+                format!("{approx}{} rows", t.rows),
+                output::bytes(t.total_bytes),
+            ]
+        })
+        .collect();
+    out.push_str(&output::table(&rows));
+    out
+}
+
+fn queue(q: &QueueStatus, pending: &str, with_id: bool) -> String {
+    let oldest = |at: Option<chrono::DateTime<chrono::Utc>>| {
+        at.map(|at| format!("oldest {}", output::time(at)))
+            .unwrap_or_default()
+    };
+    let mut rows = vec![vec![
+        format!("  {pending}"),
+        q.pending.to_string(),
+        match q.oldest_pending_age_secs {
+            Some(age) => format!("{} ({} ago)", oldest(q.oldest_pending_at), output::age(age)),
+            None => String::new(),
+        },
+    ]];
+    for topic in &q.topics {
+        rows.push(vec![
+            format!("    {}", topic.topic.as_deref().unwrap_or("(no topic)")),
+            topic.pending.to_string(),
+            oldest(topic.oldest_pending_at),
+        ]);
+    }
+    rows.push(vec![
+        "  failing, will retry".into(),
+        q.failing.to_string(),
+        String::new(),
+    ]);
+    rows.push(vec![
+        "  parked".into(),
+        q.parked.to_string(),
+        if q.parked > 0 {
+            "see `outbox dead-letters list`".into()
+        } else {
+            String::new()
+        },
+    ]);
+    rows.push(vec![
+        "  discarded".into(),
+        q.discarded.to_string(),
+        String::new(),
+    ]);
+    let mut out = output::table(&rows);
+    for (title, sample) in [("failing", &q.failing_rows), ("parked", &q.parked_rows)] {
+        if !sample.is_empty() {
+            out.push_str(&format!("  {title} rows (oldest first):\n"));
+            out.push_str(&problems(sample, with_id));
+        }
+    }
+    out
+}
+
+fn problems(rows: &[ProblemRow], with_id: bool) -> String {
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut cells = Vec::new();
+            if with_id {
+                cells.push(format!("    id {}", r.id.unwrap_or_default()));
+            }
+            cells.extend([
+                format!("{}event {}", if with_id { "" } else { "    " }, r.event_id),
+                r.topic.clone().unwrap_or_default(),
+                r.event_type.clone().unwrap_or_default(),
+                format!("attempts {}", r.attempts),
+                output::short(r.last_error.as_deref(), 80),
+            ]);
+            cells
+        })
+        .collect();
+    output::table(&table)
+}

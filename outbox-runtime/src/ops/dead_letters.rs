@@ -1,0 +1,212 @@
+//! Parked rows ("dead letters") of the outbox and the inbox: list, retry,
+//! discard.
+//!
+//! The relay parks an outbox row (sets `parked_at`) after too many failed
+//! publish attempts; the inbox processor does the same with an inbox row its
+//! handler keeps failing on. Parked rows are skipped until an operator acts:
+//!
+//! - **retry** clears `parked_at`, resets `attempts` to 0 and the backoff
+//!   (clears `next_attempt_at`), so the row is picked up on the next poll. `last_error` is kept: it
+//!   documents why the row was parked until the next attempt overwrites it.
+//! - **discard** sets `discarded_at` and leaves the row parked, so it is never
+//!   published / processed and stays as evidence until the retention job
+//!   removes it. It never sets `published_at` or `processed`, which would lie
+//!   about what happened.
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {
+//! use outbox_runtime::ops::dead_letters::{self, Selection, Table};
+//!
+//! let parked = dead_letters::list(&pool, Table::Outbox, &Selection::All, 100).await?;
+//! let retried = dead_letters::retry(&pool, Table::Outbox, &Selection::Topic("orders".into())).await?;
+//! println!("{} parked, retried {}", parked.len(), retried.len());
+//! # Ok(()) }
+//! ```
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::OpsError;
+
+/// Which table's dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Table {
+    /// Parked `outbox_event` rows (events that could not be published).
+    Outbox,
+    /// Parked `inbox_event` rows (received events whose handler kept failing).
+    Inbox,
+}
+
+impl Table {
+    fn sql(self) -> (&'static str, &'static str, &'static str, &'static str) {
+        // (table, id expression, written-at column, "parked and not finished")
+        match self {
+            Table::Outbox => (
+                "outbox_event",
+                "t.id",
+                "t.created_at",
+                "t.published_at IS NULL AND t.parked_at IS NOT NULL AND t.discarded_at IS NULL",
+            ),
+            Table::Inbox => (
+                "inbox_event",
+                "NULL::int8",
+                "t.received_at",
+                "NOT t.processed AND t.parked_at IS NOT NULL AND t.discarded_at IS NULL",
+            ),
+        }
+    }
+}
+
+/// Which parked rows an operation applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Every parked row of the table.
+    All,
+    /// Outbox rows by `outbox_event.id` (the inbox has no such id).
+    Ids(Vec<i64>),
+    /// Rows by event id.
+    EventIds(Vec<Uuid>),
+    /// Rows of one topic.
+    Topic(String),
+}
+
+impl Selection {
+    fn bind(
+        &self,
+        table: Table,
+        sql: String,
+    ) -> Result<sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>, OpsError>
+    {
+        let query = sqlx::query(super::trusted(sql));
+        Ok(match self {
+            Selection::All => query,
+            Selection::Ids(_) if table == Table::Inbox => {
+                return Err(OpsError::InvalidRequest(
+                    "inbox rows have no numeric id; select them by event id".into(),
+                ));
+            }
+            Selection::Ids(ids) => query.bind(ids.clone()),
+            Selection::EventIds(ids) => query.bind(ids.clone()),
+            Selection::Topic(topic) => query.bind(topic),
+        })
+    }
+
+    fn condition(&self) -> &'static str {
+        match self {
+            Selection::All => "TRUE",
+            Selection::Ids(_) => "t.id = ANY($1)",
+            Selection::EventIds(_) => "t.event_id = ANY($1)",
+            Selection::Topic(_) => "t.topic = $1",
+        }
+    }
+}
+
+/// One parked row.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct DeadLetter {
+    /// `outbox_event.id` (`None` for inbox rows).
+    pub id: Option<i64>,
+    /// The event id.
+    pub event_id: Uuid,
+    /// Topic, when known.
+    pub topic: Option<String>,
+    /// Event type, when known.
+    pub event_type: Option<String>,
+    /// Failed attempts before parking.
+    pub attempts: i32,
+    /// The last failure's message.
+    pub last_error: Option<String>,
+    /// When the row was written (`created_at` / `received_at`).
+    pub written_at: DateTime<Utc>,
+    /// When it was parked.
+    pub parked_at: DateTime<Utc>,
+}
+
+/// Parked, not discarded rows of `table` matching `selection`, oldest first,
+/// at most `limit`.
+pub async fn list(
+    pool: &PgPool,
+    table: Table,
+    selection: &Selection,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, OpsError> {
+    let (name, id, written_at, parked) = table.sql();
+    let condition = selection.condition();
+    // The limit is inlined: the selection owns `$1`.
+    let sql = format!(
+        "SELECT {id} AS id, t.event_id, t.topic, t.event_type, t.attempts, t.last_error,
+                {written_at} AS written_at, t.parked_at
+         FROM {name} t WHERE {parked} AND {condition}
+         ORDER BY t.parked_at, t.event_id LIMIT {}",
+        limit.max(0)
+    );
+    let rows = selection.bind(table, sql)?.fetch_all(pool).await?;
+    rows.iter()
+        .map(|row| sqlx::FromRow::from_row(row).map_err(OpsError::from))
+        .collect()
+}
+
+/// How many parked, not discarded rows of `table` match `selection`.
+pub async fn count(pool: &PgPool, table: Table, selection: &Selection) -> Result<i64, OpsError> {
+    let (name, _, _, parked) = table.sql();
+    let condition = selection.condition();
+    let sql = format!("SELECT count(*) FROM {name} t WHERE {parked} AND {condition}");
+    let row = selection.bind(table, sql)?.fetch_one(pool).await?;
+    Ok(sqlx::Row::try_get(&row, 0)?)
+}
+
+/// Returns the matching parked rows to their queue; returns their event ids.
+pub async fn retry(
+    pool: &PgPool,
+    table: Table,
+    selection: &Selection,
+) -> Result<Vec<Uuid>, OpsError> {
+    update(
+        pool,
+        table,
+        selection,
+        "parked_at = NULL, attempts = 0, next_attempt_at = NULL",
+    )
+    .await
+}
+
+/// Marks the matching parked rows as discarded; returns their event ids.
+pub async fn discard(
+    pool: &PgPool,
+    table: Table,
+    selection: &Selection,
+) -> Result<Vec<Uuid>, OpsError> {
+    update(pool, table, selection, "discarded_at = now()").await
+}
+
+async fn update(
+    pool: &PgPool,
+    table: Table,
+    selection: &Selection,
+    set: &str,
+) -> Result<Vec<Uuid>, OpsError> {
+    let (name, _, _, parked) = table.sql();
+    let condition = selection.condition();
+    let sql =
+        format!("UPDATE {name} t SET {set} WHERE {parked} AND {condition} RETURNING t.event_id");
+    let rows = selection.bind(table, sql)?.fetch_all(pool).await?;
+    rows.iter()
+        .map(|row| sqlx::Row::try_get(row, 0).map_err(OpsError::from))
+        .collect()
+}
+
+/// Whether any row of `table` (parked or not) has `topic`: tells a topic with
+/// no dead letters apart from a misspelt one.
+pub async fn topic_exists(pool: &PgPool, table: Table, topic: &str) -> Result<bool, OpsError> {
+    let (name, ..) = table.sql();
+    let exists = sqlx::query_scalar(super::trusted(format!(
+        "SELECT EXISTS (SELECT 1 FROM {name} WHERE topic = $1)"
+    )))
+    .bind(topic)
+    .fetch_one(pool)
+    .await?;
+    Ok(exists)
+}

@@ -1,0 +1,59 @@
+//! Operator operations on the framework's tables: status, retention, dead
+//! letters and replay.
+//!
+//! These are the SQL (and, for replay, the Kafka publishing) behind the
+//! `outbox` command-line tool, exposed as a library so services, health
+//! endpoints and tests can run them too. Every operation is safe to run while
+//! relays and consumers are running: writes happen in short transactions that
+//! lock only the rows they change (`FOR UPDATE SKIP LOCKED`), and the
+//! conditions that make a row eligible are re-checked in the same statement
+//! that changes it.
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {
+//! use outbox_runtime::ops::status;
+//!
+//! let status = status::collect(&pool, 5).await?;
+//! println!("{} events wait for the relay", status.outbox.pending);
+//! # Ok(()) }
+//! ```
+
+pub mod cleanup;
+pub mod dead_letters;
+pub mod replay;
+pub mod status;
+
+/// Failure of an operator operation.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// The database refused or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The request cannot be carried out as asked (e.g. a selection that does
+    /// not apply to the chosen table).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The Kafka client failed (configuration, or a delivery).
+    #[error("kafka error: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// A replay run stopped before publishing every selected event. The run is
+    /// recorded in `outbox_replay_run` with this error.
+    #[error("replay run {run_id} stopped after {published} events: {source}")]
+    ReplayFailed {
+        /// The `outbox_replay_run.id` of the failed run.
+        run_id: i64,
+        /// Events delivered before the failure.
+        published: u64,
+        /// What went wrong.
+        #[source]
+        source: Box<OpsError>,
+    },
+}
+
+/// Marks a statement assembled with `format!` as safe for sqlx: every dynamic
+/// statement in this module is built only from constant fragments (table and
+/// column names, fixed conditions) defined here; values from users always
+/// travel as bind parameters.
+fn trusted(sql: String) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql)
+}

@@ -1,0 +1,326 @@
+//! What the outbox and inbox look like right now, and health thresholds on it.
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {
+//! use std::time::Duration;
+//! use outbox_runtime::ops::status::{self, Thresholds};
+//!
+//! let status = status::collect(&pool, 10).await?;
+//! let thresholds = Thresholds { max_backlog: Some(10_000), max_age: Some(Duration::from_secs(30)), ..Default::default() };
+//! for breach in thresholds.check(&status) {
+//!     eprintln!("unhealthy: {breach}");
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::OpsError;
+
+/// A snapshot of the framework's tables.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// The outbox side (`outbox_event`).
+    pub outbox: QueueStatus,
+    /// The inbox side (`inbox_event`).
+    pub inbox: QueueStatus,
+    /// Size of each framework table.
+    pub tables: Vec<TableSize>,
+}
+
+/// Counts of one queue table (`outbox_event` or `inbox_event`).
+///
+/// "Pending" means waiting for the relay (outbox: `published_at IS NULL`) or
+/// the processor (inbox: `NOT processed`) and not parked.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueStatus {
+    /// Pending rows.
+    pub pending: i64,
+    /// When the oldest pending row was written (`created_at` / `received_at`).
+    pub oldest_pending_at: Option<DateTime<Utc>>,
+    /// Age of the oldest pending row in seconds, by the database clock.
+    pub oldest_pending_age_secs: Option<f64>,
+    /// Pending rows per topic (the inbox's topic column may be null).
+    pub topics: Vec<TopicBacklog>,
+    /// Pending rows that failed at least once and wait for a retry.
+    pub failing: i64,
+    /// Up to the sample size of the failing rows, oldest first.
+    pub failing_rows: Vec<ProblemRow>,
+    /// Parked rows (dead letters) not discarded.
+    pub parked: i64,
+    /// Up to the sample size of the parked rows, oldest first.
+    pub parked_rows: Vec<ProblemRow>,
+    /// Parked rows an operator discarded, kept until retention removes them.
+    pub discarded: i64,
+}
+
+/// Backlog of one topic.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct TopicBacklog {
+    /// The topic (`None` for inbox rows written without one).
+    pub topic: Option<String>,
+    /// Pending rows of the topic.
+    pub pending: i64,
+    /// When its oldest pending row was written.
+    pub oldest_pending_at: Option<DateTime<Utc>>,
+}
+
+/// A failing or parked row.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ProblemRow {
+    /// `outbox_event.id` (`None` for inbox rows, whose key is the event id).
+    pub id: Option<i64>,
+    /// The event id.
+    pub event_id: Uuid,
+    /// Topic, when known.
+    pub topic: Option<String>,
+    /// Event type, when known.
+    pub event_type: Option<String>,
+    /// Failed attempts so far.
+    pub attempts: i32,
+    /// The last failure's message.
+    pub last_error: Option<String>,
+    /// When the row was written (`created_at` / `received_at`).
+    pub written_at: DateTime<Utc>,
+    /// When it was parked, for parked rows.
+    pub parked_at: Option<DateTime<Utc>>,
+    /// When the next attempt is due, for failing rows.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+/// Size of one table.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct TableSize {
+    /// Table name.
+    pub table: String,
+    /// Row count: the planner's estimate (`pg_class.reltuples`, cheap on huge
+    /// tables), or an exact count when the table was never analyzed.
+    pub rows: i64,
+    /// Whether `rows` is an estimate.
+    pub estimated: bool,
+    /// Bytes on disk including indexes and TOAST.
+    pub total_bytes: i64,
+}
+
+/// Reads the status of the framework's tables, with up to `sample` example
+/// rows of each problem list.
+pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
+    let outbox = queue_status(pool, &OUTBOX, sample).await?;
+    let inbox = queue_status(pool, &INBOX, sample).await?;
+    let mut tables = Vec::new();
+    for table in ["outbox_event", "inbox_event", "processed_event"] {
+        tables.push(table_size(pool, table).await?);
+    }
+    Ok(Status {
+        outbox,
+        inbox,
+        tables,
+    })
+}
+
+/// The column names that differ between the two queue tables.
+struct QueueSql {
+    table: &'static str,
+    id: &'static str,
+    written_at: &'static str,
+    /// Rows the relay / processor still has to handle (parked or not): this
+    /// predicate matches the table's partial index, so every query stays on the
+    /// small hot set.
+    unfinished: &'static str,
+}
+
+const OUTBOX: QueueSql = QueueSql {
+    table: "outbox_event",
+    id: "id",
+    written_at: "created_at",
+    unfinished: "published_at IS NULL",
+};
+
+const INBOX: QueueSql = QueueSql {
+    table: "inbox_event",
+    id: "NULL::int8",
+    written_at: "received_at",
+    unfinished: "NOT processed",
+};
+
+async fn queue_status(pool: &PgPool, q: &QueueSql, sample: i64) -> Result<QueueStatus, OpsError> {
+    let QueueSql {
+        table,
+        id,
+        written_at,
+        unfinished,
+    } = q;
+    let topics: Vec<TopicBacklog> = sqlx::query_as(super::trusted(format!(
+        "SELECT topic, count(*)::int8 AS pending, min({written_at}) AS oldest_pending_at
+         FROM {table} WHERE {unfinished} AND parked_at IS NULL
+         GROUP BY topic ORDER BY topic"
+    )))
+    .fetch_all(pool)
+    .await?;
+    let (oldest_pending_at, oldest_pending_age_secs): (Option<DateTime<Utc>>, Option<f64>) =
+        sqlx::query_as(super::trusted(format!(
+            "SELECT min({written_at}), EXTRACT(EPOCH FROM now() - min({written_at}))::float8
+             FROM {table} WHERE {unfinished} AND parked_at IS NULL"
+        )))
+        .fetch_one(pool)
+        .await?;
+    let (failing, parked, discarded): (i64, i64, i64) = sqlx::query_as(super::trusted(format!(
+        "SELECT count(*) FILTER (WHERE parked_at IS NULL AND attempts > 0),
+                count(*) FILTER (WHERE parked_at IS NOT NULL AND discarded_at IS NULL),
+                count(*) FILTER (WHERE discarded_at IS NOT NULL)
+         FROM {table} WHERE {unfinished}"
+    )))
+    .fetch_one(pool)
+    .await?;
+    let rows = |which: &str| {
+        format!(
+            "SELECT {id} AS id, event_id, topic, event_type, attempts, last_error,
+                    {written_at} AS written_at, parked_at, next_attempt_at
+             FROM {table} WHERE {unfinished} AND {which}
+             ORDER BY {written_at} LIMIT $1"
+        )
+    };
+    let failing_rows = sqlx::query_as(super::trusted(rows("parked_at IS NULL AND attempts > 0")))
+        .bind(sample)
+        .fetch_all(pool)
+        .await?;
+    let parked_rows = sqlx::query_as(super::trusted(rows(
+        "parked_at IS NOT NULL AND discarded_at IS NULL",
+    )))
+    .bind(sample)
+    .fetch_all(pool)
+    .await?;
+    Ok(QueueStatus {
+        pending: topics.iter().map(|t| t.pending).sum(),
+        oldest_pending_at,
+        oldest_pending_age_secs,
+        topics,
+        failing,
+        failing_rows,
+        parked,
+        parked_rows,
+        discarded,
+    })
+}
+
+async fn table_size(pool: &PgPool, table: &str) -> Result<TableSize, OpsError> {
+    let (reltuples, total_bytes): (f32, i64) = sqlx::query_as(
+        "SELECT c.reltuples, pg_total_relation_size(c.oid)
+         FROM pg_class c WHERE c.oid = to_regclass($1)",
+    )
+    .bind(table)
+    .fetch_one(pool)
+    .await?;
+    // reltuples is -1 until the first ANALYZE; autovacuum analyzes long before a
+    // table is large, so counting exactly then is cheap.
+    let (rows, estimated) = if reltuples < 0.0 {
+        let exact: i64 =
+            sqlx::query_scalar(super::trusted(format!("SELECT count(*) FROM {table}")))
+                .fetch_one(pool)
+                .await?;
+        (exact, false)
+    } else {
+        (reltuples as i64, true)
+    };
+    Ok(TableSize {
+        table: table.to_owned(),
+        rows,
+        estimated,
+        total_bytes,
+    })
+}
+
+/// Health limits on a [`Status`]; `None` disables a limit.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Thresholds {
+    /// Most pending outbox rows allowed.
+    pub max_backlog: Option<i64>,
+    /// Oldest pending outbox row's greatest allowed age.
+    pub max_age: Option<Duration>,
+    /// Most parked rows allowed, outbox and inbox together.
+    pub max_parked: Option<i64>,
+    /// Most pending inbox rows allowed.
+    pub max_inbox_backlog: Option<i64>,
+    /// Oldest pending inbox row's greatest allowed age.
+    pub max_inbox_age: Option<Duration>,
+}
+
+/// A threshold the status exceeds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Breach {
+    /// The threshold's name, as its command-line flag without dashes
+    /// (`max-backlog`, `max-age`, ...).
+    pub threshold: &'static str,
+    /// The limit, human-readable.
+    pub limit: String,
+    /// The measured value, human-readable.
+    pub actual: String,
+}
+
+impl fmt::Display for Breach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} exceeded: {} (limit {})",
+            self.threshold, self.actual, self.limit
+        )
+    }
+}
+
+impl Thresholds {
+    /// Every threshold `status` exceeds (counts first, then ages).
+    pub fn check(&self, status: &Status) -> Vec<Breach> {
+        let mut breaches = Vec::new();
+        let mut count = |threshold, limit: Option<i64>, actual: i64, what: &str| {
+            if let Some(limit) = limit.filter(|limit| actual > *limit) {
+                breaches.push(Breach {
+                    threshold,
+                    limit: limit.to_string(),
+                    actual: format!("{actual} {what}"),
+                });
+            }
+        };
+        count(
+            "max-backlog",
+            self.max_backlog,
+            status.outbox.pending,
+            "unpublished events",
+        );
+        count(
+            "max-parked",
+            self.max_parked,
+            status.outbox.parked + status.inbox.parked,
+            "parked events",
+        );
+        count(
+            "max-inbox-backlog",
+            self.max_inbox_backlog,
+            status.inbox.pending,
+            "unprocessed inbox events",
+        );
+        let mut age = |threshold, limit: Option<Duration>, queue: &QueueStatus, what: &str| {
+            let actual = queue.oldest_pending_age_secs.unwrap_or(0.0);
+            if let Some(limit) = limit.filter(|limit| actual > limit.as_secs_f64()) {
+                breaches.push(Breach {
+                    threshold,
+                    limit: format!("{}s", limit.as_secs_f64()),
+                    actual: format!("oldest {what} is {actual:.1}s old"),
+                });
+            }
+        };
+        age("max-age", self.max_age, &status.outbox, "unpublished event");
+        age(
+            "max-inbox-age",
+            self.max_inbox_age,
+            &status.inbox,
+            "unprocessed inbox event",
+        );
+        breaches
+    }
+}

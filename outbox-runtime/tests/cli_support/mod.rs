@@ -1,0 +1,140 @@
+//! Fixtures shared by the `cli_*` tests: rows in every state the operator
+//! tooling distinguishes, written with plain SQL.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// An outbox row to insert; ages are seconds before the database's `now()`.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub topic: &'static str,
+    pub event_type: &'static str,
+    pub aggregate_type: &'static str,
+    pub aggregate_id: String,
+    pub created_ago: i64,
+    pub published_ago: Option<i64>,
+    pub parked_ago: Option<i64>,
+    pub discarded_ago: Option<i64>,
+    pub attempts: i32,
+    pub last_error: Option<&'static str>,
+    pub traceparent: Option<&'static str>,
+}
+
+impl OutboxRow {
+    pub fn new(topic: &'static str) -> Self {
+        Self {
+            topic,
+            event_type: "OrderCreated",
+            aggregate_type: "Order",
+            aggregate_id: "1".into(),
+            created_ago: 0,
+            published_ago: None,
+            parked_ago: None,
+            discarded_ago: None,
+            attempts: 0,
+            last_error: None,
+            traceparent: None,
+        }
+    }
+
+    pub fn published(mut self, created_ago: i64, published_ago: i64) -> Self {
+        self.created_ago = created_ago;
+        self.published_ago = Some(published_ago);
+        self
+    }
+
+    pub fn parked(mut self, attempts: i32, error: &'static str) -> Self {
+        self.parked_ago = Some(10);
+        self.attempts = attempts;
+        self.last_error = Some(error);
+        self
+    }
+
+    /// Inserts the row; returns `(id, event_id)`.
+    pub async fn insert(&self, pool: &PgPool) -> (i64, Uuid) {
+        let event_id = Uuid::new_v4();
+        let payload = json!({ "event_id": event_id, "aggregate_id": self.aggregate_id, "n": 1 });
+        let ago = |secs: Option<i64>| secs.map(|s| s as f64);
+        let id = sqlx::query_scalar(
+            "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
+                 topic, partition_key, created_at, published_at, parked_at, discarded_at,
+                 attempts, last_error, traceparent)
+             VALUES ($1, $2, $3, $4, $5, $6, $3,
+                 now() - make_interval(secs => $7),
+                 now() - make_interval(secs => $8),
+                 now() - make_interval(secs => $9),
+                 now() - make_interval(secs => $10),
+                 $11, $12, $13)
+             RETURNING id",
+        )
+        .bind(event_id)
+        .bind(self.aggregate_type)
+        .bind(&self.aggregate_id)
+        .bind(self.event_type)
+        .bind(payload)
+        .bind(self.topic)
+        .bind(self.created_ago as f64)
+        .bind(ago(self.published_ago))
+        .bind(ago(self.parked_ago))
+        .bind(ago(self.discarded_ago))
+        .bind(self.attempts)
+        .bind(self.last_error)
+        .bind(self.traceparent)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (id, event_id)
+    }
+}
+
+/// Inserts an inbox row; ages in seconds before `now()`. Returns its event id.
+pub async fn inbox_row(
+    pool: &PgPool,
+    topic: &str,
+    received_ago: i64,
+    processed_ago: Option<i64>,
+    parked: Option<&str>,
+) -> Uuid {
+    let event_id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO inbox_event (event_id, received_at, payload, processed, processed_at,
+             event_type, topic, attempts, last_error, parked_at)
+         VALUES ($1, now() - make_interval(secs => $2), $3, $4 IS NOT NULL,
+             now() - make_interval(secs => $4), 'PaymentTaken', $5,
+             CASE WHEN $6::text IS NULL THEN 0 ELSE 5 END, $6,
+             CASE WHEN $6::text IS NULL THEN NULL ELSE now() END)",
+    )
+    .bind(event_id)
+    .bind(received_ago as f64)
+    .bind(json!({ "event_id": event_id }))
+    .bind(processed_ago.map(|s| s as f64))
+    .bind(topic)
+    .bind(parked)
+    .execute(pool)
+    .await
+    .unwrap();
+    event_id
+}
+
+/// Inserts a `processed_event` row processed `ago` seconds before `now()`.
+pub async fn processed_row(pool: &PgPool, group: &str, ago: i64) -> Uuid {
+    let event_id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO processed_event (consumer_group, event_id, processed_at)
+         VALUES ($1, $2, now() - make_interval(secs => $3))",
+    )
+    .bind(group)
+    .bind(event_id)
+    .bind(ago as f64)
+    .execute(pool)
+    .await
+    .unwrap();
+    event_id
+}
+
+pub async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
