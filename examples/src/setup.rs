@@ -9,8 +9,18 @@ use rdkafka::producer::DefaultProducerContext;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-/// Default server for the example databases: the local PostgreSQL.
-pub const DEFAULT_DATABASE_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+/// Default `DATABASE_URL` of the examples: the local PostgreSQL. Each service
+/// uses its own database named after this one (`outbox_demo_orders`,
+/// `outbox_demo_payments`), as two real services would.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_demo";
+
+/// `DATABASE_URL` from the environment, or [`DEFAULT_DATABASE_URL`].
+pub fn database_url_from_env() -> String {
+    std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())
+}
 
 /// Why the example could not set up its infrastructure; printed as one line.
 #[derive(Debug, thiserror::Error)]
@@ -49,21 +59,23 @@ pub enum SetupError {
     MockCluster(#[source] rdkafka::error::KafkaError),
 }
 
-/// Connects to `url`, creating the database first if it does not exist.
+/// Connects to the database named like `url`'s with `suffix` appended
+/// (`outbox_demo` + `_orders`), creating it first if it does not exist.
 ///
 /// Errors are meant for people: an unreachable server says so and how to
 /// point `DATABASE_URL` elsewhere.
-pub async fn connect_database(url: &str) -> Result<PgPool, SetupError> {
+pub async fn connect_database(url: &str, suffix: &str) -> Result<PgPool, SetupError> {
     let options = PgConnectOptions::from_str(url).map_err(|e| SetupError::BadDatabaseUrl {
         url: redact(url),
         reason: e.to_string(),
     })?;
     // The demo prints its own progress; per-statement logs would drown it.
     let options = options.disable_statement_logging();
-    let database = options
-        .get_database()
-        .unwrap_or("postgres")
-        .to_owned();
+    let database = format!(
+        "{}{suffix}",
+        options.get_database().unwrap_or("outbox_demo")
+    );
+    let options = options.database(&database);
     let server = format!("{}:{}", options.get_host(), options.get_port());
     let unreachable = |e: sqlx::Error| SetupError::DatabaseUnreachable {
         server: server.clone(),
@@ -79,10 +91,16 @@ pub async fn connect_database(url: &str) -> Result<PgPool, SetupError> {
             .bind(&database)
             .fetch_one(&mut admin)
             .await
-            .map_err(|source| SetupError::Database { database: database.clone(), source })?;
+            .map_err(|source| SetupError::Database {
+                database: database.clone(),
+                source,
+            })?;
     if !exists {
         let create = format!("CREATE DATABASE \"{}\"", database.replace('"', "\"\""));
-        if let Err(source) = sqlx::raw_sql(sqlx::AssertSqlSafe(create)).execute(&mut admin).await {
+        if let Err(source) = sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+            .execute(&mut admin)
+            .await
+        {
             // Another process may have created it between the check and now.
             let raced = source
                 .as_database_error()
@@ -129,7 +147,9 @@ impl Broker {
     pub fn from_env() -> Result<Self, SetupError> {
         match std::env::var("KAFKA_BROKERS") {
             Ok(servers) if !servers.trim().is_empty() => Ok(Self::External(servers)),
-            _ => MockCluster::new(1).map(Self::Mock).map_err(SetupError::MockCluster),
+            _ => MockCluster::new(1)
+                .map(Self::Mock)
+                .map_err(SetupError::MockCluster),
         }
     }
 
@@ -159,7 +179,10 @@ mod tests {
 
     #[test]
     fn redacts_passwords_only() {
-        assert_eq!(redact("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact("not a url"), "not a url");
     }
