@@ -16,3 +16,8 @@ pub mod orders;
 pub mod payments;
 pub mod service;
 pub mod setup;
+
+/// Every Rust code block of the README compiles: rustdoc tests them here.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
