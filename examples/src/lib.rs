@@ -1,4 +1,23 @@
 //! Example system: an orders service and a payments service exchanging events
 //! through the outbox, exactly the story of the design seed.
+//!
+//! - [`orders`]: HTTP API (`POST /orders`, `GET /orders/{id}`), an
+//!   `#[outbox_handler]` recording `OrderCreated`, a relay, and an inbox-mode
+//!   consumer of `payment.events` that marks orders paid.
+//! - [`payments`]: a dedup-mode consumer of `order.events` that charges each
+//!   order once and records `PaymentCompleted` through its own outbox.
+//! - the `demo` binary runs both on embedded defaults and drives orders
+//!   through HTTP; `orders` and `payments` run one service each.
 
+pub mod demo;
 pub mod events;
+pub mod http_error;
+pub mod orders;
+pub mod payments;
+pub mod service;
+pub mod setup;
+
+/// Every Rust code block of the README compiles: rustdoc tests them here.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

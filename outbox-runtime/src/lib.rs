@@ -9,3 +9,4 @@ pub use outbox_core as core;
 pub mod consumer;
 pub mod migrations;
 pub mod ops;
+pub mod relay;

@@ -36,6 +36,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0001_outbox_inbox_base.sql"),
     },
     Migration {
+        version: 2,
+        description: "relay_indexes",
+        sql: include_str!("../migrations/0002_relay_indexes.sql"),
+    },
+    Migration {
         version: 4,
         description: "operator_tooling",
         sql: include_str!("../migrations/0004_operator_tooling.sql"),

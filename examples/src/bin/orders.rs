@@ -1,0 +1,46 @@
+//! The orders service on its own: HTTP API, relay, and inbox consumer of
+//! `payment.events`, until Ctrl-C / SIGTERM.
+//!
+//! Needs a real broker: `KAFKA_BROKERS=127.0.0.1:9092 cargo run -p outbox-examples --bin orders`.
+//! (The `demo` binary runs both services on an in-process mock cluster.)
+
+use std::process::ExitCode;
+
+use outbox_examples::orders::{self, OrdersService};
+use outbox_examples::service::{Tuning, create_topics, shutdown_signal};
+use outbox_examples::setup::{Broker, connect_database, database_url_from_env};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,librdkafka=off,rdkafka=off".into()),
+        )
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let Broker::External(servers) = Broker::from_env()? else {
+        return Err("set KAFKA_BROKERS (e.g. 127.0.0.1:9092); the `demo` binary runs both services on a mock cluster".into());
+    };
+    let addr = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let pool = connect_database(&database_url_from_env(), "_orders").await?;
+    orders::migrate(&pool).await?;
+    create_topics(&Broker::External(servers.clone()), 3).await?;
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    let service =
+        OrdersService::start(pool, &servers, "orders", listener, &Tuning::default()).await?;
+    tracing::info!(addr = %service.addr, "orders service listening; Ctrl-C to stop");
+    shutdown_signal().await;
+    tracing::info!("stopping: finishing in-flight requests and deliveries");
+    service.shutdown().await?;
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! The payments service on its own: dedup consumer of `order.events` and the
+//! relay of its outbox, until Ctrl-C / SIGTERM.
+//!
+//! Needs a real broker: `KAFKA_BROKERS=127.0.0.1:9092 cargo run -p outbox-examples --bin payments`.
+
+use std::process::ExitCode;
+
+use outbox_examples::payments::{self, PaymentsService};
+use outbox_examples::service::{Tuning, create_topics, shutdown_signal};
+use outbox_examples::setup::{Broker, connect_database, database_url_from_env};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,librdkafka=off,rdkafka=off".into()),
+        )
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let Broker::External(servers) = Broker::from_env()? else {
+        return Err("set KAFKA_BROKERS (e.g. 127.0.0.1:9092); the `demo` binary runs both services on a mock cluster".into());
+    };
+    let pool = connect_database(&database_url_from_env(), "_payments").await?;
+    payments::migrate(&pool).await?;
+    create_topics(&Broker::External(servers.clone()), 3).await?;
+    let service = PaymentsService::start(pool, &servers, "payments", &Tuning::default())?;
+    tracing::info!("payments service running; Ctrl-C to stop");
+    shutdown_signal().await;
+    tracing::info!("stopping: finishing in-flight events");
+    service.shutdown().await?;
+    Ok(())
+}

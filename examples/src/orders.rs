@@ -1,0 +1,266 @@
+//! The orders service: `POST /orders` runs an `#[outbox_handler]` that inserts
+//! the order and records `OrderCreated`; a relay publishes it; an inbox-mode
+//! consumer of `payment.events` marks orders paid.
+
+use std::net::SocketAddr;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use outbox_core::{Events, outbox_handler};
+use outbox_runtime::consumer::{Consumer, ConsumerHandle, Mode, event_handler};
+use outbox_runtime::relay::{Relay, RelayHandle};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::events::{OrderCreated, PaymentCompleted};
+use crate::http_error::ApiError;
+use crate::service::{ServiceError, Tuning, consumer_config, kafka_config};
+
+/// The command behind `POST /orders`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateOrder {
+    /// Who orders.
+    pub customer_id: Uuid,
+    /// What is ordered.
+    pub product_id: Uuid,
+    /// Price in cents, > 0.
+    pub amount: i64,
+}
+
+/// Errors of the orders commands. `From<outbox_core::Error>` is all the
+/// framework asks of a handler's error type.
+#[derive(Debug, thiserror::Error)]
+pub enum OrdersError {
+    /// The outbox write path failed (database, serialization).
+    #[error(transparent)]
+    Outbox(#[from] outbox_core::Error),
+    /// The handler's own statements failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Inserts the order and records `OrderCreated`, in one transaction.
+#[outbox_handler]
+pub async fn create_order(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &mut Events,
+    cmd: CreateOrder,
+) -> Result<Uuid, OrdersError> {
+    let order_id = Uuid::now_v7();
+    let created_at: DateTime<Utc> = sqlx::query_scalar(
+        "INSERT INTO orders (id, customer_id, product_id, amount) VALUES ($1, $2, $3, $4)
+         RETURNING created_at",
+    )
+    .bind(order_id)
+    .bind(cmd.customer_id)
+    .bind(cmd.product_id)
+    .bind(cmd.amount)
+    .fetch_one(&mut **tx)
+    .await?;
+    events.record(OrderCreated {
+        event_id: Uuid::now_v7(),
+        order_id,
+        customer_id: cmd.customer_id,
+        product_id: cmd.product_id,
+        amount: cmd.amount,
+        created_at,
+    });
+    Ok(order_id)
+}
+
+/// Marks the order paid; runs in the inbox processor's transaction.
+#[event_handler]
+async fn on_payment_completed(
+    tx: &mut Transaction<'_, Postgres>,
+    event: PaymentCompleted,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE orders SET payment_status = 'paid', paid_at = $2
+         WHERE id = $1 AND payment_status <> 'paid'",
+    )
+    .bind(event.order_id)
+    .bind(event.completed_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Creates the orders schema: the framework's tables and `orders`.
+pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
+    outbox_runtime::migrations::run(pool).await?;
+    sqlx::raw_sql(include_str!("../migrations/orders.sql"))
+        .execute(pool)
+        .await
+        .map_err(ServiceError::Database)?;
+    Ok(())
+}
+
+/// The HTTP API.
+pub fn router(pool: PgPool) -> Router {
+    Router::new()
+        .route("/orders", post(post_order))
+        .route("/orders/{id}", get(get_order))
+        .with_state(pool)
+}
+
+async fn post_order(
+    State(pool): State<PgPool>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let cmd = parse_create_order(&body)?;
+    let order_id = create_order(&pool, cmd).await.map_err(ApiError::internal)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "order_id": order_id })),
+    ))
+}
+
+/// Validates the body of `POST /orders`, naming the first bad field.
+pub fn parse_create_order(body: &Value) -> Result<CreateOrder, ApiError> {
+    let object = body
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let uuid = |field: &'static str| -> Result<Uuid, ApiError> {
+        match object.get(field) {
+            None | Some(Value::Null) => Err(ApiError::invalid_field(
+                field,
+                format!("`{field}` is required"),
+            )),
+            Some(Value::String(text)) => Uuid::parse_str(text).map_err(|_| {
+                ApiError::invalid_field(field, format!("`{field}` must be a UUID, got {text:?}"))
+            }),
+            Some(other) => Err(ApiError::invalid_field(
+                field,
+                format!("`{field}` must be a UUID string, got {other}"),
+            )),
+        }
+    };
+    let customer_id = uuid("customer_id")?;
+    let product_id = uuid("product_id")?;
+    let amount = match object.get("amount") {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid_field("amount", "`amount` is required"));
+        }
+        Some(value) => value.as_i64().filter(|amount| *amount > 0).ok_or_else(|| {
+            ApiError::invalid_field(
+                "amount",
+                format!("`amount` must be a positive integer (cents), got {value}"),
+            )
+        })?,
+    };
+    Ok(CreateOrder {
+        customer_id,
+        product_id,
+        amount,
+    })
+}
+
+/// An order as `GET /orders/{id}` shows it.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct OrderView {
+    /// The order id.
+    pub order_id: Uuid,
+    /// Who ordered.
+    pub customer_id: Uuid,
+    /// What was ordered.
+    pub product_id: Uuid,
+    /// Price in cents.
+    pub amount: i64,
+    /// `pending` until `PaymentCompleted` arrives, then `paid`.
+    pub payment_status: String,
+    /// When the order was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was paid.
+    pub paid_at: Option<DateTime<Utc>>,
+}
+
+async fn get_order(
+    State(pool): State<PgPool>,
+    Path(id): Path<String>,
+) -> Result<Json<OrderView>, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| {
+        ApiError::invalid_field("id", format!("order id must be a UUID, got {id:?}"))
+    })?;
+    let order = sqlx::query_as::<_, OrderView>(
+        "SELECT id AS order_id, customer_id, product_id, amount, payment_status, created_at, paid_at
+         FROM orders WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&pool)
+    .await
+    .map_err(ApiError::internal)?;
+    order
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no order {id}")))
+}
+
+/// A running orders service: HTTP server, relay and payment consumer.
+pub struct OrdersService {
+    /// Where the HTTP API listens.
+    pub addr: SocketAddr,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    stop_http: CancellationToken,
+    relay: RelayHandle,
+    consumer: ConsumerHandle,
+}
+
+impl OrdersService {
+    /// Starts the service on `listener`, with its relay and its inbox-mode
+    /// consumer of `payment.events` (group `group_id`), against the Kafka
+    /// cluster at `bootstrap_servers`.
+    pub async fn start(
+        pool: PgPool,
+        bootstrap_servers: &str,
+        group_id: &str,
+        listener: TcpListener,
+        tuning: &Tuning,
+    ) -> Result<Self, ServiceError> {
+        let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
+            .poll_interval(tuning.poll_interval)
+            .spawn()?;
+        let consumer =
+            Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id)
+                .handler(on_payment_completed)
+                .mode(Mode::Inbox)
+                .processor_poll_interval(tuning.poll_interval)
+                .build()?
+                .spawn();
+        let addr = listener.local_addr().map_err(ServiceError::Listen)?;
+        let stop_http = CancellationToken::new();
+        let stopped = stop_http.clone();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router(pool))
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await
+        });
+        Ok(Self {
+            addr,
+            server,
+            stop_http,
+            relay,
+            consumer,
+        })
+    }
+
+    /// Stops accepting requests, then stops the consumer and the relay, each
+    /// finishing what it has in flight.
+    pub async fn shutdown(self) -> Result<(), ServiceError> {
+        self.stop_http.cancel();
+        let served = self.server.await;
+        let consumer = self.consumer.shutdown().await;
+        self.relay.shutdown().await;
+        served
+            .map_err(|e| ServiceError::Task(e.to_string()))?
+            .map_err(ServiceError::Listen)?;
+        consumer?;
+        Ok(())
+    }
+}

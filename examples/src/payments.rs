@@ -1,0 +1,103 @@
+//! The payments service: a dedup-mode consumer of `order.events` "charges"
+//! each order and records `PaymentCompleted` through its own outbox, in the
+//! same transaction as the dedup row; its relay publishes it.
+
+use chrono::Utc;
+use outbox_core::OutboxRecord;
+use outbox_runtime::consumer::{Consumer, ConsumerHandle, event_handler};
+use outbox_runtime::relay::{Relay, RelayHandle};
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::events::{OrderCreated, PaymentCompleted};
+use crate::service::{ServiceError, Tuning, consumer_config, kafka_config};
+
+/// Errors of the payment handler.
+#[derive(Debug, thiserror::Error)]
+pub enum PaymentsError {
+    /// The outbox write path failed.
+    #[error(transparent)]
+    Outbox(#[from] outbox_core::Error),
+    /// The handler's own statements failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Charges the order once and records `PaymentCompleted`.
+///
+/// Runs inside the consumer's transaction, so the payment row, the outbox row
+/// and the `processed_event` dedup row commit together.
+#[event_handler]
+async fn on_order_created(
+    tx: &mut Transaction<'_, Postgres>,
+    event: OrderCreated,
+) -> Result<(), PaymentsError> {
+    let payment_id = Uuid::now_v7();
+    let inserted = sqlx::query(
+        "INSERT INTO payments (id, order_id, amount) VALUES ($1, $2, $3)
+         ON CONFLICT (order_id) DO NOTHING",
+    )
+    .bind(payment_id)
+    .bind(event.order_id)
+    .bind(event.amount)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        // Already charged (a replay, or the same order under another event id).
+        return Ok(());
+    }
+    let completed = PaymentCompleted {
+        event_id: Uuid::now_v7(),
+        payment_id,
+        order_id: event.order_id,
+        amount: event.amount,
+        completed_at: Utc::now(),
+    };
+    outbox_core::insert_records(tx, &[OutboxRecord::from_event(&completed)?]).await?;
+    Ok(())
+}
+
+/// Creates the payments schema: the framework's tables and `payments`.
+pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
+    outbox_runtime::migrations::run(pool).await?;
+    sqlx::raw_sql(include_str!("../migrations/payments.sql"))
+        .execute(pool)
+        .await
+        .map_err(ServiceError::Database)?;
+    Ok(())
+}
+
+/// A running payments service: its consumer and its relay.
+pub struct PaymentsService {
+    relay: RelayHandle,
+    consumer: ConsumerHandle,
+}
+
+impl PaymentsService {
+    /// Starts the dedup-mode consumer of `order.events` (group `group_id`) and
+    /// the relay of the payments outbox.
+    pub fn start(
+        pool: PgPool,
+        bootstrap_servers: &str,
+        group_id: &str,
+        tuning: &Tuning,
+    ) -> Result<Self, ServiceError> {
+        let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
+            .poll_interval(tuning.poll_interval)
+            .spawn()?;
+        let consumer = Consumer::builder(pool, consumer_config(bootstrap_servers), group_id)
+            .handler(on_order_created)
+            .build()?
+            .spawn();
+        Ok(Self { relay, consumer })
+    }
+
+    /// Stops the consumer, then the relay, each finishing what it has in flight.
+    pub async fn shutdown(self) -> Result<(), ServiceError> {
+        let consumer = self.consumer.shutdown().await;
+        self.relay.shutdown().await;
+        consumer?;
+        Ok(())
+    }
+}

@@ -1,0 +1,140 @@
+//! What both example services share: errors, tuning, Kafka settings, topics
+//! and the shutdown signal.
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::setup::Broker;
+
+/// Why a service could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Set-up (database, broker) failed.
+    #[error(transparent)]
+    Setup(#[from] crate::setup::SetupError),
+    /// The framework's migrations failed.
+    #[error(transparent)]
+    Migrate(#[from] outbox_runtime::migrations::MigrateError),
+    /// A domain migration failed.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// The relay refused its configuration.
+    #[error(transparent)]
+    Relay(#[from] outbox_runtime::relay::RelayError),
+    /// The consumer could not be built.
+    #[error(transparent)]
+    ConsumerBuild(#[from] outbox_runtime::consumer::BuildError),
+    /// The consumer stopped with an error.
+    #[error(transparent)]
+    Consumer(#[from] outbox_runtime::consumer::ConsumerError),
+    /// Kafka administration (topic creation) failed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// Creating a topic failed.
+    #[error("could not create topic `{topic}`: {reason}")]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// The broker's reason.
+        reason: String,
+    },
+    /// The HTTP listener failed.
+    #[error("http listener: {0}")]
+    Listen(#[source] std::io::Error),
+    /// A service task panicked or was cancelled.
+    #[error("service task failed: {0}")]
+    Task(String),
+}
+
+/// Knobs the demo and the tests turn.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Relay and inbox processor idle poll interval.
+    pub poll_interval: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Kafka client settings for `bootstrap_servers`.
+pub fn kafka_config(bootstrap_servers: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap_servers);
+    config
+}
+
+/// Consumer settings: [`kafka_config`] plus a short session, so a restarted
+/// service gets its partitions back within seconds instead of the default 45 s.
+pub fn consumer_config(bootstrap_servers: &str) -> ClientConfig {
+    let mut config = kafka_config(bootstrap_servers);
+    config
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500");
+    config
+}
+
+/// The example's topics.
+pub const TOPICS: [&str; 2] = ["order.events", "payment.events"];
+
+/// Creates the example's topics ([`TOPICS`]) on `broker` if they do not exist yet.
+pub async fn create_topics(broker: &Broker, partitions: i32) -> Result<(), ServiceError> {
+    let servers = match broker {
+        Broker::Mock(cluster) => {
+            // The mock cluster has no CreateTopics API; it is configured directly.
+            for topic in TOPICS {
+                cluster.create_topic(topic, partitions, 1)?;
+            }
+            return Ok(());
+        }
+        Broker::External(servers) => servers,
+    };
+    let admin: AdminClient<DefaultClientContext> = kafka_config(servers).create()?;
+    let topics: Vec<NewTopic<'_>> = TOPICS
+        .iter()
+        .map(|name| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in admin.create_topics(&topics, &options).await? {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(ServiceError::CreateTopic {
+                    topic,
+                    reason: code.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

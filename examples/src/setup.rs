@@ -1,0 +1,189 @@
+//! Infrastructure set-up shared by the example services and the demo: the
+//! database (created on first use, migrated) and the Kafka broker (a real one
+//! from `KAFKA_BROKERS`, or librdkafka's in-process mock cluster).
+
+use std::str::FromStr;
+
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+/// Default `DATABASE_URL` of the examples: the local PostgreSQL. Each service
+/// uses its own database named after this one (`outbox_demo_orders`,
+/// `outbox_demo_payments`), as two real services would.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_demo";
+
+/// `DATABASE_URL` from the environment, or [`DEFAULT_DATABASE_URL`].
+pub fn database_url_from_env() -> String {
+    std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())
+}
+
+/// Why the example could not set up its infrastructure; printed as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The database URL does not parse.
+    #[error("DATABASE_URL `{url}` is not a valid PostgreSQL URL: {reason}")]
+    BadDatabaseUrl {
+        /// The URL as given (password redacted).
+        url: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// The server does not answer or refuses the login.
+    #[error(
+        "cannot reach PostgreSQL at {server}: {reason}\n\
+         hint: start it (scripts/services.sh up) or point DATABASE_URL at a server you can reach, \
+         e.g. DATABASE_URL=postgres://user:password@host:5432/outbox_demo"
+    )]
+    DatabaseUnreachable {
+        /// host:port of the server.
+        server: String,
+        /// The driver's reason.
+        reason: String,
+    },
+    /// A statement of the set-up failed.
+    #[error("database set-up of `{database}` failed: {source}")]
+    Database {
+        /// Database name.
+        database: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The in-process mock Kafka cluster could not start.
+    #[error("could not start librdkafka's in-process mock cluster: {0}")]
+    MockCluster(#[source] rdkafka::error::KafkaError),
+}
+
+/// Connects to the database named like `url`'s with `suffix` appended
+/// (`outbox_demo` + `_orders`), creating it first if it does not exist.
+///
+/// Errors are meant for people: an unreachable server says so and how to
+/// point `DATABASE_URL` elsewhere.
+pub async fn connect_database(url: &str, suffix: &str) -> Result<PgPool, SetupError> {
+    let options = PgConnectOptions::from_str(url).map_err(|e| SetupError::BadDatabaseUrl {
+        url: redact(url),
+        reason: e.to_string(),
+    })?;
+    // The demo prints its own progress; per-statement logs would drown it.
+    let options = options.disable_statement_logging();
+    let database = format!(
+        "{}{suffix}",
+        options.get_database().unwrap_or("outbox_demo")
+    );
+    let options = options.database(&database);
+    let server = format!("{}:{}", options.get_host(), options.get_port());
+    let unreachable = |e: sqlx::Error| SetupError::DatabaseUnreachable {
+        server: server.clone(),
+        reason: e.to_string(),
+    };
+
+    let maintenance = options.clone().database("postgres");
+    let mut admin = sqlx::PgConnection::connect_with(&maintenance)
+        .await
+        .map_err(unreachable)?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&database)
+            .fetch_one(&mut admin)
+            .await
+            .map_err(|source| SetupError::Database {
+                database: database.clone(),
+                source,
+            })?;
+    if !exists {
+        let create = format!("CREATE DATABASE \"{}\"", database.replace('"', "\"\""));
+        if let Err(source) = sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+            .execute(&mut admin)
+            .await
+        {
+            // Another process may have created it between the check and now.
+            let raced = source
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|code| code == "42P04");
+            if !raced {
+                return Err(SetupError::Database { database, source });
+            }
+        }
+    }
+    let _ = admin.close().await;
+
+    PgPoolOptions::new()
+        .max_connections(16)
+        .connect_with(options)
+        .await
+        .map_err(unreachable)
+}
+
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The Kafka cluster the example talks to.
+pub enum Broker {
+    /// librdkafka's in-process mock cluster (no `KAFKA_BROKERS` configured).
+    Mock(MockCluster<'static, DefaultProducerContext>),
+    /// A real cluster at these bootstrap servers.
+    External(String),
+}
+
+impl Broker {
+    /// `KAFKA_BROKERS` if set and non-empty, otherwise a fresh in-process mock
+    /// cluster with one broker.
+    pub fn from_env() -> Result<Self, SetupError> {
+        match std::env::var("KAFKA_BROKERS") {
+            Ok(servers) if !servers.trim().is_empty() => Ok(Self::External(servers)),
+            _ => MockCluster::new(1)
+                .map(Self::Mock)
+                .map_err(SetupError::MockCluster),
+        }
+    }
+
+    /// Bootstrap servers to hand to librdkafka.
+    pub fn bootstrap_servers(&self) -> String {
+        match self {
+            Self::Mock(cluster) => cluster.bootstrap_servers(),
+            Self::External(servers) => servers.clone(),
+        }
+    }
+
+    /// Human description, e.g. for the demo's banner.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Mock(cluster) => format!(
+                "librdkafka in-process mock cluster at {} (no KAFKA_BROKERS set)",
+                cluster.bootstrap_servers()
+            ),
+            Self::External(servers) => format!("Kafka at {servers} (KAFKA_BROKERS)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+}

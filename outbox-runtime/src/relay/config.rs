@@ -1,0 +1,275 @@
+//! The relay's configuration, its builder and the producer settings it forces.
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use sqlx::PgPool;
+
+use super::{Relay, RelayError, RelayHandle};
+
+/// Tuning of a relay. Every field has a documented default ([`RelayConfig::default`]);
+/// set them through [`RelayBuilder`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RelayConfig {
+    /// Rows claimed, published and marked per batch. Default `1000`.
+    pub batch_size: usize,
+    /// Longest wait between two polls when the outbox is idle. Default `500 ms`.
+    ///
+    /// The relay polls again at once while batches come back full, waits for
+    /// the in-process commit signal otherwise, and backs off from 5 ms up to
+    /// this interval while polls find nothing (commits in another process are
+    /// seen within this interval).
+    pub poll_interval: Duration,
+    /// How long librdkafka may try to deliver a message (`message.timeout.ms`)
+    /// and therefore the longest a batch's claim transaction stays open.
+    /// Default `30 s`.
+    pub delivery_timeout: Duration,
+    /// Failed attempts after which a row is parked (`parked_at` set), so that it
+    /// no longer blocks later events of its key. Default `10`.
+    pub max_attempts: u32,
+    /// Delay before retrying a row the broker rejected: doubles per attempt
+    /// from `retry_backoff_initial` up to `retry_backoff_max`, with jitter.
+    /// Default `1 s`.
+    pub retry_backoff_initial: Duration,
+    /// Upper bound of the per-row retry delay. Default `5 min`.
+    pub retry_backoff_max: Duration,
+    /// First pause after a failed batch (broker unreachable, database gone);
+    /// doubles up to `error_backoff_max`, with jitter. Default `100 ms`.
+    pub error_backoff_initial: Duration,
+    /// Upper bound of the pause after failed batches. Default `10 s`.
+    pub error_backoff_max: Duration,
+    /// Number of lanes partition keys are hashed into. Each lane is published
+    /// by one relay at a time; **every relay on a database must use the same
+    /// value**. Bounds the useful number of relays. Default `64`.
+    pub lanes: u32,
+    /// How often a relay re-checks its lane ownership and the number of live
+    /// relays, taking or releasing lanes for a fair share. Default `2 s`.
+    pub rebalance_interval: Duration,
+    /// How often the backlog gauges are refreshed. Default `10 s`.
+    pub metrics_interval: Duration,
+    /// Bound of [`RelayHandle::shutdown`]: after it, the task is aborted (its
+    /// unmarked rows are published again later). Default `45 s`.
+    pub shutdown_timeout: Duration,
+    /// Testing only: abandon every batch after delivery and before marking,
+    /// as a crash at that point would.
+    #[doc(hidden)]
+    pub crash_before_mark: bool,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 1000,
+            poll_interval: Duration::from_millis(500),
+            delivery_timeout: Duration::from_secs(30),
+            max_attempts: 10,
+            retry_backoff_initial: Duration::from_secs(1),
+            retry_backoff_max: Duration::from_secs(300),
+            error_backoff_initial: Duration::from_millis(100),
+            error_backoff_max: Duration::from_secs(10),
+            lanes: 64,
+            rebalance_interval: Duration::from_secs(2),
+            metrics_interval: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(45),
+            crash_before_mark: false,
+        }
+    }
+}
+
+/// Builds and starts a [`Relay`]; created by [`Relay::builder`].
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::relay::RelayError> {
+/// use std::time::Duration;
+/// use rdkafka::ClientConfig;
+///
+/// let mut kafka = ClientConfig::new();
+/// kafka.set("bootstrap.servers", "localhost:9092").set("compression.type", "lz4");
+/// let relay = outbox_runtime::relay::Relay::builder(pool, kafka)
+///     .batch_size(500)
+///     .poll_interval(Duration::from_millis(200))
+///     .spawn()?;
+/// // ... serve requests ...
+/// let summary = relay.shutdown().await;
+/// println!("published {} events", summary.published);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "a relay builder does nothing until `spawn` is called"]
+pub struct RelayBuilder {
+    pool: PgPool,
+    kafka: ClientConfig,
+    config: RelayConfig,
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.config.$name = value;
+            self
+        }
+    )*};
+}
+
+impl RelayBuilder {
+    pub(super) fn new(pool: PgPool, kafka: ClientConfig) -> Self {
+        Self {
+            pool,
+            kafka,
+            config: RelayConfig::default(),
+        }
+    }
+
+    /// Replaces the whole tuning at once.
+    pub fn config(mut self, config: RelayConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    setters! {
+        /// See [`RelayConfig::batch_size`].
+        batch_size: usize;
+        /// See [`RelayConfig::poll_interval`].
+        poll_interval: Duration;
+        /// See [`RelayConfig::delivery_timeout`].
+        delivery_timeout: Duration;
+        /// See [`RelayConfig::max_attempts`].
+        max_attempts: u32;
+        /// See [`RelayConfig::retry_backoff_initial`].
+        retry_backoff_initial: Duration;
+        /// See [`RelayConfig::retry_backoff_max`].
+        retry_backoff_max: Duration;
+        /// See [`RelayConfig::error_backoff_initial`].
+        error_backoff_initial: Duration;
+        /// See [`RelayConfig::error_backoff_max`].
+        error_backoff_max: Duration;
+        /// See [`RelayConfig::lanes`].
+        lanes: u32;
+        /// See [`RelayConfig::rebalance_interval`].
+        rebalance_interval: Duration;
+        /// See [`RelayConfig::metrics_interval`].
+        metrics_interval: Duration;
+        /// See [`RelayConfig::shutdown_timeout`].
+        shutdown_timeout: Duration;
+    }
+
+    #[doc(hidden)]
+    pub fn crash_before_mark(mut self, value: bool) -> Self {
+        self.config.crash_before_mark = value;
+        self
+    }
+
+    /// Validates the configuration, creates the producer and starts the relay
+    /// as a tokio task. Must be called inside a tokio runtime.
+    ///
+    /// Fails if the Kafka configuration disables idempotence or weakens `acks`
+    /// (rule R-DIST-IDEM-X2), if a tuning value is out of range, or if
+    /// librdkafka refuses the configuration.
+    pub fn spawn(self) -> Result<RelayHandle, RelayError> {
+        validate(&self.config)?;
+        let kafka = producer_config(&self.kafka, &self.config)?;
+        Relay::start(self.pool, kafka, self.config)
+    }
+}
+
+fn validate(config: &RelayConfig) -> Result<(), RelayError> {
+    let invalid = |what: &'static str| Err(RelayError::InvalidConfig(what));
+    if config.batch_size == 0 {
+        return invalid("batch_size must be at least 1");
+    }
+    if config.lanes == 0 || config.lanes > i32::MAX as u32 {
+        return invalid("lanes must be between 1 and 2^31-1");
+    }
+    if config.max_attempts == 0 {
+        return invalid("max_attempts must be at least 1");
+    }
+    if config.delivery_timeout < Duration::from_millis(1) {
+        return invalid("delivery_timeout must be at least 1 ms");
+    }
+    if config.poll_interval.is_zero() || config.rebalance_interval.is_zero() {
+        return invalid("poll_interval and rebalance_interval must be positive");
+    }
+    Ok(())
+}
+
+/// The user's librdkafka settings plus the ones the relay forces.
+///
+/// Idempotence is what keeps librdkafka's internal retries from duplicating or
+/// reordering messages of a partition, which per-key order relies on; a
+/// setting that weakens it is refused rather than silently overridden, so a
+/// misconfiguration is noticed.
+pub(super) fn producer_config(
+    user: &ClientConfig,
+    config: &RelayConfig,
+) -> Result<ClientConfig, RelayError> {
+    let refuse = |setting: &str, value: &str| {
+        Err(RelayError::IdempotenceRequired {
+            setting: setting.to_owned(),
+            value: value.to_owned(),
+        })
+    };
+    if let Some(value) = user.get("enable.idempotence")
+        && !value.trim().eq_ignore_ascii_case("true")
+    {
+        return refuse("enable.idempotence", value);
+    }
+    for key in ["acks", "request.required.acks"] {
+        if let Some(value) = user.get(key)
+            && !matches!(value.trim(), "all" | "-1")
+        {
+            return refuse(key, value);
+        }
+    }
+    let mut kafka = user.clone();
+    kafka
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set(
+            "message.timeout.ms",
+            config.delivery_timeout.as_millis().max(1).to_string(),
+        );
+    kafka.remove("request.required.acks");
+    kafka.remove("delivery.timeout.ms");
+    Ok(kafka)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(key: &str, value: &str) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", "x:1").set(key, value);
+        config
+    }
+
+    #[test]
+    fn idempotence_off_or_weak_acks_are_refused_naming_the_rule() {
+        for (key, value) in [
+            ("enable.idempotence", "false"),
+            ("acks", "1"),
+            ("acks", "0"),
+            ("request.required.acks", "1"),
+        ] {
+            let err = producer_config(&with(key, value), &RelayConfig::default()).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains("R-DIST-IDEM-X2"), "{text}");
+            assert!(text.contains(key), "{text}");
+        }
+    }
+
+    #[test]
+    fn forced_settings_are_added_and_others_pass_through() {
+        let config =
+            producer_config(&with("compression.type", "lz4"), &RelayConfig::default()).unwrap();
+        assert_eq!(config.get("enable.idempotence"), Some("true"));
+        assert_eq!(config.get("acks"), Some("all"));
+        assert_eq!(config.get("message.timeout.ms"), Some("30000"));
+        assert_eq!(config.get("compression.type"), Some("lz4"));
+        for (key, value) in [("acks", "-1"), ("enable.idempotence", "TRUE")] {
+            assert!(producer_config(&with(key, value), &RelayConfig::default()).is_ok());
+        }
+    }
+}

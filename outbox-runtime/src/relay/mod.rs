@@ -1,0 +1,206 @@
+//! The relay: publishes `outbox_event` rows to Kafka (rules R-DIST-OBX-1,
+//! R-DIST-OBX-3, R-DIST-IDEM-X2).
+//!
+//! A relay claims a batch of unpublished rows (`FOR UPDATE SKIP LOCKED`),
+//! enqueues the whole batch into an idempotent producer, awaits every delivery
+//! report together, and marks the delivered rows with one `UPDATE`. Rows are
+//! never deleted; only confirmed deliveries are marked, so a crash at any
+//! point republishes at most one batch (delivery is at-least-once: receivers
+//! dedup on `event_id`).
+//!
+//! Several relays (in one process or many) can run against one database:
+//! partition keys are hashed into lanes, each owned by one relay at a time
+//! through PostgreSQL advisory locks, so events of one key are published by
+//! one relay, in order. `docs/relay.md` explains the mechanism, failure
+//! handling, metrics and tuning.
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_runtime::relay::Relay;
+//!
+//! let mut kafka = rdkafka::ClientConfig::new();
+//! kafka.set("bootstrap.servers", "localhost:9092");
+//! let relay = Relay::builder(pool, kafka).spawn()?;
+//! tokio::signal::ctrl_c().await?;
+//! let summary = relay.shutdown().await;
+//! assert!(summary.clean);
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod lanes;
+mod publish;
+mod store;
+pub mod telemetry;
+mod worker;
+
+use std::sync::Arc;
+
+use rdkafka::ClientConfig;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{RelayBuilder, RelayConfig};
+pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
+
+use publish::Publisher;
+use telemetry::Totals;
+use worker::Worker;
+
+/// Entry point of the relay; see [`Relay::builder`].
+#[derive(Debug)]
+pub struct Relay {
+    _private: (),
+}
+
+impl Relay {
+    /// Starts configuring a relay over `pool` (the service's database, with
+    /// the outbox migrations applied) publishing through a producer built
+    /// from `kafka` (any librdkafka settings: `bootstrap.servers`, TLS, SASL,
+    /// compression, linger...). The relay adds `enable.idempotence=true` and
+    /// `acks=all`, and sets `message.timeout.ms` from
+    /// [`RelayConfig::delivery_timeout`].
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::relay::RelayError> {
+    /// let mut kafka = rdkafka::ClientConfig::new();
+    /// kafka.set("bootstrap.servers", "localhost:9092");
+    /// let handle = outbox_runtime::relay::Relay::builder(pool, kafka).spawn()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(pool: PgPool, kafka: ClientConfig) -> RelayBuilder {
+        RelayBuilder::new(pool, kafka)
+    }
+
+    fn start(
+        pool: PgPool,
+        kafka: ClientConfig,
+        config: RelayConfig,
+    ) -> Result<RelayHandle, RelayError> {
+        let publisher = Publisher::new(kafka, config.delivery_timeout)?;
+        let cancel = CancellationToken::new();
+        let totals = Arc::new(Totals::default());
+        let shutdown_timeout = config.shutdown_timeout;
+        let worker = Worker {
+            pool,
+            lanes: lanes::Lanes::new(config.lanes),
+            config,
+            publisher,
+            totals: Arc::clone(&totals),
+            cancel: cancel.clone(),
+            wakeup: outbox_core::wakeup::listener(),
+        };
+        let task = tokio::spawn(worker.run());
+        Ok(RelayHandle {
+            cancel,
+            task: Some(task),
+            totals,
+            shutdown_timeout,
+        })
+    }
+}
+
+/// A running relay. Dropping the handle asks the relay to stop (like
+/// [`shutdown`](Self::shutdown) without waiting).
+#[derive(Debug)]
+pub struct RelayHandle {
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    totals: Arc<Totals>,
+    shutdown_timeout: std::time::Duration,
+}
+
+/// What a relay did, returned by [`RelayHandle::shutdown`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelaySummary {
+    /// Events delivered and marked as published.
+    pub published: u64,
+    /// Events parked after `max_attempts` failed attempts.
+    pub parked: u64,
+    /// Non-empty batches completed.
+    pub batches: u64,
+    /// Errors met (each also counted in `outbox_relay_errors_total`).
+    pub errors: u64,
+    /// `true` if the relay stopped within `shutdown_timeout`; `false` if it
+    /// had to be aborted (its unmarked rows are published again later).
+    pub clean: bool,
+}
+
+impl RelayHandle {
+    /// Stops claiming, lets the batch in flight finish (deliveries awaited and
+    /// marked), releases the lanes and returns, within
+    /// [`RelayConfig::shutdown_timeout`].
+    ///
+    /// ```no_run
+    /// # async fn run(handle: outbox_runtime::relay::RelayHandle) {
+    /// let summary = handle.shutdown().await;
+    /// println!("published {} events in {} batches", summary.published, summary.batches);
+    /// # }
+    /// ```
+    pub async fn shutdown(mut self) -> RelaySummary {
+        self.cancel.cancel();
+        let mut clean = true;
+        if let Some(mut task) = self.task.take() {
+            match tokio::time::timeout(self.shutdown_timeout, &mut task).await {
+                Ok(joined) => clean = joined.is_ok(),
+                Err(_elapsed) => {
+                    task.abort();
+                    clean = false;
+                }
+            }
+        }
+        RelaySummary {
+            clean,
+            ..self.summary()
+        }
+    }
+
+    /// The totals so far, while the relay runs (`clean` is `true`).
+    pub fn summary(&self) -> RelaySummary {
+        RelaySummary {
+            published: Totals::get(&self.totals.published),
+            parked: Totals::get(&self.totals.parked),
+            batches: Totals::get(&self.totals.batches),
+            errors: Totals::get(&self.totals.errors),
+            clean: true,
+        }
+    }
+
+    /// The token that stops the relay, e.g. to tie it to a server's graceful
+    /// shutdown (`axum::serve(..).with_graceful_shutdown(token.cancelled_owned())`)
+    /// or to stop it from another task.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+impl Drop for RelayHandle {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Why a relay could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The Kafka configuration disables idempotence or weakens `acks`.
+    #[error(
+        "R-DIST-IDEM-X2: the outbox relay's producer must run with enable.idempotence=true \
+         and acks=all, but `{setting}={value}` was configured; remove that setting"
+    )]
+    IdempotenceRequired {
+        /// The librdkafka setting at fault.
+        setting: String,
+        /// Its configured value.
+        value: String,
+    },
+    /// A tuning value is out of range.
+    #[error("invalid relay configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// librdkafka refused the configuration.
+    #[error("could not create the relay's kafka producer: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+}

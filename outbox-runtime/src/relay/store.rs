@@ -1,0 +1,213 @@
+//! Every SQL statement of the relay, and the public queries on parked rows.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+/// One claimed row, as it goes to Kafka.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct ClaimedRow {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The payload as JSON text (`jsonb::text`).
+    pub payload: String,
+    pub topic: String,
+    pub partition_key: String,
+    pub traceparent: Option<String>,
+    pub attempts: i32,
+}
+
+/// Claims up to `limit` publishable rows of the given lanes, in id order.
+///
+/// A row is skipped while an earlier row of its key waits for a retry
+/// (`next_attempt_at` in the future), so one key's failure holds back that key
+/// only; parked rows hold back nothing. `SKIP LOCKED` keeps a relay from
+/// waiting on rows another transaction holds (a relay that lost a lane, an
+/// operator's retry).
+///
+/// The lane of a key is `(hashtext(partition_key) & 2147483647) % lanes`:
+/// `hashtext` is cheap and the same on every server of one PostgreSQL major
+/// version; the mask keeps the modulo non-negative.
+pub(crate) async fn claim(
+    conn: &mut PgConnection,
+    lane_count: u32,
+    lanes: &[i32],
+    limit: usize,
+) -> sqlx::Result<Vec<ClaimedRow>> {
+    sqlx::query_as(
+        "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
+                o.payload::text AS payload, o.topic, o.partition_key, o.traceparent, o.attempts
+         FROM outbox_event o
+         WHERE o.published_at IS NULL AND o.parked_at IS NULL
+           AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+           AND (hashtext(o.partition_key) & 2147483647) % $1 = ANY($2)
+           AND NOT EXISTS (
+               SELECT 1 FROM outbox_event b
+               WHERE b.partition_key = o.partition_key AND b.id < o.id
+                 AND b.published_at IS NULL AND b.parked_at IS NULL
+                 AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now())
+         ORDER BY o.id
+         LIMIT $3
+         FOR UPDATE OF o SKIP LOCKED",
+    )
+    .bind(lane_count as i32)
+    .bind(lanes)
+    .bind(limit as i64)
+    .fetch_all(conn)
+    .await
+}
+
+/// Marks delivered rows as published, in one statement.
+pub(crate) async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query("UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// A row the broker refused, to be retried later or parked.
+#[derive(Debug)]
+pub(crate) struct Rejection {
+    pub id: i64,
+    pub error: String,
+    pub retry_in_ms: i64,
+}
+
+/// Records failed attempts in one statement and parks the rows that reached
+/// `max_attempts`. Returns how many were parked.
+pub(crate) async fn record_rejections(
+    conn: &mut PgConnection,
+    rejections: &[Rejection],
+    max_attempts: u32,
+) -> sqlx::Result<u64> {
+    if rejections.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<i64> = rejections.iter().map(|r| r.id).collect();
+    let errors: Vec<&str> = rejections.iter().map(|r| r.error.as_str()).collect();
+    let delays: Vec<i64> = rejections.iter().map(|r| r.retry_in_ms).collect();
+    let parked: i64 = sqlx::query_scalar(
+        "WITH updated AS (
+             UPDATE outbox_event o
+             SET attempts = o.attempts + 1,
+                 last_error = f.error,
+                 next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
+                 parked_at = CASE WHEN o.attempts + 1 >= $4 THEN now() END
+             FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms)
+             WHERE o.id = f.id
+             RETURNING o.parked_at)
+         SELECT count(*) FROM updated WHERE parked_at IS NOT NULL",
+    )
+    .bind(&ids)
+    .bind(&errors)
+    .bind(&delays)
+    .bind(max_attempts as i32)
+    .fetch_one(conn)
+    .await?;
+    Ok(parked as u64)
+}
+
+/// Unpublished, unparked rows and the age of the oldest, in seconds.
+pub(crate) async fn backlog(pool: &PgPool) -> sqlx::Result<(i64, f64)> {
+    sqlx::query_as(
+        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
+         FROM outbox_event WHERE published_at IS NULL AND parked_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// A row the relay gave up on after `max_attempts` (see [`parked`]).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[non_exhaustive]
+pub struct ParkedEvent {
+    /// Row id (`outbox_event.id`).
+    pub id: i64,
+    /// The event's id.
+    pub event_id: Uuid,
+    /// Event type, e.g. `OrderCreated`.
+    pub event_type: String,
+    /// Destination topic.
+    pub topic: String,
+    /// Kafka key.
+    pub partition_key: String,
+    /// Failed attempts so far.
+    pub attempts: i32,
+    /// The broker's (or librdkafka's) last error.
+    pub last_error: Option<String>,
+    /// When the row was recorded.
+    pub created_at: DateTime<Utc>,
+    /// When the relay parked it.
+    pub parked_at: DateTime<Utc>,
+}
+
+/// Lists parked rows, oldest first, at most `limit`.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> sqlx::Result<()> {
+/// for row in outbox_runtime::relay::parked(&pool, 100).await? {
+///     eprintln!("{} {} parked: {:?}", row.event_type, row.event_id, row.last_error);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn parked(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<ParkedEvent>> {
+    sqlx::query_as(
+        "SELECT id, event_id, event_type, topic, partition_key, attempts, last_error,
+                created_at, parked_at
+         FROM outbox_event
+         WHERE published_at IS NULL AND parked_at IS NOT NULL
+         ORDER BY id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Which parked rows [`retry_parked`] hands back to the relay.
+#[derive(Debug, Clone, Copy)]
+pub enum ParkedSelection<'a> {
+    /// Every parked row.
+    All,
+    /// The parked rows with these event ids (others are left alone).
+    EventIds(&'a [Uuid]),
+}
+
+/// Un-parks rows (resets `parked_at`, `attempts` and `next_attempt_at`; keeps
+/// `last_error` for the record) so the relay publishes them again, and returns
+/// how many. Fix the cause first (create the topic, raise the size limit).
+///
+/// A retried row is published after any later rows of its key that were
+/// published while it was parked: parking gives up per-key order for that row.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> sqlx::Result<()> {
+/// use outbox_runtime::relay::{retry_parked, ParkedSelection};
+/// let n = retry_parked(&pool, ParkedSelection::All).await?;
+/// println!("{n} parked events will be published again");
+/// # Ok(()) }
+/// ```
+pub async fn retry_parked(pool: &PgPool, selection: ParkedSelection<'_>) -> sqlx::Result<u64> {
+    let ids: Option<&[Uuid]> = match selection {
+        ParkedSelection::All => None,
+        ParkedSelection::EventIds(ids) => Some(ids),
+    };
+    let done = sqlx::query(
+        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
+         WHERE published_at IS NULL AND parked_at IS NOT NULL
+           AND ($1::uuid[] IS NULL OR event_id = ANY($1))",
+    )
+    .bind(ids)
+    .execute(pool)
+    .await?;
+    if done.rows_affected() > 0 {
+        outbox_core::wakeup::notify_committed();
+    }
+    Ok(done.rows_affected())
+}

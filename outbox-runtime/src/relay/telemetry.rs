@@ -1,0 +1,44 @@
+//! Metric names (documented in `docs/relay.md`) and the relay's counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Gauge: unpublished, unparked rows (refreshed every `metrics_interval`).
+pub const BACKLOG: &str = "outbox_relay_backlog";
+/// Gauge: age in seconds of the oldest unpublished, unparked row.
+pub const OLDEST_UNPUBLISHED_AGE: &str = "outbox_relay_oldest_unpublished_age_seconds";
+/// Counter: rows published (delivery confirmed and marked).
+pub const PUBLISHED: &str = "outbox_relay_published_total";
+/// Counter: rows parked after `max_attempts` failed attempts.
+pub const PARKED: &str = "outbox_relay_parked_total";
+/// Counter: errors, labelled `kind` (`database`, `broker_unavailable`,
+/// `rejected`, `fatal_producer`).
+pub const ERRORS: &str = "outbox_relay_errors_total";
+/// Histogram: rows claimed per non-empty batch.
+pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
+/// Histogram: seconds from claim to commit of a non-empty batch.
+pub const BATCH_DURATION: &str = "outbox_relay_batch_duration_seconds";
+/// Gauge: lanes this relay owns.
+pub const LANES_OWNED: &str = "outbox_relay_lanes_owned";
+
+pub(crate) fn error(kind: &'static str) {
+    metrics::counter!(ERRORS, "kind" => kind).increment(1);
+}
+
+/// Totals of one relay, read by [`RelayHandle`](super::RelayHandle).
+#[derive(Debug, Default)]
+pub(crate) struct Totals {
+    pub published: AtomicU64,
+    pub parked: AtomicU64,
+    pub batches: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl Totals {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

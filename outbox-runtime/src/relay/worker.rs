@@ -1,0 +1,291 @@
+//! The relay loop: rebalance lanes, claim, publish, mark, wait.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::wakeup::CommitListener;
+use rand::Rng;
+use sqlx::{Connection, PgPool};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, field};
+
+use super::config::RelayConfig;
+use super::lanes::Lanes;
+use super::publish::{Outcome, Publisher};
+use super::store::{self, Rejection};
+use super::telemetry::{self as metric, Totals};
+
+/// First wait after a poll that found fewer rows than a batch; doubles while
+/// polls stay empty, up to `poll_interval`.
+const IDLE_WAIT_FIRST: Duration = Duration::from_millis(5);
+
+pub(crate) struct Worker {
+    pub pool: PgPool,
+    pub config: RelayConfig,
+    pub lanes: Lanes,
+    pub publisher: Publisher,
+    pub totals: Arc<Totals>,
+    pub cancel: CancellationToken,
+    pub wakeup: CommitListener,
+}
+
+/// What one batch did.
+#[derive(Debug, Default)]
+struct BatchReport {
+    claimed: usize,
+    /// Nothing got through and only for reasons outside the messages: the
+    /// broker is unreachable, so back off instead of polling again.
+    outage: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum BatchError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("could not rebuild the producer: {0}")]
+    Producer(#[from] rdkafka::error::KafkaError),
+    #[error("simulated crash between delivery and marking")]
+    SimulatedCrash,
+}
+
+impl Worker {
+    pub(crate) async fn run(mut self) {
+        let mut failures = 0u32;
+        let mut idle_wait = IDLE_WAIT_FIRST;
+        let mut next_rebalance = Instant::now();
+        let mut next_metrics = Instant::now();
+        while !self.cancel.is_cancelled() {
+            let now = Instant::now();
+            if now >= next_rebalance {
+                next_rebalance = now + self.config.rebalance_interval;
+                if let Err(error) = self.lanes.rebalance(&self.pool).await {
+                    tracing::warn!(%error, "outbox relay could not take its lanes");
+                    self.count_error("database");
+                    failures += 1;
+                    next_rebalance = Instant::now();
+                    self.pause(error_delay(&self.config, failures)).await;
+                    continue;
+                }
+                metrics::gauge!(metric::LANES_OWNED).set(self.lanes.owned().len() as f64);
+            }
+            if now >= next_metrics {
+                next_metrics = now + self.config.metrics_interval;
+                self.refresh_backlog().await;
+            }
+            if self.lanes.owned().is_empty() {
+                self.pause(next_rebalance.saturating_duration_since(Instant::now()))
+                    .await;
+                continue;
+            }
+            match self.batch().await {
+                Ok(report) if report.outage => {
+                    failures += 1;
+                    self.pause(error_delay(&self.config, failures)).await;
+                }
+                Ok(report) => {
+                    failures = 0;
+                    if report.claimed >= self.config.batch_size {
+                        idle_wait = IDLE_WAIT_FIRST;
+                        continue; // more is waiting: go again at once
+                    }
+                    idle_wait = if report.claimed > 0 {
+                        IDLE_WAIT_FIRST
+                    } else {
+                        (idle_wait * 2).min(self.config.poll_interval)
+                    };
+                    let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
+                    self.idle(idle_wait.min(until_rebalance)).await;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "outbox relay batch failed");
+                    if matches!(error, BatchError::Database(_)) {
+                        self.count_error("database");
+                        // The session may be gone, and its lane locks with it.
+                        self.lanes.reset();
+                        next_rebalance = Instant::now();
+                    } else if matches!(error, BatchError::Producer(_)) {
+                        self.count_error("fatal_producer");
+                    }
+                    failures += 1;
+                    self.pause(error_delay(&self.config, failures)).await;
+                }
+            }
+        }
+        self.lanes.release().await;
+    }
+
+    async fn batch(&mut self) -> Result<BatchReport, BatchError> {
+        let span = tracing::info_span!(
+            "outbox_relay_batch",
+            claimed = field::Empty,
+            published = field::Empty,
+            rejected = field::Empty,
+            unavailable = field::Empty,
+        );
+        self.batch_inner(span.clone()).instrument(span).await
+    }
+
+    async fn batch_inner(&mut self, span: tracing::Span) -> Result<BatchReport, BatchError> {
+        let started = Instant::now();
+        let lanes = self.lanes.owned();
+        let lane_count = self.lanes.lane_count();
+        let conn = self
+            .lanes
+            .connection()
+            .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
+        let mut tx = conn.begin().await?;
+        // This transaction only writes the marks. A mark lost in a crash right
+        // after commit makes the row publish again, which receivers dedup
+        // anyway (delivery is at-least-once), so it need not wait for the WAL
+        // flush: that wait is most of a small transaction's cost.
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut *tx)
+            .await?;
+        let rows = store::claim(&mut tx, lane_count, &lanes, self.config.batch_size).await?;
+        span.record("claimed", rows.len());
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(BatchReport::default());
+        }
+        let outcomes = self.publisher.publish(&rows).await;
+        if self.config.crash_before_mark {
+            return Err(BatchError::SimulatedCrash); // the rollback drops every mark
+        }
+
+        let delivered: Vec<i64> = rows
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| **outcome == Outcome::Delivered)
+            .map(|(row, _)| row.id)
+            .collect();
+        let mut rejections = Vec::new();
+        let mut unavailable = 0usize;
+        for (row, outcome) in rows.iter().zip(&outcomes) {
+            let error = match outcome {
+                Outcome::Rejected(error) => error,
+                // Others got through, so the fault is this message's (e.g. a
+                // topic that does not exist): count it, or it would retry forever.
+                Outcome::Unavailable(error) if !delivered.is_empty() => error,
+                Outcome::Unavailable(_) => {
+                    unavailable += 1;
+                    continue;
+                }
+                Outcome::Delivered | Outcome::Held => continue,
+            };
+            rejections.push(Rejection {
+                id: row.id,
+                error: error.clone(),
+                retry_in_ms: retry_delay(&self.config, row.attempts).as_millis() as i64,
+            });
+        }
+        store::mark_published(&mut tx, &delivered).await?;
+        let parked =
+            store::record_rejections(&mut tx, &rejections, self.config.max_attempts).await?;
+        tx.commit().await?;
+
+        span.record("published", delivered.len());
+        span.record("rejected", rejections.len());
+        span.record("unavailable", unavailable);
+        Totals::add(&self.totals.published, delivered.len() as u64);
+        Totals::add(&self.totals.parked, parked);
+        Totals::add(&self.totals.batches, 1);
+        metrics::counter!(metric::PUBLISHED).increment(delivered.len() as u64);
+        metrics::counter!(metric::PARKED).increment(parked);
+        metrics::histogram!(metric::BATCH_SIZE).record(rows.len() as f64);
+        metrics::histogram!(metric::BATCH_DURATION).record(started.elapsed().as_secs_f64());
+        if !rejections.is_empty() {
+            self.count_error("rejected");
+            tracing::warn!(
+                rejected = rejections.len(),
+                parked,
+                first_error = %rejections[0].error,
+                "outbox relay: broker refused events"
+            );
+        }
+        if unavailable > 0 {
+            self.count_error("broker_unavailable");
+        }
+        if let Some(fatal) = self.publisher.rebuild_if_fatal()? {
+            tracing::error!(%fatal, "outbox relay rebuilt its producer after a fatal error");
+            self.count_error("fatal_producer");
+        }
+        Ok(BatchReport {
+            claimed: rows.len(),
+            outage: delivered.is_empty() && rejections.is_empty() && unavailable > 0,
+        })
+    }
+
+    async fn refresh_backlog(&self) {
+        match store::backlog(&self.pool).await {
+            Ok((rows, oldest_age)) => {
+                metrics::gauge!(metric::BACKLOG).set(rows as f64);
+                metrics::gauge!(metric::OLDEST_UNPUBLISHED_AGE).set(oldest_age);
+            }
+            Err(error) => tracing::debug!(%error, "outbox relay could not measure its backlog"),
+        }
+    }
+
+    fn count_error(&self, kind: &'static str) {
+        metric::error(kind);
+        Totals::add(&self.totals.errors, 1);
+    }
+
+    /// Sleeps, unless shutdown is requested.
+    async fn pause(&self, duration: Duration) {
+        tokio::select! {
+            () = tokio::time::sleep(duration) => {}
+            () = self.cancel.cancelled() => {}
+        }
+    }
+
+    /// Waits for a commit signal, the timeout or shutdown, whichever is first.
+    async fn idle(&mut self, duration: Duration) {
+        tokio::select! {
+            () = self.wakeup.committed() => {}
+            () = tokio::time::sleep(duration) => {}
+            () = self.cancel.cancelled() => {}
+        }
+    }
+}
+
+/// Exponential backoff with "equal jitter": half the delay fixed, half random,
+/// so relays that failed together do not retry together.
+fn jittered_exponential(initial: Duration, max: Duration, exponent: u32) -> Duration {
+    let delay = initial.saturating_mul(1u32 << exponent.min(20)).min(max);
+    let half = delay / 2;
+    half + half.mul_f64(rand::rng().random::<f64>())
+}
+
+fn error_delay(config: &RelayConfig, failures: u32) -> Duration {
+    jittered_exponential(
+        config.error_backoff_initial,
+        config.error_backoff_max,
+        failures.saturating_sub(1),
+    )
+}
+
+fn retry_delay(config: &RelayConfig, attempts_before: i32) -> Duration {
+    jittered_exponential(
+        config.retry_backoff_initial,
+        config.retry_backoff_max,
+        attempts_before.max(0) as u32,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_within_jitter_and_is_capped() {
+        let (initial, max) = (Duration::from_millis(100), Duration::from_secs(1));
+        for exponent in 0..30 {
+            let expected = (initial * 2u32.pow(exponent.min(20))).min(max);
+            let got = jittered_exponential(initial, max, exponent);
+            assert!(
+                got >= expected / 2 && got <= expected,
+                "{exponent}: {got:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The relay drains a backlog to the real broker with the right key, value and
+//! headers, loses nothing on graceful shutdown, and refuses idempotence off.
+
+mod relay_support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use outbox_runtime::relay::{Relay, RelayError};
+use relay_support::*;
+use sqlx::PgPool;
+
+#[sqlx::test(migrations = false)]
+async fn drains_a_backlog_with_key_value_and_headers(pool: PgPool) {
+    migrated(&pool).await;
+    let brokers = brokers();
+    let topic = unique_topic("drain");
+    create_topic(&brokers, &topic, 3).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let events: Vec<NewEvent> = (0..2_500)
+        .map(|i| NewEvent {
+            traceparent: (i % 2 == 0).then(|| traceparent.to_owned()),
+            ..NewEvent::new(&topic, format!("order-{}", i % 50), i)
+        })
+        .collect();
+    let ids = insert(&pool, &events).await;
+
+    let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
+        .batch_size(1000)
+        .spawn()
+        .unwrap();
+    all_published(&pool, Duration::from_secs(20)).await;
+    let summary = relay.shutdown().await;
+    assert!(summary.clean);
+    assert_eq!(summary.published, 2_500);
+
+    let received = read_topic(&brokers, &topic, events.len(), Duration::from_secs(20)).await;
+    assert_eq!(received.len(), events.len(), "every event exactly once");
+    let by_id: HashMap<_, _> = received.iter().map(|r| (r.event_id(), r)).collect();
+    for (event, id) in events.iter().zip(&ids) {
+        let got = by_id[id];
+        assert_eq!(got.key, event.key);
+        assert_eq!(got.value["event_id"], id.to_string());
+        assert_eq!(got.value["seq"], event.seq);
+        assert_eq!(got.headers["event_type"], "OrderCreated");
+        assert_eq!(got.headers["aggregate_type"], "Order");
+        assert_eq!(got.headers["aggregate_id"], event.key);
+        assert_eq!(got.headers["content-type"], "application/json");
+        assert_eq!(
+            got.headers.get("traceparent").map(String::as_str),
+            event.traceparent.as_deref()
+        );
+    }
+    let published_at_set: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE published_at IS NOT NULL")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(published_at_set, 2_500, "rows are marked, never deleted");
+}
+
+#[sqlx::test(migrations = false)]
+async fn graceful_shutdown_loses_nothing(pool: PgPool) {
+    migrated(&pool).await;
+    let brokers = brokers();
+    let topic = unique_topic("shutdown");
+    create_topic(&brokers, &topic, 2).await;
+    let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
+        .batch_size(100)
+        .spawn()
+        .unwrap();
+    // Keep writing while the relay runs, and stop it in the middle.
+    let mut written = Vec::new();
+    for round in 0..20 {
+        let events: Vec<NewEvent> = (0..100)
+            .map(|i| NewEvent::new(&topic, format!("k{}", i % 7), round * 100 + i))
+            .collect();
+        written.extend(insert(&pool, &events).await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let summary = relay.shutdown().await;
+    assert!(summary.clean);
+    let marked_by_first = 2_000 - unpublished(&pool).await;
+    assert_eq!(summary.published as i64, marked_by_first);
+
+    // What the first relay marked is on the topic; the rest is published by the next.
+    let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
+        .spawn()
+        .unwrap();
+    all_published(&pool, Duration::from_secs(20)).await;
+    relay.shutdown().await;
+    let received = read_topic(&brokers, &topic, written.len(), Duration::from_secs(20)).await;
+    let mut ids: Vec<_> = received.iter().map(Received::event_id).collect();
+    ids.sort();
+    written.sort();
+    assert_eq!(
+        ids, written,
+        "each event exactly once: marked means delivered"
+    );
+}
+
+#[tokio::test]
+async fn a_config_disabling_idempotence_is_refused() {
+    let pool = PgPool::connect_lazy("postgres://unused@127.0.0.1:1/none").unwrap();
+    for (key, value) in [("enable.idempotence", "false"), ("acks", "1")] {
+        let mut kafka = kafka_config(&brokers());
+        kafka.set(key, value);
+        let err = Relay::builder(pool.clone(), kafka).spawn().unwrap_err();
+        assert!(matches!(err, RelayError::IdempotenceRequired { .. }));
+        let text = err.to_string();
+        assert!(
+            text.contains("R-DIST-IDEM-X2") && text.contains(key),
+            "{text}"
+        );
+    }
+}
