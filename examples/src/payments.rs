@@ -3,7 +3,7 @@
 //! same transaction as the dedup row; its relay publishes it.
 
 use chrono::Utc;
-use outbox_core::OutboxRecord;
+use outbox_core::Events;
 use outbox_runtime::consumer::{Consumer, ConsumerHandle, event_handler};
 use outbox_runtime::relay::{Relay, RelayHandle};
 use sqlx::{PgPool, Postgres, Transaction};
@@ -26,11 +26,12 @@ pub enum PaymentsError {
 /// Charges the order once and records `PaymentCompleted`.
 ///
 /// Runs inside the consumer's transaction, so the payment row, the outbox row
-/// and the `processed_event` dedup row commit together.
+/// of `PaymentCompleted` and the `processed_event` dedup row commit together.
 #[event_handler]
 async fn on_order_created(
     tx: &mut Transaction<'_, Postgres>,
     event: OrderCreated,
+    events: &mut Events,
 ) -> Result<(), PaymentsError> {
     let payment_id = Uuid::now_v7();
     let inserted = sqlx::query(
@@ -47,14 +48,13 @@ async fn on_order_created(
         // Already charged (a replay, or the same order under another event id).
         return Ok(());
     }
-    let completed = PaymentCompleted {
+    events.record(PaymentCompleted {
         event_id: Uuid::now_v7(),
         payment_id,
         order_id: event.order_id,
         amount: event.amount,
         completed_at: Utc::now(),
-    };
-    outbox_core::insert_records(tx, &[OutboxRecord::from_event(&completed)?]).await?;
+    });
     Ok(())
 }
 

@@ -4,7 +4,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::parse::HandlerFn;
+use super::parse::{Extra, HandlerFn};
 
 pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
     let mut function = handler.function.clone();
@@ -18,14 +18,17 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
         .collect();
     let event = &handler.event_type;
     let name_str = name.to_string();
-    let meta_arg = handler.takes_meta.then(|| quote!(, meta));
+    let extra_args = handler.extras.iter().map(|extra| match extra {
+        Extra::Meta => quote!(meta),
+        Extra::Events => quote!(events),
+    });
     let output_span = function.sig.output.span();
     let private = quote!(::outbox_runtime::consumer::__private);
     // Spanned on the return type, so an error type without `Display` is
     // reported there, once.
     let call = quote_spanned! {output_span=>
         ::core::result::Result::map_err(
-            #name(tx, event #meta_arg).await,
+            #name(tx, event #(, #extra_args)*).await,
             ::outbox_runtime::consumer::__private::handler_error,
         )
     };
@@ -45,13 +48,14 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
                 tx: &'__outbox mut #private::Transaction<'static, #private::Postgres>,
                 event: #event,
                 meta: &'__outbox ::outbox_runtime::consumer::EventMeta,
+                events: &'__outbox mut #private::Events,
             ) -> #private::BoxFuture<
                 '__outbox,
                 ::core::result::Result<(), ::outbox_runtime::consumer::HandlerError>,
             > {
                 // The user's function, shadowing the struct's value name in here.
                 #function
-                let _ = meta;
+                let _ = (&meta, &events);
                 ::std::boxed::Box::pin(async move { #call })
             }
         }

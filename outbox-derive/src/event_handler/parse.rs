@@ -8,11 +8,22 @@ use syn::{FnArg, ItemFn, ReturnType, Type};
 pub(crate) struct HandlerFn {
     pub(crate) function: ItemFn,
     pub(crate) event_type: Type,
-    pub(crate) takes_meta: bool,
+    /// The optional parameters after the event, in the user's order.
+    pub(crate) extras: Vec<Extra>,
+}
+
+/// An optional parameter after the event, told apart by its reference kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extra {
+    /// `meta: &EventMeta`.
+    Meta,
+    /// `events: &mut Events`: events recorded here go to the outbox in the
+    /// consumer's transaction.
+    Events,
 }
 
 const SHAPE: &str = "expected `async fn name(tx: &mut Transaction<'_, Postgres>, event: EventType) -> Result<(), E>` \
-                     (optionally a third parameter `meta: &EventMeta`)";
+                     (optionally followed by `meta: &EventMeta` and/or `events: &mut Events`)";
 
 struct Errors(Option<syn::Error>);
 
@@ -91,13 +102,14 @@ impl HandlerFn {
             }
         }
         let mut event_type = None;
+        let mut extras = Vec::new();
         let has_receiver = sig.inputs.iter().any(|i| matches!(i, FnArg::Receiver(_)));
         match types.as_slice() {
             [] | [_] if !has_receiver => errors.push(
                 &sig.ident,
                 format!("an event handler takes the transaction and the event\n{SHAPE}"),
             ),
-            [tx, event, rest @ ..] if rest.len() <= 1 => {
+            [tx, event, rest @ ..] if rest.len() <= 2 => {
                 if !is_mut_ref(tx) {
                     let hint = if is_mut_ref(event) {
                         "the transaction comes first: swap the two parameters"
@@ -123,22 +135,34 @@ impl HandlerFn {
                         "the second parameter must be the event, a type implementing `DomainEvent` and `Deserialize`, taken by value",
                     ),
                 }
-                if let [meta] = rest
-                    && !is_shared_ref(meta)
-                {
-                    errors.push(
-                        meta,
-                        "the optional third parameter must be `&EventMeta`\nhint: write `meta: &outbox_runtime::consumer::EventMeta`",
-                    );
+                for extra in rest {
+                    let kind = if is_shared_ref(extra) {
+                        Extra::Meta
+                    } else if is_mut_ref(extra) {
+                        Extra::Events
+                    } else {
+                        errors.push(
+                            extra,
+                            "an optional parameter must be `meta: &EventMeta` or `events: &mut Events`\nhint: take it by reference",
+                        );
+                        continue;
+                    };
+                    if extras.contains(&kind) {
+                        errors.push(
+                            extra,
+                            "this optional parameter is already taken\nhint: take at most one `&EventMeta` and one `&mut Events`",
+                        );
+                    }
+                    extras.push(kind);
                 }
             }
-            [_, _, _, extra, ..] => errors.push(extra, format!("too many parameters\n{SHAPE}")),
+            [_, _, _, _, extra, ..] => errors.push(extra, format!("too many parameters\n{SHAPE}")),
             _ => {}
         }
         match (errors.0, event_type) {
             (Some(error), _) => Err(error),
             (None, Some(event_type)) => Ok(Self {
-                takes_meta: types.len() == 3,
+                extras,
                 function,
                 event_type,
             }),

@@ -142,6 +142,7 @@ async fn fast_path(ctx: &Ctx, work: &mut [Work]) -> Fast {
                 handled += 1;
             }
             tx.commit().await?;
+            ctx.committed();
             Ok(Some(handled))
         }
         .await;
@@ -192,6 +193,7 @@ async fn handle_one(ctx: &Ctx, w: &mut Work) -> One {
                 .await
                 .map_err(|e| Step::Handler(e.to_string()))?;
             tx.commit().await.map_err(Step::Db)?;
+            ctx.committed();
             Ok(true)
         }
         .await;

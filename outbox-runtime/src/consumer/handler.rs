@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use outbox_core::DomainEvent;
+use outbox_core::{DomainEvent, Events};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Postgres, Transaction};
@@ -114,6 +114,12 @@ impl std::error::Error for HandlerError {}
 /// The handler runs inside the consumer's transaction: whatever it writes
 /// through `tx` commits atomically with the dedup row (dedup mode) or with
 /// marking the inbox row processed (inbox mode). It must not commit `tx`.
+///
+/// Events it records in `events` (a service reacting to an event with events
+/// of its own, like payments answering `OrderCreated` with `PaymentCompleted`)
+/// are inserted into `outbox_event` in that same transaction, after the
+/// handler returns `Ok`, and the relay in this process is woken after the
+/// commit (R-DIST-OBX-1 holds on the consuming side too).
 pub trait EventHandler: Send + Sync + 'static {
     /// The event this handler receives.
     type Event: DomainEvent + DeserializeOwned;
@@ -126,6 +132,7 @@ pub trait EventHandler: Send + Sync + 'static {
         tx: &'a mut Transaction<'static, Postgres>,
         event: Self::Event,
         meta: &'a EventMeta,
+        events: &'a mut Events,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
@@ -141,6 +148,7 @@ pub(crate) trait ErasedHandler: Send + Sync {
         tx: &'a mut Transaction<'static, Postgres>,
         event: Decoded,
         meta: &'a EventMeta,
+        events: &'a mut Events,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
@@ -160,11 +168,12 @@ impl<H: EventHandler> ErasedHandler for Erased<H> {
         tx: &'a mut Transaction<'static, Postgres>,
         event: Decoded,
         meta: &'a EventMeta,
+        events: &'a mut Events,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         let event = *event
             .downcast::<H::Event>()
             .expect("decoded by the same handler");
-        self.0.handle(tx, event, meta)
+        self.0.handle(tx, event, meta, events)
     }
 }
 

@@ -262,6 +262,7 @@ async fn claim_batch(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    ctx.committed();
     for (event_type, count) in by_type {
         metrics::counter!(m::HANDLED, "group" => ctx.group(), "event_type" => event_type)
             .increment(count);
@@ -294,6 +295,14 @@ async fn process_one(ctx: &Ctx, id: Uuid) -> Result<(), sqlx::Error> {
         }
         Prepared::Ready(handler, event, meta) => (handler, event, meta),
     };
+    // The handler runs under a savepoint so that, when it fails, its writes are
+    // undone while this transaction keeps the row locked: the failed attempt is
+    // recorded before any other processor can claim the row again (releasing
+    // the lock first would let a second processor run the handler for the
+    // same attempt).
+    sqlx::query("SAVEPOINT outbox_inbox_handler")
+        .execute(&mut *tx)
+        .await?;
     match ctx.call(&*handler, &mut tx, event, &meta).await {
         Ok(()) => {
             sqlx::query(
@@ -303,20 +312,23 @@ async fn process_one(ctx: &Ctx, id: Uuid) -> Result<(), sqlx::Error> {
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
+            ctx.committed();
             metrics::counter!(m::HANDLED, "group" => ctx.group(), "event_type" => meta.event_type)
                 .increment(1);
             Ok(())
         }
         Err(error) => {
-            drop(tx);
-            if !ctx.db_reachable().await {
+            let undone = sqlx::query("ROLLBACK TO SAVEPOINT outbox_inbox_handler")
+                .execute(&mut *tx)
+                .await;
+            if undone.is_err() || !ctx.db_reachable().await {
                 // An outage, not this event's fault: leave its attempts alone.
+                drop(tx);
                 return Err(sqlx::Error::PoolTimedOut);
             }
             let attempt = u32::try_from(attempts).unwrap_or(0) + 1;
             let message = format!("handler `{}` failed: {error}", handler.name());
             if attempt >= ctx.settings.max_attempts {
-                let mut tx = ctx.pool.begin().await?;
                 park(ctx, &mut tx, id, "handler_failed", &message).await?;
                 return tx.commit().await;
             }
@@ -329,9 +341,9 @@ async fn process_one(ctx: &Ctx, id: Uuid) -> Result<(), sqlx::Error> {
             .bind(id)
             .bind(&message)
             .bind(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
-            .execute(&ctx.pool)
+            .execute(&mut *tx)
             .await?;
-            Ok(())
+            tx.commit().await
         }
     }
 }

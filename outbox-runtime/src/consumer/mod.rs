@@ -138,6 +138,7 @@ pub enum ConsumerError {
 #[doc(hidden)]
 pub mod __private {
     pub use futures::future::BoxFuture;
+    pub use outbox_core::Events;
     pub use sqlx::{Postgres, Transaction};
 
     /// Turns a handler's error into a [`super::HandlerError`].

@@ -2,9 +2,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
+use outbox_core::Events;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -38,6 +40,8 @@ pub(crate) struct Ctx {
     /// Wakes idle inbox processors when rows were stored.
     pub(crate) stored: Notify,
     pub(crate) token: CancellationToken,
+    /// Set when a handler recorded outbox events that are not committed yet.
+    pub(crate) events_recorded: AtomicBool,
 }
 
 /// A spawned consumer. Dropping it leaves the consumer running; call
@@ -121,6 +125,7 @@ impl Consumer {
                 dlq,
                 stored: Notify::new(),
                 token: CancellationToken::new(),
+                events_recorded: AtomicBool::new(false),
             }),
             kafka,
         })
@@ -300,6 +305,15 @@ impl Ctx {
         self.pause(self.settings.backoff(*retry)).await
     }
 
+    /// After a commit of a handler's transaction: wakes the relay of this
+    /// process if handlers recorded events. Best effort (processors share the
+    /// flag, so one commit may take another's wake-up); the relay polls anyway.
+    pub(crate) fn committed(&self) {
+        if self.events_recorded.swap(false, Ordering::Relaxed) {
+            outbox_core::wakeup::notify_committed();
+        }
+    }
+
     /// Whether the database answers; a handler error while it does not is an
     /// outage, not the event's fault, and must not use up the event's attempts.
     pub(crate) async fn db_reachable(&self) -> bool {
@@ -310,7 +324,9 @@ impl Ctx {
         )
     }
 
-    /// Runs the handler inside the producer's trace (from `traceparent`).
+    /// Runs the handler inside the producer's trace (from `traceparent`), then
+    /// inserts the events it recorded into `outbox_event` in the same
+    /// transaction. Callers call [`Ctx::committed`] after committing `tx`.
     pub(crate) async fn call(
         &self,
         handler: &dyn ErasedHandler,
@@ -324,10 +340,22 @@ impl Ctx {
             event_id = %meta.event_id,
             event_type = %meta.event_type,
         );
-        let result = outbox_core::trace::with_traceparent(
-            meta.traceparent.clone(),
-            handler.call(tx, event, meta),
-        )
+        let mut events = Events::new();
+        let result = outbox_core::trace::with_traceparent(meta.traceparent.clone(), async {
+            handler.call(tx, event, meta, &mut events).await?;
+            if let Some(failure) = events.failure() {
+                return Err(HandlerError::new(format!(
+                    "an event the handler recorded cannot be stored: {failure}"
+                )));
+            }
+            if !events.is_empty() {
+                outbox_core::insert_records(tx, events.records())
+                    .await
+                    .map_err(|e| HandlerError::new(format!("storing recorded events: {e}")))?;
+                self.events_recorded.store(true, Ordering::Relaxed);
+            }
+            Ok(())
+        })
         .instrument(span)
         .await;
         if let Err(error) = &result {

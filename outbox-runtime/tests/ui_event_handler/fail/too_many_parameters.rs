@@ -12,6 +12,7 @@ async fn on_paid(
     _tx: &mut Transaction<'_, Postgres>,
     _event: Paid,
     _meta: &outbox_runtime::consumer::EventMeta,
+    _events: &mut outbox_core::Events,
     _extra: u8,
 ) -> Result<(), sqlx::Error> {
     Ok(())

@@ -35,12 +35,25 @@ async fn with_meta(
     Ok(())
 }
 
+/// Reacts with an event of its own, in either parameter order.
+#[event_handler]
+async fn with_events(
+    _tx: &mut Transaction<'_, Postgres>,
+    event: Paid,
+    events: &mut outbox_core::Events,
+    _meta: &outbox_runtime::consumer::EventMeta,
+) -> Result<(), sqlx::Error> {
+    events.record(event);
+    Ok(())
+}
+
 #[allow(dead_code)]
 fn assemble(pool: sqlx::PgPool) {
     use outbox_runtime::consumer::{Consumer, EventHandler};
     assert_eq!(<on_paid as EventHandler>::NAME, "on_paid");
     let _ = Consumer::builder(pool.clone(), rdkafka::ClientConfig::new(), "g").handler(on_paid);
-    let _ = Consumer::builder(pool, rdkafka::ClientConfig::new(), "g").handler(with_meta);
+    let _ = Consumer::builder(pool.clone(), rdkafka::ClientConfig::new(), "g").handler(with_meta);
+    let _ = Consumer::builder(pool, rdkafka::ClientConfig::new(), "g").handler(with_events);
 }
 
 fn main() {}

@@ -1,0 +1,20 @@
+#[path = "../event.rs"]
+mod event;
+
+#[allow(unused_imports)]
+use event::*;
+use outbox_runtime::consumer::event_handler;
+#[allow(unused_imports)]
+use sqlx::{Postgres, Transaction};
+
+#[event_handler]
+async fn on_paid(
+    _tx: &mut Transaction<'_, Postgres>,
+    _event: Paid,
+    _meta: &outbox_runtime::consumer::EventMeta,
+    _again: &outbox_runtime::consumer::EventMeta,
+) -> Result<(), sqlx::Error> {
+    Ok(())
+}
+
+fn main() {}
