@@ -154,3 +154,96 @@ async fn bad_messages_are_dead_lettered_with_their_reason_and_the_consumer_goes_
         1
     );
 }
+
+test_event!(NulPaid, "consumer-test.bad.nul", "NulPaid");
+
+#[event_handler]
+async fn on_nul_paid(
+    tx: &mut Transaction<'_, Postgres>,
+    event: NulPaid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effect (event_id, amount) VALUES ($1, $2)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+}
+
+/// PostgreSQL cannot store a NUL character in `text` or `jsonb`: an inbox
+/// consumer must dead-letter such a message instead of failing its whole batch
+/// insert over and over (which would stop the partition for good).
+#[sqlx::test(migrations = false)]
+async fn inbox_mode_dead_letters_nul_characters_and_goes_on(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(NulPaid::TOPIC, 1).await;
+    let group = unique_group("nul");
+    start_group_at(&group, NulPaid::TOPIC, 1, true).await;
+    let dlq = format!("{}.dlq", NulPaid::TOPIC);
+    let dlq_start = high_watermarks(&dlq, 1).await[0];
+    let producer = producer();
+    let typed = [("event_type", "NulPaid")];
+    let body = |note: &str| {
+        serde_json::to_vec(&serde_json::json!({
+            "event_id": Uuid::new_v4(), "order_id": Uuid::new_v4(), "amount": 1, "note": note
+        }))
+        .unwrap()
+    };
+    let before = NulPaid::new(7);
+    produce_event(&producer, &before).await;
+    // In the payload (JSON "\u0000"), in the key, in a header value.
+    produce(
+        &producer,
+        NulPaid::TOPIC,
+        Some("k"),
+        &body("a\u{0}b"),
+        &typed,
+    )
+    .await;
+    produce(
+        &producer,
+        NulPaid::TOPIC,
+        Some("k\u{0}"),
+        &body("fine"),
+        &typed,
+    )
+    .await;
+    let bad_header = [("event_type", "NulPaid"), ("tenant", "x\u{0}y")];
+    produce(
+        &producer,
+        NulPaid::TOPIC,
+        Some("k"),
+        &body("fine"),
+        &bad_header,
+    )
+    .await;
+    let after = NulPaid::new(8);
+    produce_event(&producer, &after).await;
+    let end = high_watermarks(NulPaid::TOPIC, 1).await;
+
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_nul_paid)
+        .mode(outbox_runtime::consumer::Mode::Inbox)
+        .processor_poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+        .spawn();
+    let dead = read_until(&dlq, dlq_start, Duration::from_secs(20), |m| m.len() >= 3).await;
+    wait_until(
+        "the good events handled and all offsets committed",
+        Duration::from_secs(20),
+        || async {
+            count(&pool, "SELECT count(*) FROM effect").await == 2
+                && committed(&group, NulPaid::TOPIC, 1).await == end
+        },
+    )
+    .await;
+    running.shutdown().await.unwrap();
+
+    assert_eq!(dead.len(), 3);
+    for message in &dead {
+        assert_eq!(header(message, "dlq_reason").as_deref(), Some("unstorable"));
+        assert!(header(message, "dlq_error").unwrap().contains("NUL"));
+    }
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox_event").await, 2);
+}

@@ -20,7 +20,7 @@ use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
 use super::handler::{Decoded, ErasedHandler, EventMeta};
-use super::message::{Classified, classify};
+use super::message::{Classified, DeadLetterReason, classify, nul_character};
 use super::metric_names as m;
 use super::run::{Aside, Ctx};
 
@@ -34,6 +34,13 @@ pub(crate) async fn store_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> 
     for (index, message) in batch.iter().enumerate() {
         match classify(message, &ctx.dispatch, ctx.settings.max_message_bytes) {
             Classified::Known(envelope) => {
+                if let Some(place) = nul_character(&envelope) {
+                    let error = format!(
+                        "{place} contains a NUL character, which PostgreSQL cannot store in the inbox"
+                    );
+                    aside.push((index, Aside::Dead(DeadLetterReason::Unstorable, error)));
+                    continue;
+                }
                 let meta = envelope.meta;
                 stored.push(index);
                 ids.push(meta.event_id);

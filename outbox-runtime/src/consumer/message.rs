@@ -25,6 +25,9 @@ pub enum DeadLetterReason {
     Oversized,
     /// The handler kept failing after all retries.
     HandlerFailed,
+    /// Inbox mode: the message holds a NUL character (in its key, a header, or
+    /// a JSON string), which PostgreSQL `text` and `jsonb` cannot store.
+    Unstorable,
 }
 
 impl DeadLetterReason {
@@ -38,6 +41,7 @@ impl DeadLetterReason {
             Self::PayloadMismatch => "payload_mismatch",
             Self::Oversized => "oversized",
             Self::HandlerFailed => "handler_failed",
+            Self::Unstorable => "unstorable",
         }
     }
 }
@@ -45,6 +49,38 @@ impl DeadLetterReason {
 impl std::fmt::Display for DeadLetterReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Where in `envelope` a NUL character is, if anywhere: PostgreSQL cannot
+/// store it in `text` or `jsonb`, so the inbox must set such a message aside
+/// instead of failing (and retrying) the whole batch insert.
+pub(crate) fn nul_character(envelope: &Envelope) -> Option<&'static str> {
+    fn in_json(value: &serde_json::Value) -> bool {
+        match value {
+            serde_json::Value::String(s) => s.contains('\0'),
+            serde_json::Value::Array(items) => items.iter().any(in_json),
+            serde_json::Value::Object(map) => {
+                map.iter().any(|(k, v)| k.contains('\0') || in_json(v))
+            }
+            _ => false,
+        }
+    }
+    let meta = &envelope.meta;
+    if meta.key.as_deref().is_some_and(|key| key.contains('\0')) {
+        Some("the key")
+    } else if meta
+        .headers
+        .iter()
+        .any(|(k, v)| k.contains('\0') || v.contains('\0'))
+    {
+        Some("a header")
+    } else if meta.event_type.contains('\0') {
+        Some("the event type")
+    } else if in_json(&envelope.payload) {
+        Some("the JSON payload")
+    } else {
+        None
     }
 }
 
