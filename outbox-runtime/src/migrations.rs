@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0002_relay_indexes.sql"),
     },
     Migration {
+        version: 3,
+        description: "inbox_key_order",
+        sql: include_str!("../migrations/0003_inbox_key_order.sql"),
+    },
+    Migration {
         version: 4,
         description: "operator_tooling",
         sql: include_str!("../migrations/0004_operator_tooling.sql"),

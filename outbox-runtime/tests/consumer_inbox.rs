@@ -176,3 +176,72 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
         0
     );
 }
+
+test_event!(InboxOrdered, "consumer-test.inbox.ordered", "InboxOrdered");
+
+/// Records the key and the per-key sequence number (the amount), slowly, so
+/// that processors overlap.
+#[event_handler]
+async fn on_inbox_ordered(
+    tx: &mut Transaction<'_, Postgres>,
+    event: InboxOrdered,
+) -> Result<(), sqlx::Error> {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .bind(event.order_id.to_string())
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+}
+
+#[sqlx::test(migrations = false)]
+async fn parallel_processors_keep_per_key_order(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(InboxOrdered::TOPIC, 1).await;
+    let group = unique_group("inbox-ordered");
+    start_group_at(&group, InboxOrdered::TOPIC, 1, true).await;
+    let producer = producer();
+    let keys: Vec<uuid::Uuid> = (0..5).map(|_| uuid::Uuid::new_v4()).collect();
+    // 30 events per key, interleaved, numbered per key.
+    for sequence in 0..30 {
+        for key in &keys {
+            let event = InboxOrdered {
+                event_id: uuid::Uuid::new_v4(),
+                order_id: *key,
+                amount: sequence,
+            };
+            produce_event(&producer, &event).await;
+        }
+    }
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_inbox_ordered)
+        .mode(Mode::Inbox)
+        .processors(4)
+        .processor_batch_size(3)
+        .processor_poll_interval(Duration::from_millis(5))
+        .build()
+        .unwrap()
+        .spawn();
+    wait_until("all rows processed", Duration::from_secs(30), || async {
+        count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 150
+    })
+    .await;
+    running.shutdown().await.unwrap();
+
+    let applied: Vec<(String, i64)> =
+        sqlx::query_as("SELECT note, amount FROM effect ORDER BY at, amount")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(applied.len(), 150);
+    for key in &keys {
+        let sequence: Vec<i64> = applied
+            .iter()
+            .filter(|(note, _)| *note == key.to_string())
+            .map(|(_, amount)| *amount)
+            .collect();
+        assert_eq!(sequence, (0..30).collect::<Vec<_>>(), "order of key {key}");
+    }
+}

@@ -4,7 +4,9 @@
 //! Storing is one multi-row `INSERT .. ON CONFLICT (event_id) DO NOTHING` per
 //! batch; offsets are stored only after it commits. A processor claims due rows
 //! `FOR UPDATE SKIP LOCKED` (so several run side by side without waiting on each
-//! other), runs their handlers and marks them processed in one transaction. If a
+//! other), oldest first and only the oldest pending row of each key (per-key
+//! order holds across processors), runs their handlers and marks them
+//! processed in one transaction. If a
 //! handler fails, that transaction rolls back and the claimed rows are handled
 //! one per transaction, so only the failing row records the failure: its
 //! `attempts` grows, `next_attempt_at` backs off, and after the last attempt it
@@ -232,9 +234,17 @@ async fn park(
 async fn claim_batch(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
     let limit = ctx.settings.processor_batch_size;
     let mut tx = ctx.pool.begin().await?;
+    // Only the oldest pending row of each key is claimable: a later row of the
+    // key waits until the earlier one is processed or parked (a row backing off
+    // for a retry holds its key back), so processors running side by side
+    // keep per-key order. Messages without a key have no order to keep.
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM inbox_event WHERE {DUE_ROWS}
-         ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED"
+        "SELECT {COLUMNS} FROM inbox_event i WHERE {DUE_ROWS}
+           AND NOT EXISTS (
+               SELECT 1 FROM inbox_event e
+               WHERE e.topic = i.topic AND e.partition_key = i.partition_key AND e.seq < i.seq
+                 AND NOT e.processed AND e.parked_at IS NULL)
+         ORDER BY seq LIMIT $1 FOR UPDATE OF i SKIP LOCKED"
     )))
     .bind(limit as i64)
     .fetch_all(&mut *tx)
