@@ -212,7 +212,8 @@ async fn arbitrary_records_are_handled_or_dead_lettered_never_panic() {
         let route = consumer.__route(&to_kafka(&message, case as i64));
         let expected = oracle(&message);
         assert_eq!(
-            route, expected,
+            route,
+            expected,
             "seed {seed} case {case}: key {:?} value {:?} headers {:?}",
             message.key,
             message.value.as_deref().map(String::from_utf8_lossy),

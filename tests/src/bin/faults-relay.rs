@@ -20,6 +20,9 @@ async fn main() {
     kafka
         .set("bootstrap.servers", env::required(env::BROKERS))
         .set("linger.ms", "5");
+    if let Ok(debug) = std::env::var("FAULTS_KAFKA_DEBUG") {
+        kafka.set("debug", debug);
+    }
     let relay = Relay::builder(pool, kafka)
         .batch_size(env::get(env::BATCH, 100))
         .delivery_timeout(env::millis(env::DELIVERY_TIMEOUT_MS, 5_000))

@@ -61,10 +61,11 @@ async fn main() {
                 if roll_back {
                     // Logged first, in its own transaction, so the checker knows
                     // which event ids must never appear anywhere.
-                    let logged = sqlx::query("INSERT INTO intended_rollback (event_id) VALUES ($1)")
-                        .bind(cmd.event_id)
-                        .execute(&pool)
-                        .await;
+                    let logged =
+                        sqlx::query("INSERT INTO intended_rollback (event_id) VALUES ($1)")
+                            .bind(cmd.event_id)
+                            .execute(&pool)
+                            .await;
                     if logged.is_err() {
                         failed += 1;
                         tokio::time::sleep(Duration::from_millis(100)).await;

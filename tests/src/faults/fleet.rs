@@ -35,7 +35,9 @@ pub struct Member {
 
 impl Member {
     fn spawn(&mut self) {
-        let log = self.log_dir.join(format!("{}.{}.log", self.name, self.starts));
+        let log = self
+            .log_dir
+            .join(format!("{}.{}.log", self.name, self.starts));
         let stderr = File::create(&log).expect("log file");
         let stdout = stderr.try_clone().expect("log file");
         let mut command = Command::new(&self.binary);

@@ -22,7 +22,11 @@ pub const DLQ_TOPIC: &str = "faults.ledger.dlq";
 
 /// The event of one ledger command.
 #[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
-#[event(topic = "faults.ledger", event_type = "LedgerEntry", aggregate = "Ledger")]
+#[event(
+    topic = "faults.ledger",
+    event_type = "LedgerEntry",
+    aggregate = "Ledger"
+)]
 pub struct LedgerEntry {
     /// Unique id; receivers dedup on it.
     #[event_id]

@@ -64,7 +64,11 @@ pub fn poison_message(rng: &mut impl Rng) -> RawMessage {
             let values = ["[1,2,3]", "\"text\"", "42", "null", "true", "{", ""];
             Some(values.choose(rng).expect("non-empty").as_bytes().to_vec())
         }
-        2 => Some(serde_json::json!({ "key": "k0", "seq": 1 }).to_string().into_bytes()),
+        2 => Some(
+            serde_json::json!({ "key": "k0", "seq": 1 })
+                .to_string()
+                .into_bytes(),
+        ),
         3 => {
             let bad = [
                 serde_json::json!(random_text(rng, 20)),
@@ -73,7 +77,11 @@ pub fn poison_message(rng: &mut impl Rng) -> RawMessage {
                 serde_json::json!(format!("{id}x")),
             ];
             let event_id = bad.choose(rng).expect("non-empty").clone();
-            Some(serde_json::json!({ "event_id": event_id }).to_string().into_bytes())
+            Some(
+                serde_json::json!({ "event_id": event_id })
+                    .to_string()
+                    .into_bytes(),
+            )
         }
         4 => {
             // Right envelope, wrong body: `seq` is not a number, `key` missing.

@@ -273,10 +273,19 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect) {
         (env::BROKERS.to_owned(), brokers.clone()),
         (env::KEYS.to_owned(), scenario.keys.to_string()),
         (env::UNTIL_MS.to_owned(), until.to_string()),
-        (env::CONCURRENCY.to_owned(), scenario.writer_loops.to_string()),
+        (
+            env::CONCURRENCY.to_owned(),
+            scenario.writer_loops.to_string(),
+        ),
         (env::PAUSE_MS.to_owned(), scenario.pause_ms.to_string()),
-        (env::ROLLBACK_PERCENT.to_owned(), scenario.rollback_percent.to_string()),
-        (env::HOLD_PERCENT.to_owned(), scenario.hold_percent.to_string()),
+        (
+            env::ROLLBACK_PERCENT.to_owned(),
+            scenario.rollback_percent.to_string(),
+        ),
+        (
+            env::HOLD_PERCENT.to_owned(),
+            scenario.hold_percent.to_string(),
+        ),
         (env::HOLD_MS.to_owned(), scenario.hold_ms.to_string()),
         (env::BATCH.to_owned(), scenario.batch.to_string()),
     ];
@@ -350,7 +359,10 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect) {
         match scenario.fault {
             Fault::None => {}
             Fault::KillRelays { every } => {
-                let i = *fleet.of(Role::Relay).choose(&mut rand::rng()).expect("relays");
+                let i = *fleet
+                    .of(Role::Relay)
+                    .choose(&mut rand::rng())
+                    .expect("relays");
                 fleet.members[i].restart();
                 (faults, relay_crashes, last_fault, next_fault) =
                     (faults + 1, relay_crashes + 1, now, now + every);
@@ -364,7 +376,10 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect) {
                 (faults, last_fault, next_fault) = (faults + 1, now, now + every);
             }
             Fault::KillWriters { every } => {
-                let i = *fleet.of(Role::Writer).choose(&mut rand::rng()).expect("writers");
+                let i = *fleet
+                    .of(Role::Writer)
+                    .choose(&mut rand::rng())
+                    .expect("writers");
                 if fleet.members[i].alive() {
                     fleet.members[i].restart();
                     faults += 1;
@@ -455,12 +470,18 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect) {
     let mut figures = checker::check(&dbs.source, &dbs.receiver, &records, &dlq, &expect).await;
     figures.scenario = scenario.name.to_owned();
     figures.faults = faults;
-    figures.recovery = converged_at.map_or(scenario.settle_timeout, |at| at.saturating_duration_since(calm));
+    figures.recovery = converged_at.map_or(scenario.settle_timeout, |at| {
+        at.saturating_duration_since(calm)
+    });
     figures.crashes = relay_crashes
         + u32::from(broker_lost_before.is_some())
         + u32::from(matches!(scenario.fault, Fault::PostgresRestart { .. }));
     figures.converged = converged_at.is_some();
-    println!("{figures}[faults] {}: logs in {}", scenario.name, logs.display());
+    println!(
+        "{figures}[faults] {}: logs in {}",
+        scenario.name,
+        logs.display()
+    );
     drop(broker);
     if figures.converged {
         dbs.drop_all().await;

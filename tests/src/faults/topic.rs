@@ -79,11 +79,21 @@ fn read_blocking(brokers: &str, topic: &str) -> Vec<Record> {
     consumer.assign(&assignment).expect("assign");
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut records = Vec::new();
-    while !remaining.is_empty() {
+    // After the watermarks are reached, keep reading until the topic is quiet
+    // for a while: a broker may report a watermark below what it serves.
+    let mut quiet_since: Option<Instant> = None;
+    loop {
         assert!(Instant::now() < deadline, "reading {topic} timed out");
+        if remaining.is_empty() {
+            let since = *quiet_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_millis(1500) {
+                break;
+            }
+        }
         let Some(message) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };
+        quiet_since = None;
         let message = message.expect("read record");
         let headers = message
             .headers()
