@@ -33,8 +33,7 @@ fn scaled(short_ms: u64) -> Duration {
 }
 
 async fn run_and_check(scenario: Scenario) {
-    let (figures, expect) = scenario::run(&scenario, &BINARIES).await;
-    figures.assert_sound(&expect, scenario.batch);
+    scenario::run_and_check(&scenario, &BINARIES).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,7 +121,28 @@ async fn inbox_mode_keeps_per_key_order() {
     s.dedup_consumers = 0;
     s.inbox_consumers = 1;
     s.relays = 1;
-    let (figures, _) = scenario::run(&s, &BINARIES).await;
+    let (figures, _, leftovers) = scenario::run(&s, &BINARIES).await;
     let inbox = &figures.groups[0];
     assert_eq!(inbox.order_violations, 0, "{figures}");
+    leftovers.remove().await;
+}
+
+/// BUG (reported, not fixed here): one message with a NUL byte in its key or
+/// in a UTF-8 header value (or a `\u0000` in a JSON string) wedges an
+/// inbox-mode consumer for good. PostgreSQL `text` / `jsonb` reject NUL, the
+/// batch `INSERT INTO inbox_event` fails with SQLSTATE 22021 / 22P05, and the
+/// consumer takes that for a database outage: it retries the same batch
+/// forever and never stores an offset again. Dedup mode is not affected.
+/// Remove the `ignore` when fixed (e.g. on a data exception, insert the
+/// batch row by row and dead-letter the rows PostgreSQL refuses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: a NUL byte wedges the inbox consumer (see RELIABILITY.md)"]
+async fn inbox_consumer_survives_nul_bytes() {
+    let mut s = Scenario::new("inbox_nul", Duration::from_secs(5));
+    s.dedup_consumers = 0;
+    s.inbox_consumers = 1;
+    s.poison_inbound = 5;
+    s.poison_nul = true;
+    s.settle_timeout = Duration::from_secs(30);
+    run_and_check(s).await;
 }

@@ -289,6 +289,18 @@ pub async fn check(
             "[faults-debug] records={} shared offsets={shared}",
             topic.len()
         );
+        let mut copies: HashMap<Uuid, Vec<(i32, i64)>> = HashMap::new();
+        for r in topic {
+            if let Some(id) = r.event_id() {
+                copies.entry(id).or_default().push((r.partition, r.offset));
+            }
+        }
+        for (id, at) in copies.iter().filter(|(_, at)| at.len() > 1) {
+            eprintln!(
+                "[faults-debug] duplicate {id} {:?} at {at:?}",
+                committed.get(id)
+            );
+        }
         for id in required.iter().filter(|id| !seen.contains_key(id)) {
             let published = outbox
                 .iter()

@@ -128,6 +128,34 @@ pub fn poison_message(rng: &mut impl Rng) -> RawMessage {
     }
 }
 
+/// `message` with every NUL removed: 0 bytes in the key, header names and
+/// values and the value become 1, and JSON `\u0000` escapes become `\u0001`.
+///
+/// PostgreSQL `text` and `jsonb` cannot hold NUL, and the inbox consumer
+/// currently wedges on a message that carries one (see `RELIABILITY.md`,
+/// "known bugs"); the scenarios use this so that they test everything else,
+/// and `inbox_consumer_survives_nul_bytes` shows the bug on its own.
+pub fn without_nul(mut message: RawMessage) -> RawMessage {
+    let clean = |bytes: &mut Vec<u8>| bytes.iter_mut().filter(|b| **b == 0).for_each(|b| *b = 1);
+    if let Some(key) = &mut message.key {
+        clean(key);
+    }
+    for (name, value) in &mut message.headers {
+        *name = name.replace('\0', "\u{1}");
+        if let Some(value) = value {
+            clean(value);
+        }
+    }
+    if let Some(value) = &mut message.value {
+        clean(value);
+        let text = String::from_utf8_lossy(value);
+        if text.contains("\\u0000") {
+            *value = text.replace("\\u0000", "\\u0001").into_bytes();
+        }
+    }
+    message
+}
+
 /// Inserts `count` outbox rows the broker refuses (2 MiB payloads, above the
 /// producer's `message.max.bytes`), keyed `poison-<n>`, as a service with a
 /// bug would. Returns their event ids.

@@ -96,6 +96,9 @@ pub struct Scenario {
     pub poison_inbound: usize,
     /// Poison outbox rows inserted during the load.
     pub poison_outbox: usize,
+    /// Make the first poison message carry NUL bytes (see
+    /// [`poison::without_nul`]); the others never do.
+    pub poison_nul: bool,
     /// Longest wait for convergence after the load.
     pub settle_timeout: Duration,
 }
@@ -122,6 +125,7 @@ impl Scenario {
             fault: Fault::None,
             poison_inbound: 0,
             poison_outbox: 0,
+            poison_nul: false,
             settle_timeout: Duration::from_secs(90),
         }
     }
@@ -158,15 +162,28 @@ fn log_dir(name: &str) -> PathBuf {
     ))
 }
 
-async fn produce_poison(brokers: &str, count: usize) {
+async fn produce_poison(brokers: &str, count: usize, nul: bool) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("message.timeout.ms", "30000")
         .create()
         .expect("poison producer");
-    let messages: Vec<_> = (0..count)
-        .map(|_| poison::poison_message(&mut rand::rng()))
+    let mut messages: Vec<_> = (0..count)
+        .map(|_| poison::without_nul(poison::poison_message(&mut rand::rng())))
         .collect();
+    if nul {
+        // A valid envelope of the handled type (so the inbox stores it) whose
+        // key and a header value hold a NUL; its body does not fit `LedgerEntry`.
+        messages[0] = poison::RawMessage {
+            key: Some(b"nul\0key".to_vec()),
+            value: Some(
+                serde_json::json!({ "event_id": uuid::Uuid::new_v4().to_string() })
+                    .to_string()
+                    .into_bytes(),
+            ),
+            headers: vec![("note".into(), Some(b"a\0b".to_vec()))],
+        };
+    }
     let mut pending = Vec::new();
     for (n, message) in messages.iter().enumerate() {
         let tag = n.to_string();
@@ -256,12 +273,13 @@ fn restart_postgres() {
     assert!(status.success(), "pg_ctlcluster restart failed");
 }
 
-/// Runs `scenario`, prints its figures and returns them with what it expected.
+/// Runs `scenario`, prints its figures and returns them with what it
+/// expected and what it left behind.
 ///
 /// # Panics
 /// If the services are missing or the harness itself fails; invariants are
 /// checked by the caller with [`Figures::assert_sound`].
-pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect) {
+pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Leftovers) {
     let dbs = Databases::create(scenario.name, scenario.keys).await;
     let mut broker = Broker::start(scenario.partitions).await;
     let brokers = broker.address();
@@ -346,7 +364,7 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect) {
         if !poison_done && now >= started + scenario.load / 3 {
             poison_done = true;
             poison::insert_poison_rows(&dbs.source, scenario.poison_outbox, 0).await;
-            produce_poison(&brokers, scenario.poison_inbound).await;
+            produce_poison(&brokers, scenario.poison_inbound, scenario.poison_nul).await;
         }
         let revived = fleet.revive() as u32;
         faults += revived;
@@ -483,9 +501,30 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect) {
         logs.display()
     );
     drop(broker);
-    if figures.converged {
-        dbs.drop_all().await;
-        let _ = std::fs::remove_dir_all(&logs);
+    (figures, expect, Leftovers { dbs, logs })
+}
+
+/// The databases and process logs of a finished scenario: kept for a look
+/// when it failed, removed by [`Leftovers::remove`] when it passed.
+#[derive(Debug)]
+pub struct Leftovers {
+    dbs: Databases,
+    logs: PathBuf,
+}
+
+impl Leftovers {
+    /// Drops the databases and deletes the logs.
+    pub async fn remove(self) {
+        self.dbs.drop_all().await;
+        let _ = std::fs::remove_dir_all(&self.logs);
     }
-    (figures, expect)
+}
+
+/// Runs `scenario`, asserts every invariant ([`Figures::assert_sound`]) and
+/// cleans up; on failure the databases and logs are left for inspection.
+pub async fn run_and_check(scenario: &Scenario, bins: &Binaries) -> Figures {
+    let (figures, expect, leftovers) = run(scenario, bins).await;
+    figures.assert_sound(&expect, scenario.batch);
+    leftovers.remove().await;
+    figures
 }
