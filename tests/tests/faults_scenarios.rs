@@ -62,6 +62,7 @@ async fn consumer_kill9_between_db_commit_and_offset_commit() {
 async fn broker_outage_and_restart() {
     let outage = if scenario::long_mode() { 20 } else { 4 };
     let mut s = Scenario::new("broker_outage", load() + Duration::from_secs(outage));
+    s.delivery_timeout = Duration::from_secs(5);
     s.fault = Fault::BrokerOutage {
         after: load() / 3,
         outage: Duration::from_secs(outage),

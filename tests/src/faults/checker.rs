@@ -53,6 +53,8 @@ pub struct GroupFigures {
     pub lost_by_broker: usize,
     /// Poison messages dead-lettered (or, inbox mode, parked) by this group.
     pub poison_set_aside: usize,
+    /// Workload events this group dead-lettered (must be 0).
+    pub dead_lettered_events: usize,
 }
 
 /// The figures of a scenario.
@@ -135,7 +137,8 @@ impl fmt::Display for Figures {
             writeln!(
                 f,
                 "[faults] {}: group {} ({}): applied={} applied_twice={} missing={} phantoms={} \
-                 order_violations={} lost_by_broker={} poison_set_aside={}",
+                 order_violations={} lost_by_broker={} poison_set_aside={} \
+                 dead_lettered_events={}",
                 self.scenario,
                 g.group,
                 if g.inbox { "inbox" } else { "dedup" },
@@ -145,7 +148,8 @@ impl fmt::Display for Figures {
                 g.phantoms,
                 g.order_violations,
                 g.lost_by_broker,
-                g.poison_set_aside
+                g.poison_set_aside,
+                g.dead_lettered_events
             )?;
         }
         Ok(())
@@ -356,6 +360,19 @@ pub async fn check(
             .iter()
             .filter(|id| !applied.contains_key(id))
             .count();
+        if std::env::var_os("FAULTS_DEBUG").is_some() {
+            for id in must_apply.iter().filter(|id| !applied.contains_key(id)) {
+                let at: Vec<(i32, i64)> = topic
+                    .iter()
+                    .filter(|r| r.event_id() == Some(*id))
+                    .map(|r| (r.partition, r.offset))
+                    .collect();
+                eprintln!(
+                    "[faults-debug] {group}: never applied {id} {:?} on the topic at {at:?}",
+                    committed.get(id)
+                );
+            }
+        }
         g.lost_by_broker = committed
             .keys()
             .filter(|id| !must_apply.contains(id) && !applied.contains_key(id))
@@ -375,6 +392,11 @@ pub async fn check(
                     .count()
             }
         };
+        g.dead_lettered_events = dlq
+            .iter()
+            .filter(|r| r.header("dlq_consumer_group") == Some(group.as_str()))
+            .filter(|r| r.header(POISON_HEADER).is_none())
+            .count();
         let mut set_aside: HashSet<String> = dlq
             .iter()
             .filter(|r| r.header("dlq_consumer_group") == Some(group.as_str()))
@@ -434,7 +456,11 @@ impl Figures {
             fail("a poison outbox row reached the topic");
         }
         for g in &self.groups {
-            if g.applied_twice != 0 || g.missing != 0 || g.phantoms != 0 {
+            if g.applied_twice != 0
+                || g.missing != 0
+                || g.phantoms != 0
+                || g.dead_lettered_events != 0
+            {
                 fail("an effect is missing, doubled or phantom");
             }
             // Inbox mode does not keep per-key order (processors claim by

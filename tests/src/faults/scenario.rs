@@ -78,6 +78,10 @@ pub struct Scenario {
     pub relays: usize,
     /// Relay batch size.
     pub batch: usize,
+    /// Relay delivery timeout. Default 30 s (the relay's default); short
+    /// only where an outage is the point, since under overload a timed-out
+    /// delivery may still have been written, and is then published again.
+    pub delivery_timeout: Duration,
     /// Dedup-mode consumer processes (group `dedup`).
     pub dedup_consumers: usize,
     /// Inbox-mode consumer processes (group `inbox`).
@@ -116,6 +120,7 @@ impl Scenario {
             partitions: 4,
             relays: 2,
             batch: 50,
+            delivery_timeout: Duration::from_secs(30),
             dedup_consumers: 1,
             inbox_consumers: 1,
             load,
@@ -306,6 +311,10 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         ),
         (env::HOLD_MS.to_owned(), scenario.hold_ms.to_string()),
         (env::BATCH.to_owned(), scenario.batch.to_string()),
+        (
+            env::DELIVERY_TIMEOUT_MS.to_owned(),
+            scenario.delivery_timeout.as_millis().to_string(),
+        ),
     ];
     let logs = log_dir(scenario.name);
     let mut fleet = Fleet::new(logs.clone(), common);
