@@ -56,6 +56,7 @@ mod dlq;
 mod handler;
 mod inbox;
 mod message;
+mod route;
 mod run;
 
 pub use config::{ConsumerBuilder, Mode, UnknownEventPolicy};
@@ -66,6 +67,8 @@ pub use dlq::{
 pub use handler::{EventHandler, EventMeta, HandlerError};
 pub use message::DeadLetterReason;
 pub use outbox_derive::event_handler;
+#[doc(hidden)]
+pub use route::Route;
 pub use run::{Consumer, ConsumerHandle};
 
 /// Names of the metrics the consumer records (through the `metrics` facade).

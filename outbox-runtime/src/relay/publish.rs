@@ -59,6 +59,16 @@ impl Publisher {
         Ok(Some(format!("{code:?}: {reason}")))
     }
 
+    /// Replaces the producer by a new one (fresh producer id). After a broker
+    /// lost its producer state (restarted empty, topic recreated) librdkafka
+    /// answers `UNKNOWN_PRODUCER_ID` by bumping the epoch locally, which such
+    /// a broker keeps refusing: every message times out, for ever, and no
+    /// fatal error is raised. Only a new producer (`InitProducerId`) gets out.
+    pub(crate) fn rebuild(&mut self) -> Result<(), KafkaError> {
+        self.producer = self.config.create()?;
+        Ok(())
+    }
+
     /// Enqueues every row (in order), then awaits all delivery reports.
     pub(crate) async fn publish(&self, rows: &[ClaimedRow]) -> Vec<Outcome> {
         let deadline = Instant::now() + self.delivery_timeout;

@@ -80,6 +80,21 @@ impl Worker {
             match self.batch().await {
                 Ok(report) if report.outage => {
                     failures += 1;
+                    // Two whole batches timed out: the producer may be wedged
+                    // rather than the broker down (see `Publisher::rebuild`);
+                    // every delivery report is in, so a new one loses nothing.
+                    if failures >= 2 {
+                        match self.publisher.rebuild() {
+                            Ok(()) => tracing::warn!(
+                                failures,
+                                "outbox relay rebuilt its producer after batches that all timed out"
+                            ),
+                            Err(error) => {
+                                tracing::error!(%error, "outbox relay could not rebuild its producer");
+                                self.count_error("fatal_producer");
+                            }
+                        }
+                    }
                     self.pause(error_delay(&self.config, failures)).await;
                 }
                 Ok(report) => {

@@ -1,0 +1,82 @@
+//! Fault-injection consumer: an `outbox_runtime::consumer::Consumer` in dedup
+//! or inbox mode applying one `effect` row per `LedgerEntry` in the receiver
+//! database. Unknown event types are dead-lettered, so every poison message
+//! ends on the dead-letter topic. Stops gracefully on SIGTERM.
+//!
+//! Crash hook (`FAULTS_CRASH_AFTER_EFFECTS=n`): offsets are not auto-committed
+//! in this process's lifetime (commit interval of an hour), and a watcher
+//! kills the process with SIGKILL as soon as `n` of its effects are committed
+//! in the database: a crash between the database commit and the offset
+//! commit, every time. Its successor is redelivered all of those messages.
+
+use std::time::Duration;
+
+use outbox_runtime::consumer::{Consumer, Mode, UnknownEventPolicy};
+use outbox_tests::faults::env;
+use outbox_tests::faults::model::{EFFECT_GROUP, PROCESS_TAG, apply_entry};
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    env::init_logging();
+    let group = env::required(env::GROUP);
+    let tag = Uuid::new_v4().to_string();
+    EFFECT_GROUP.set(group.clone()).expect("set once");
+    PROCESS_TAG.set(tag.clone()).expect("set once");
+    let mode = match env::required(env::MODE).as_str() {
+        "dedup" => Mode::Dedup,
+        "inbox" => Mode::Inbox,
+        other => panic!("FAULTS_MODE must be dedup or inbox, not {other}"),
+    };
+    let crash_after: i64 = env::get(env::CRASH_AFTER_EFFECTS, 0);
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy(&env::required(env::RECEIVER_URL))
+        .expect("valid database url");
+    let mut kafka = rdkafka::ClientConfig::new();
+    kafka
+        .set("bootstrap.servers", env::required(env::BROKERS))
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500");
+    if crash_after > 0 {
+        kafka.set("auto.commit.interval.ms", "3600000");
+    }
+    let consumer = Consumer::builder(pool.clone(), kafka, group)
+        .handler(apply_entry)
+        .mode(mode)
+        .unknown_events(UnknownEventPolicy::DeadLetter)
+        .max_attempts(3)
+        .backoff(Duration::from_millis(50), Duration::from_secs(1))
+        .batch_size(200)
+        .processor_poll_interval(Duration::from_millis(100))
+        .build()
+        .expect("consumer builds");
+    let running = consumer.spawn();
+    if crash_after > 0 {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let applied: Result<i64, _> =
+                    sqlx::query_scalar("SELECT count(*) FROM effect WHERE process = $1")
+                        .bind(&tag)
+                        .fetch_one(&pool)
+                        .await;
+                if applied.is_ok_and(|n| n >= crash_after) {
+                    let pid = std::process::id().to_string();
+                    let _ = std::process::Command::new("kill")
+                        .args(["-9", &pid])
+                        .status();
+                }
+            }
+        });
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    term.recv().await;
+    if let Err(error) = running.shutdown().await {
+        eprintln!("consumer stopped with an error: {error}");
+        std::process::exit(1);
+    }
+}

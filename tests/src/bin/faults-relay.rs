@@ -1,0 +1,46 @@
+//! Fault-injection relay: one `outbox_runtime::relay::Relay` over the source
+//! database, tuned for fast fault recovery (short poll, rebalance and retry
+//! intervals; few attempts before parking). Stops gracefully on SIGTERM.
+
+use std::time::Duration;
+
+use outbox_runtime::relay::Relay;
+use outbox_tests::faults::env;
+use sqlx::postgres::PgPoolOptions;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    env::init_logging();
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy(&env::required(env::SOURCE_URL))
+        .expect("valid database url");
+    let mut kafka = rdkafka::ClientConfig::new();
+    kafka
+        .set("bootstrap.servers", env::required(env::BROKERS))
+        .set("linger.ms", "5");
+    if let Ok(debug) = std::env::var("FAULTS_KAFKA_DEBUG") {
+        kafka.set("debug", debug);
+    }
+    let relay = Relay::builder(pool, kafka)
+        .batch_size(env::get(env::BATCH, 100))
+        .delivery_timeout(env::millis(env::DELIVERY_TIMEOUT_MS, 5_000))
+        .poll_interval(Duration::from_millis(50))
+        .rebalance_interval(Duration::from_millis(300))
+        .max_attempts(3)
+        .retry_backoff_initial(Duration::from_millis(50))
+        .retry_backoff_max(Duration::from_millis(500))
+        .error_backoff_max(Duration::from_secs(1))
+        .shutdown_timeout(Duration::from_secs(10))
+        .spawn()
+        .expect("relay starts");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    term.recv().await;
+    let summary = relay.shutdown().await;
+    println!(
+        "relay: published={} parked={} batches={} errors={} clean={}",
+        summary.published, summary.parked, summary.batches, summary.errors, summary.clean
+    );
+}

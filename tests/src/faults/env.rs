@@ -1,0 +1,74 @@
+//! Settings of the harness processes, passed as environment variables.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Source database URL (writers, relays).
+pub const SOURCE_URL: &str = "FAULTS_SOURCE_URL";
+/// Receiver database URL (consumers).
+pub const RECEIVER_URL: &str = "FAULTS_RECEIVER_URL";
+/// Broker address.
+pub const BROKERS: &str = "FAULTS_BROKERS";
+/// Writer number.
+pub const WRITER: &str = "FAULTS_WRITER";
+/// Number of keys.
+pub const KEYS: &str = "FAULTS_KEYS";
+/// Writers stop at this Unix time, in milliseconds.
+pub const UNTIL_MS: &str = "FAULTS_UNTIL_MS";
+/// Concurrent command loops per writer.
+pub const CONCURRENCY: &str = "FAULTS_CONCURRENCY";
+/// Pause between two commands of one loop, in milliseconds.
+pub const PAUSE_MS: &str = "FAULTS_PAUSE_MS";
+/// Percentage of commands that roll back after recording their event.
+pub const ROLLBACK_PERCENT: &str = "FAULTS_ROLLBACK_PERCENT";
+/// Percentage of commands that sleep inside their transaction.
+pub const HOLD_PERCENT: &str = "FAULTS_HOLD_PERCENT";
+/// How long those commands sleep, in milliseconds.
+pub const HOLD_MS: &str = "FAULTS_HOLD_MS";
+/// Relay batch size.
+pub const BATCH: &str = "FAULTS_BATCH";
+/// Relay delivery timeout, in milliseconds.
+pub const DELIVERY_TIMEOUT_MS: &str = "FAULTS_DELIVERY_TIMEOUT_MS";
+/// Consumer group.
+pub const GROUP: &str = "FAULTS_GROUP";
+/// Consumer mode: `dedup` or `inbox`.
+pub const MODE: &str = "FAULTS_MODE";
+/// Consumer crash hook: kill itself with SIGKILL right after this many of its
+/// effects committed (0: never). Offsets are then never committed before the kill.
+pub const CRASH_AFTER_EFFECTS: &str = "FAULTS_CRASH_AFTER_EFFECTS";
+
+/// The variable `name` parsed, or `default` if unset.
+///
+/// # Panics
+/// If the variable is set but does not parse: a harness bug.
+pub fn get<T: FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value:?} does not parse")),
+        Err(_) => default,
+    }
+}
+
+/// The variable `name`.
+///
+/// # Panics
+/// If it is unset: the harness always sets it.
+pub fn required(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set"))
+}
+
+/// A duration given in milliseconds.
+pub fn millis(name: &str, default_ms: u64) -> Duration {
+    Duration::from_millis(get(name, default_ms))
+}
+
+/// Initializes logging to stderr (the harness redirects it to a file).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FAULTS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

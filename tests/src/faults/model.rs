@@ -1,0 +1,187 @@
+//! The workload: a ledger command recording one keyed, sequenced event, and
+//! the receiver's effect handler.
+//!
+//! Each command takes the next sequence number of its key from `key_seq`
+//! (`UPDATE .. RETURNING`), whose row lock serializes the commands of one key
+//! until they commit; so per key, sequence order is commit order and outbox id
+//! order, and the committed sequence numbers of a key are gapless (a rolled
+//! back command gives its number back). The checker relies on both.
+
+use outbox_core::{DomainEvent, Events, outbox_handler};
+use outbox_runtime::consumer::event_handler;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+/// The topic of the workload. Every scenario runs its own broker, so a fixed
+/// name does not collide across tests.
+pub const TOPIC: &str = "faults.ledger";
+/// The dead-letter topic of the consumers (default `.dlq` suffix).
+pub const DLQ_TOPIC: &str = "faults.ledger.dlq";
+
+/// The event of one ledger command.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
+#[event(
+    topic = "faults.ledger",
+    event_type = "LedgerEntry",
+    aggregate = "Ledger"
+)]
+pub struct LedgerEntry {
+    /// Unique id; receivers dedup on it.
+    #[event_id]
+    pub event_id: Uuid,
+    /// One of the scenario's keys (partition key).
+    #[partition_key]
+    #[aggregate_id]
+    pub key: String,
+    /// 1, 2, 3... per key, in commit order.
+    pub seq: i64,
+    /// The writer process that ran the command.
+    pub writer: i32,
+}
+
+/// One command of a writer.
+#[derive(Debug, Clone)]
+pub struct PostEntry {
+    /// The event id, chosen by the writer so a rolled-back command can be logged.
+    pub event_id: Uuid,
+    /// The key.
+    pub key: String,
+    /// The writer's number.
+    pub writer: i32,
+    /// Sleep this long inside the transaction, after the writes (a window for
+    /// killing the writer mid-transaction). Zero for none.
+    pub hold_ms: u32,
+    /// Record the event, then fail: the whole command must roll back.
+    pub roll_back: bool,
+}
+
+/// Errors of the ledger command.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The framework's write path failed.
+    #[error(transparent)]
+    Outbox(#[from] outbox_core::Error),
+    /// A statement of the command failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The command chose to fail after recording its event.
+    #[error("deliberate rollback")]
+    Deliberate,
+}
+
+/// Inserts a ledger row with the key's next sequence number and records its event.
+#[outbox_handler]
+pub async fn post_entry(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &mut Events,
+    cmd: PostEntry,
+) -> Result<i64, LedgerError> {
+    let seq: i64 =
+        sqlx::query_scalar("UPDATE key_seq SET seq = seq + 1 WHERE key = $1 RETURNING seq")
+            .bind(&cmd.key)
+            .fetch_one(&mut **tx)
+            .await?;
+    sqlx::query("INSERT INTO ledger (event_id, key, seq, writer) VALUES ($1, $2, $3, $4)")
+        .bind(cmd.event_id)
+        .bind(&cmd.key)
+        .bind(seq)
+        .bind(cmd.writer)
+        .execute(&mut **tx)
+        .await?;
+    events.record(LedgerEntry {
+        event_id: cmd.event_id,
+        key: cmd.key,
+        seq,
+        writer: cmd.writer,
+    });
+    if cmd.hold_ms > 0 {
+        sqlx::query("SELECT pg_sleep($1)")
+            .bind(f64::from(cmd.hold_ms) / 1000.0)
+            .execute(&mut **tx)
+            .await?;
+    }
+    if cmd.roll_back {
+        return Err(LedgerError::Deliberate);
+    }
+    Ok(seq)
+}
+
+/// The consumer group the effects of this process are recorded under (set
+/// once by the consumer binary).
+pub static EFFECT_GROUP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// A tag unique to this consumer process (set once by the consumer binary),
+/// so its crash hook can count the effects it committed.
+pub static PROCESS_TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Applies an event on the receiver: one `effect` row, in the consumer's
+/// transaction. No unique constraint on purpose: a second application would
+/// show as a second row instead of failing.
+#[event_handler]
+pub async fn apply_entry(
+    tx: &mut Transaction<'_, Postgres>,
+    event: LedgerEntry,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO effect (consumer_group, process, event_id, key, seq)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(EFFECT_GROUP.get().map_or("", String::as_str))
+    .bind(PROCESS_TAG.get().map_or("", String::as_str))
+    .bind(event.event_id)
+    .bind(&event.key)
+    .bind(event.seq)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Creates the source database's tables: the framework's and the workload's.
+pub async fn migrate_source(pool: &PgPool, keys: usize) -> sqlx::Result<()> {
+    outbox_runtime::migrations::run(pool)
+        .await
+        .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS key_seq (key text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0);
+         CREATE TABLE IF NOT EXISTS ledger (
+             event_id uuid PRIMARY KEY, key text NOT NULL, seq bigint NOT NULL,
+             writer int NOT NULL, committed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+             UNIQUE (key, seq));
+         CREATE TABLE IF NOT EXISTS intended_rollback (event_id uuid PRIMARY KEY);",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO key_seq (key) SELECT 'k' || n FROM generate_series(0, $1 - 1) AS n
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(keys as i64)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Creates the receiver database's tables.
+pub async fn migrate_receiver(pool: &PgPool) -> sqlx::Result<()> {
+    outbox_runtime::migrations::run(pool)
+        .await
+        .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS effect (
+             id bigserial PRIMARY KEY, consumer_group text NOT NULL, process text NOT NULL,
+             event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
+         CREATE INDEX IF NOT EXISTS effect_event ON effect (event_id);
+         CREATE INDEX IF NOT EXISTS effect_process ON effect (process);",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The key name of key number `n`.
+pub fn key_name(n: usize) -> String {
+    format!("k{n}")
+}

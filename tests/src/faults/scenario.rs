@@ -1,0 +1,539 @@
+//! Running one scenario: start the processes, inject its faults under load,
+//! wait until the system converged, stop everything, check.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+use rand::seq::IndexedRandom;
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use super::broker::Broker;
+use super::checker::{self, Expect, Figures};
+use super::db::Databases;
+use super::env;
+use super::fleet::{Fleet, Role};
+use super::model::{DLQ_TOPIC, TOPIC};
+use super::poison::{self, POISON_HEADER};
+use super::topic;
+
+/// The fault a scenario injects while the writers run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fault {
+    /// None: processes compete, nothing crashes.
+    None,
+    /// `kill -9` a random relay every `every`, restarting it at once.
+    KillRelays {
+        /// Interval between kills.
+        every: Duration,
+    },
+    /// Consumers kill themselves right after `crash_after_effects` effects
+    /// committed (before any offset commit), and a random one is also killed
+    /// from outside every `every`.
+    KillConsumers {
+        /// Interval between outside kills.
+        every: Duration,
+        /// The crash hook's threshold.
+        crash_after_effects: u32,
+    },
+    /// `kill -9` a random writer every `every` (writers sleep inside some
+    /// transactions, so kills land mid-transaction), restarting it.
+    KillWriters {
+        /// Interval between kills.
+        every: Duration,
+    },
+    /// Stop the broker `after` into the load for `outage`, then restart it
+    /// (empty: memory storage) and recreate the topics.
+    BrokerOutage {
+        /// When.
+        after: Duration,
+        /// How long.
+        outage: Duration,
+    },
+    /// Restart PostgreSQL `after` into the load (affects the whole machine).
+    PostgresRestart {
+        /// When.
+        after: Duration,
+    },
+}
+
+/// One scenario's shape.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Name (also in database names: lowercase, no spaces).
+    pub name: &'static str,
+    /// Writer processes.
+    pub writers: usize,
+    /// Command loops per writer.
+    pub writer_loops: usize,
+    /// Pause between commands of a loop, in milliseconds.
+    pub pause_ms: u64,
+    /// Keys.
+    pub keys: usize,
+    /// Partitions of the topic.
+    pub partitions: i32,
+    /// Relay processes.
+    pub relays: usize,
+    /// Relay batch size.
+    pub batch: usize,
+    /// Relay delivery timeout. Default 30 s (the relay's default); short
+    /// only where an outage is the point, since under overload a timed-out
+    /// delivery may still have been written, and is then published again.
+    pub delivery_timeout: Duration,
+    /// Dedup-mode consumer processes (group `dedup`).
+    pub dedup_consumers: usize,
+    /// Inbox-mode consumer processes (group `inbox`).
+    pub inbox_consumers: usize,
+    /// How long the writers write.
+    pub load: Duration,
+    /// Percentage of commands rolled back after recording their event.
+    pub rollback_percent: u32,
+    /// Percentage of commands that sleep `hold_ms` inside their transaction.
+    pub hold_percent: u32,
+    /// See `hold_percent`.
+    pub hold_ms: u32,
+    /// The fault.
+    pub fault: Fault,
+    /// Poison messages produced to the topic during the load.
+    pub poison_inbound: usize,
+    /// Poison outbox rows inserted during the load.
+    pub poison_outbox: usize,
+    /// Make the first poison message carry NUL bytes (see
+    /// [`poison::without_nul`]); the others never do.
+    pub poison_nul: bool,
+    /// Longest wait for convergence after the load.
+    pub settle_timeout: Duration,
+}
+
+impl Scenario {
+    /// A small default shape: 2 writers, 2 relays, one consumer per mode,
+    /// no fault; change what the scenario is about.
+    pub fn new(name: &'static str, load: Duration) -> Self {
+        Self {
+            name,
+            writers: 2,
+            writer_loops: 2,
+            pause_ms: 5,
+            keys: 16,
+            partitions: 4,
+            relays: 2,
+            batch: 50,
+            delivery_timeout: Duration::from_secs(30),
+            dedup_consumers: 1,
+            inbox_consumers: 1,
+            load,
+            rollback_percent: 5,
+            hold_percent: 0,
+            hold_ms: 200,
+            fault: Fault::None,
+            poison_inbound: 0,
+            poison_outbox: 0,
+            poison_nul: false,
+            settle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// Paths of the harness binaries. Cargo tells only integration tests where
+/// they are (`env!("CARGO_BIN_EXE_faults-writer")`...), so tests pass them in.
+#[derive(Debug, Clone, Copy)]
+pub struct Binaries {
+    /// `faults-writer`.
+    pub writer: &'static str,
+    /// `faults-relay`.
+    pub relay: &'static str,
+    /// `faults-consumer`.
+    pub consumer: &'static str,
+}
+
+/// Whether the long mode is on (`OUTBOX_FAULTS=long`).
+pub fn long_mode() -> bool {
+    std::env::var("OUTBOX_FAULTS").is_ok_and(|v| v == "long")
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+}
+
+fn log_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "outbox-faults-{name}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ))
+}
+
+async fn produce_poison(brokers: &str, count: usize, nul: bool) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("message.timeout.ms", "30000")
+        .create()
+        .expect("poison producer");
+    let mut messages: Vec<_> = (0..count)
+        .map(|_| poison::without_nul(poison::poison_message(&mut rand::rng())))
+        .collect();
+    if nul {
+        // A valid envelope of the handled type (so the inbox stores it) whose
+        // key and a header value hold a NUL; its body does not fit `LedgerEntry`.
+        messages[0] = poison::RawMessage {
+            key: Some(b"nul\0key".to_vec()),
+            value: Some(
+                serde_json::json!({ "event_id": uuid::Uuid::new_v4().to_string() })
+                    .to_string()
+                    .into_bytes(),
+            ),
+            headers: vec![("note".into(), Some(b"a\0b".to_vec()))],
+        };
+    }
+    let mut pending = Vec::new();
+    for (n, message) in messages.iter().enumerate() {
+        let tag = n.to_string();
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: POISON_HEADER,
+            value: Some(tag.as_str()),
+        });
+        for (key, value) in &message.headers {
+            headers = headers.insert(Header {
+                key: key.as_str(),
+                value: value.as_deref(),
+            });
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(TOPIC).headers(headers);
+        if let Some(key) = &message.key {
+            record = record.key(key.as_slice());
+        }
+        if let Some(value) = &message.value {
+            record = record.payload(value.as_slice());
+        }
+        pending.push(producer.send(record, Duration::from_secs(30)));
+    }
+    for delivery in pending {
+        delivery.await.expect("poison message delivered");
+    }
+}
+
+/// Counts what is still to do: unpublished healthy rows, poison rows not yet
+/// parked, and per group the committed events not yet applied.
+async fn backlog(dbs: &Databases, groups: &[(String, bool)], poison_rows: usize) -> (i64, i64) {
+    let source: Result<(i64, i64, i64), _> = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM outbox_event WHERE published_at IS NULL AND parked_at IS NULL),
+                (SELECT count(*) FROM outbox_event WHERE parked_at IS NOT NULL),
+                (SELECT count(*) FROM ledger)",
+    )
+    .fetch_one(&dbs.source)
+    .await;
+    let Ok((unpublished, parked, committed)) = source else {
+        return (i64::MAX, i64::MAX);
+    };
+    let mut unapplied = 0;
+    for (group, _) in groups {
+        let applied: Result<i64, _> = sqlx::query_scalar(
+            "SELECT count(DISTINCT event_id) FROM effect WHERE consumer_group = $1",
+        )
+        .bind(group)
+        .fetch_one(&dbs.receiver)
+        .await;
+        match applied {
+            Ok(applied) => unapplied += (committed - applied).max(0),
+            Err(_) => return (i64::MAX, i64::MAX),
+        }
+    }
+    (
+        unpublished + (poison_rows as i64 - parked).max(0),
+        unapplied,
+    )
+}
+
+async fn dlq_complete(brokers: &str, groups: &[(String, bool)], poison: usize) -> bool {
+    if poison == 0 {
+        return true;
+    }
+    let records = topic::read_all(brokers, DLQ_TOPIC).await;
+    groups.iter().filter(|(_, inbox)| !inbox).all(|(group, _)| {
+        records
+            .iter()
+            .filter(|r| r.header("dlq_consumer_group") == Some(group.as_str()))
+            .filter_map(|r| r.header(POISON_HEADER))
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            >= poison
+    })
+}
+
+fn restart_postgres() {
+    let versions = std::fs::read_dir("/etc/postgresql").expect("/etc/postgresql");
+    let version = versions
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .max()
+        .expect("a PostgreSQL version");
+    let status = std::process::Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", "restart"])
+        .status()
+        .expect("pg_ctlcluster");
+    assert!(status.success(), "pg_ctlcluster restart failed");
+}
+
+/// Runs `scenario`, prints its figures and returns them with what it
+/// expected and what it left behind.
+///
+/// # Panics
+/// If the services are missing or the harness itself fails; invariants are
+/// checked by the caller with [`Figures::assert_sound`].
+pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Leftovers) {
+    let dbs = Databases::create(scenario.name, scenario.keys).await;
+    let mut broker = Broker::start(scenario.partitions).await;
+    let brokers = broker.address();
+    let load_end = Instant::now() + scenario.load;
+    let until = unix_ms() + scenario.load.as_millis() as u64;
+    let common = vec![
+        (env::SOURCE_URL.to_owned(), dbs.source_url.clone()),
+        (env::RECEIVER_URL.to_owned(), dbs.receiver_url.clone()),
+        (env::BROKERS.to_owned(), brokers.clone()),
+        (env::KEYS.to_owned(), scenario.keys.to_string()),
+        (env::UNTIL_MS.to_owned(), until.to_string()),
+        (
+            env::CONCURRENCY.to_owned(),
+            scenario.writer_loops.to_string(),
+        ),
+        (env::PAUSE_MS.to_owned(), scenario.pause_ms.to_string()),
+        (
+            env::ROLLBACK_PERCENT.to_owned(),
+            scenario.rollback_percent.to_string(),
+        ),
+        (
+            env::HOLD_PERCENT.to_owned(),
+            scenario.hold_percent.to_string(),
+        ),
+        (env::HOLD_MS.to_owned(), scenario.hold_ms.to_string()),
+        (env::BATCH.to_owned(), scenario.batch.to_string()),
+        (
+            env::DELIVERY_TIMEOUT_MS.to_owned(),
+            scenario.delivery_timeout.as_millis().to_string(),
+        ),
+    ];
+    let logs = log_dir(scenario.name);
+    let mut fleet = Fleet::new(logs.clone(), common);
+    let crash_hook = match scenario.fault {
+        Fault::KillConsumers {
+            crash_after_effects,
+            ..
+        } => crash_after_effects,
+        _ => 0,
+    };
+    let mut groups = Vec::new();
+    for (mode, count) in [
+        ("dedup", scenario.dedup_consumers),
+        ("inbox", scenario.inbox_consumers),
+    ] {
+        for _ in 0..count {
+            fleet.start(
+                Role::Consumer,
+                bins.consumer,
+                &[
+                    (env::GROUP, mode.to_owned()),
+                    (env::MODE, mode.to_owned()),
+                    (env::CRASH_AFTER_EFFECTS, crash_hook.to_string()),
+                ],
+            );
+        }
+        if count > 0 {
+            groups.push((mode.to_owned(), mode == "inbox"));
+        }
+    }
+    for _ in 0..scenario.relays {
+        fleet.start(Role::Relay, bins.relay, &[]);
+    }
+    for _ in 0..scenario.writers {
+        fleet.start(Role::Writer, bins.writer, &[]);
+    }
+
+    // The load, with its faults.
+    let started = Instant::now();
+    let mut faults = 0u32;
+    let mut relay_crashes = 0u32;
+    let mut last_fault = started;
+    let mut next_fault = started
+        + match scenario.fault {
+            Fault::KillRelays { every }
+            | Fault::KillConsumers { every, .. }
+            | Fault::KillWriters { every } => every,
+            Fault::BrokerOutage { after, .. } | Fault::PostgresRestart { after } => after,
+            Fault::None => scenario.load * 2,
+        };
+    let mut broker_lost_before: Option<DateTime<Utc>> = None;
+    let mut poison_done = scenario.poison_inbound == 0 && scenario.poison_outbox == 0;
+    while Instant::now() < load_end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = Instant::now();
+        if !poison_done && now >= started + scenario.load / 3 {
+            poison_done = true;
+            poison::insert_poison_rows(&dbs.source, scenario.poison_outbox, 0).await;
+            produce_poison(&brokers, scenario.poison_inbound, scenario.poison_nul).await;
+        }
+        let revived = fleet.revive() as u32;
+        faults += revived;
+        if revived > 0 {
+            last_fault = now;
+        }
+        if now < next_fault {
+            continue;
+        }
+        match scenario.fault {
+            Fault::None => {}
+            Fault::KillRelays { every } => {
+                let i = *fleet
+                    .of(Role::Relay)
+                    .choose(&mut rand::rng())
+                    .expect("relays");
+                fleet.members[i].restart();
+                (faults, relay_crashes, last_fault, next_fault) =
+                    (faults + 1, relay_crashes + 1, now, now + every);
+            }
+            Fault::KillConsumers { every, .. } => {
+                let i = *fleet
+                    .of(Role::Consumer)
+                    .choose(&mut rand::rng())
+                    .expect("consumers");
+                fleet.members[i].restart();
+                (faults, last_fault, next_fault) = (faults + 1, now, now + every);
+            }
+            Fault::KillWriters { every } => {
+                let i = *fleet
+                    .of(Role::Writer)
+                    .choose(&mut rand::rng())
+                    .expect("writers");
+                if fleet.members[i].alive() {
+                    fleet.members[i].restart();
+                    faults += 1;
+                }
+                (last_fault, next_fault) = (now, now + every);
+            }
+            Fault::BrokerOutage { outage, .. } => {
+                broker.stop();
+                broker_lost_before = Some(Utc::now());
+                tokio::time::sleep(outage).await;
+                broker.restart().await;
+                (faults, last_fault) = (faults + 1, Instant::now());
+                next_fault = load_end + scenario.load * 2;
+            }
+            Fault::PostgresRestart { .. } => {
+                tokio::task::spawn_blocking(restart_postgres)
+                    .await
+                    .expect("restart");
+                (faults, last_fault) = (faults + 1, Instant::now());
+                next_fault = load_end + scenario.load * 2;
+            }
+        }
+    }
+
+    // Faults stop; the crash hook is switched off (one last restart each).
+    if crash_hook > 0 {
+        for i in fleet.of(Role::Consumer) {
+            fleet.members[i].set_env(env::CRASH_AFTER_EFFECTS, "0");
+            fleet.members[i].restart();
+            faults += 1;
+        }
+        last_fault = Instant::now();
+    }
+    for i in fleet.of(Role::Writer) {
+        let member = &mut fleet.members[i];
+        let name = member.name.clone();
+        assert!(
+            member.wait(Duration::from_secs(30)),
+            "writer {name} did not stop"
+        );
+    }
+    faults += fleet.revive() as u32;
+    let calm = last_fault.max(load_end);
+
+    // Convergence.
+    let deadline = Instant::now() + scenario.settle_timeout;
+    let mut stable_since: Option<(Instant, i64)> = None;
+    let converged_at = loop {
+        let now = Instant::now();
+        if now > deadline {
+            break None;
+        }
+        faults += fleet.revive() as u32;
+        let (unpublished, unapplied) = backlog(&dbs, &groups, scenario.poison_outbox).await;
+        let done = if broker_lost_before.is_some() {
+            // Some events died with the broker's memory: wait until nothing
+            // moves any more instead of for a count.
+            match stable_since {
+                Some((since, seen)) if seen == unapplied && unpublished == 0 => {
+                    now - since > Duration::from_secs(3)
+                }
+                _ => {
+                    stable_since = Some((now, unapplied));
+                    false
+                }
+            }
+        } else {
+            unpublished == 0 && unapplied == 0
+        };
+        if done && dlq_complete(&brokers, &groups, scenario.poison_inbound).await {
+            break Some(match stable_since {
+                Some((since, _)) if broker_lost_before.is_some() => since,
+                _ => now,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    fleet.stop_all(Duration::from_secs(10));
+
+    let records = topic::read_all(&brokers, TOPIC).await;
+    let dlq = topic::read_all(&brokers, DLQ_TOPIC).await;
+    let expect = Expect {
+        groups,
+        poison_inbound: scenario.poison_inbound,
+        poison_outbox: scenario.poison_outbox,
+        broker_lost_before,
+    };
+    let mut figures = checker::check(&dbs.source, &dbs.receiver, &records, &dlq, &expect).await;
+    figures.scenario = scenario.name.to_owned();
+    figures.faults = faults;
+    figures.recovery = converged_at.map_or(scenario.settle_timeout, |at| {
+        at.saturating_duration_since(calm)
+    });
+    figures.crashes = relay_crashes
+        + u32::from(broker_lost_before.is_some())
+        + u32::from(matches!(scenario.fault, Fault::PostgresRestart { .. }));
+    figures.converged = converged_at.is_some();
+    println!(
+        "{figures}[faults] {}: logs in {}",
+        scenario.name,
+        logs.display()
+    );
+    drop(broker);
+    (figures, expect, Leftovers { dbs, logs })
+}
+
+/// The databases and process logs of a finished scenario: kept for a look
+/// when it failed, removed by [`Leftovers::remove`] when it passed.
+#[derive(Debug)]
+pub struct Leftovers {
+    dbs: Databases,
+    logs: PathBuf,
+}
+
+impl Leftovers {
+    /// Drops the databases and deletes the logs.
+    pub async fn remove(self) {
+        self.dbs.drop_all().await;
+        let _ = std::fs::remove_dir_all(&self.logs);
+    }
+}
+
+/// Runs `scenario`, asserts every invariant ([`Figures::assert_sound`]) and
+/// cleans up; on failure the databases and logs are left for inspection.
+pub async fn run_and_check(scenario: &Scenario, bins: &Binaries) -> Figures {
+    let (figures, expect, leftovers) = run(scenario, bins).await;
+    figures.assert_sound(&expect, scenario.batch);
+    leftovers.remove().await;
+    figures
+}

@@ -1,0 +1,233 @@
+//! Fuzzing the consumer's inbound decode and dispatch path (issue 8): many
+//! generated records (arbitrary key, value and header bytes, mutated valid
+//! events, the harness's poison kinds) go through `Consumer::__route`, the
+//! exact decision the consumer loop makes. None may panic, and each must end
+//! where an independent oracle says: handled (then deduplicated by event id)
+//! or dead-lettered, never skipped under the dead-letter policy.
+//!
+//! Seeded, so a failure is reproducible: the seed and case are in the panic.
+//! `FAULTS_FUZZ_CASES` sets the number of cases (default 20 000).
+
+use outbox_runtime::consumer::{Consumer, DeadLetterReason, Route, UnknownEventPolicy};
+use outbox_tests::faults::model::{LedgerEntry, TOPIC, apply_entry};
+use outbox_tests::faults::poison::{RawMessage, poison_message};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
+use uuid::Uuid;
+
+const MAX_BYTES: usize = 2048;
+
+fn bytes(rng: &mut StdRng, max: usize) -> Vec<u8> {
+    let len = rng.random_range(0..=max);
+    (0..len).map(|_| rng.random()).collect()
+}
+
+/// A valid `LedgerEntry` payload, then maybe mutated.
+fn mutated_event(rng: &mut StdRng) -> RawMessage {
+    let mut value = serde_json::to_value(LedgerEntry {
+        event_id: Uuid::new_v4(),
+        key: format!("k{}", rng.random_range(0..10)),
+        seq: rng.random_range(1..1000),
+        writer: 0,
+    })
+    .expect("serializes");
+    let map = value.as_object_mut().expect("object");
+    match rng.random_range(0..8) {
+        0 => {} // valid
+        1 => {
+            let field = ["event_id", "key", "seq", "writer"][rng.random_range(0..4)];
+            map.remove(field);
+        }
+        2 => {
+            let field = ["event_id", "key", "seq", "writer"][rng.random_range(0..4)];
+            let junk = [
+                serde_json::json!(null),
+                serde_json::json!("x"),
+                serde_json::json!(1.5),
+                serde_json::json!([1]),
+                serde_json::json!({}),
+                serde_json::json!(-1),
+            ];
+            map.insert(field.into(), junk[rng.random_range(0..junk.len())].clone());
+        }
+        3 => {
+            map.insert("event_type".into(), serde_json::json!("LedgerEntry"));
+        }
+        4 => {
+            map.insert("event_type".into(), serde_json::json!("SomethingElse"));
+        }
+        5 => {
+            map.insert("event_type".into(), serde_json::json!(42));
+        }
+        6 => {
+            map.insert("filler".into(), serde_json::json!("y".repeat(MAX_BYTES)));
+        }
+        _ => {
+            map.insert(
+                String::from_utf8_lossy(&bytes(rng, 6)).into_owned(),
+                serde_json::json!(rng.random::<u32>()),
+            );
+        }
+    }
+    let mut text = value.to_string().into_bytes();
+    if rng.random_bool(0.05) {
+        // Truncated JSON.
+        let cut = rng.random_range(0..text.len());
+        text.truncate(cut);
+    }
+    RawMessage {
+        key: Some(bytes(rng, 20)),
+        value: Some(text),
+        headers: Vec::new(),
+    }
+}
+
+fn random_headers(rng: &mut StdRng) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut headers = Vec::new();
+    for _ in 0..rng.random_range(0..4) {
+        let name = match rng.random_range(0..4) {
+            0 => "event_type".to_owned(),
+            1 => "traceparent".to_owned(),
+            _ => String::from_utf8_lossy(&bytes(rng, 8)).into_owned(),
+        };
+        let value = match rng.random_range(0..6) {
+            0 => None,
+            1 => Some(b"LedgerEntry".to_vec()),
+            2 => Some(b"Bogus".to_vec()),
+            3 => Some(vec![0xff, 0xfe, 0x00]),
+            _ => Some(bytes(rng, 30)),
+        };
+        headers.push((name, value));
+    }
+    headers
+}
+
+fn generate(rng: &mut StdRng) -> RawMessage {
+    let mut message = match rng.random_range(0..4) {
+        0 => RawMessage {
+            key: rng.random_bool(0.7).then(|| bytes(rng, 40)),
+            value: rng.random_bool(0.9).then(|| bytes(rng, 300)),
+            headers: Vec::new(),
+        },
+        1 => poison_message(rng),
+        _ => mutated_event(rng),
+    };
+    message.headers.extend(random_headers(rng));
+    message
+}
+
+fn to_kafka(message: &RawMessage, offset: i64) -> OwnedMessage {
+    let headers = if message.headers.is_empty() {
+        None
+    } else {
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in &message.headers {
+            headers = headers.insert(Header {
+                key: key.as_str(),
+                value: value.as_deref(),
+            });
+        }
+        Some(headers)
+    };
+    OwnedMessage::new(
+        message.value.clone(),
+        message.key.clone(),
+        TOPIC.to_owned(),
+        Timestamp::NotAvailable,
+        0,
+        offset,
+        headers,
+    )
+}
+
+/// What the consumer must do with `message`, derived from the wire format
+/// (docs/wire-format.md) independently of the consumer's code.
+fn oracle(message: &RawMessage) -> Route {
+    let value = message.value.as_deref().unwrap_or_default();
+    if value.len() + message.key.as_ref().map_or(0, Vec::len) > MAX_BYTES {
+        return Route::DeadLetter(DeadLetterReason::Oversized);
+    }
+    let Ok(serde_json::Value::Object(payload)) = serde_json::from_slice(value) else {
+        return Route::DeadLetter(DeadLetterReason::NotJson);
+    };
+    let event_id = match payload.get("event_id") {
+        None | Some(serde_json::Value::Null) => {
+            return Route::DeadLetter(DeadLetterReason::MissingEventId);
+        }
+        Some(serde_json::Value::String(s)) => match Uuid::parse_str(s) {
+            Ok(id) => id,
+            Err(_) => return Route::DeadLetter(DeadLetterReason::InvalidEventId),
+        },
+        Some(_) => return Route::DeadLetter(DeadLetterReason::InvalidEventId),
+    };
+    // The first `event_type` header with a UTF-8 value, else the payload's
+    // string field, else the topic's only handler's type.
+    let event_type = message
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "event_type")
+        .find_map(|(_, v)| String::from_utf8(v.clone()?).ok())
+        .or_else(|| payload.get("event_type")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "LedgerEntry".to_owned());
+    if event_type != "LedgerEntry" {
+        return Route::DeadLetter(DeadLetterReason::UnknownEventType);
+    }
+    match serde_json::from_value::<LedgerEntry>(serde_json::Value::Object(payload)) {
+        Ok(event) if event.event_id == event_id => Route::Handle {
+            event_id,
+            handler: "apply_entry",
+        },
+        Ok(_) => unreachable!("one field"),
+        Err(_) => Route::DeadLetter(DeadLetterReason::PayloadMismatch),
+    }
+}
+
+#[tokio::test]
+async fn arbitrary_records_are_handled_or_dead_lettered_never_panic() {
+    let cases: usize = std::env::var("FAULTS_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let seed: u64 = std::env::var("FAULTS_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x0b0c_5eed);
+    // Neither the pool nor the Kafka client connects: routing does no I/O.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+        .expect("lazy pool");
+    let mut kafka = rdkafka::ClientConfig::new();
+    kafka.set("bootstrap.servers", "127.0.0.1:1");
+    let consumer = Consumer::builder(pool, kafka, "fuzz")
+        .handler(apply_entry)
+        .unknown_events(UnknownEventPolicy::DeadLetter)
+        .max_message_bytes(MAX_BYTES)
+        .build()
+        .expect("consumer");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut tally = std::collections::BTreeMap::<String, usize>::new();
+    for case in 0..cases {
+        let message = generate(&mut rng);
+        let route = consumer.__route(&to_kafka(&message, case as i64));
+        let expected = oracle(&message);
+        assert_eq!(
+            route,
+            expected,
+            "seed {seed} case {case}: key {:?} value {:?} headers {:?}",
+            message.key,
+            message.value.as_deref().map(String::from_utf8_lossy),
+            message.headers
+        );
+        assert_ne!(route, Route::Skip, "the dead-letter policy never skips");
+        let label = match route {
+            Route::Handle { .. } => "handled".to_owned(),
+            Route::DeadLetter(reason) => format!("dead-lettered ({reason})"),
+            Route::Skip => "skipped".to_owned(),
+        };
+        *tally.entry(label).or_default() += 1;
+    }
+    println!("[fuzz] {cases} cases, seed {seed}: {tally:?}");
+    // The generator must reach every outcome, or the test proves little.
+    assert!(tally.len() >= 7, "too few distinct outcomes: {tally:?}");
+}

@@ -1,0 +1,149 @@
+//! Fault-injection scenarios (issue 8): real processes, real `kill -9`, the
+//! real broker and PostgreSQL. Short mode by default (each scenario a few
+//! seconds of load); `OUTBOX_FAULTS=long` for the long mode recorded in
+//! `RELIABILITY.md`, which also restarts PostgreSQL (affects every database
+//! user on the machine, hence never in the default run).
+
+use std::time::Duration;
+
+use outbox_tests::faults::scenario::{self, Binaries, Fault, Scenario};
+
+const BINARIES: Binaries = Binaries {
+    writer: env!("CARGO_BIN_EXE_faults-writer"),
+    relay: env!("CARGO_BIN_EXE_faults-relay"),
+    consumer: env!("CARGO_BIN_EXE_faults-consumer"),
+};
+
+/// Short-mode load, or the long mode's.
+fn load() -> Duration {
+    if scenario::long_mode() {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(8)
+    }
+}
+
+/// Scales a short-mode interval up in long mode.
+fn scaled(short_ms: u64) -> Duration {
+    Duration::from_millis(if scenario::long_mode() {
+        short_ms * 2
+    } else {
+        short_ms
+    })
+}
+
+async fn run_and_check(scenario: Scenario) {
+    scenario::run_and_check(&scenario, &BINARIES).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_kill9_under_load() {
+    let mut s = Scenario::new("relay_kill9", load());
+    s.relays = 2;
+    s.fault = Fault::KillRelays {
+        every: scaled(1_500),
+    };
+    run_and_check(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_kill9_between_db_commit_and_offset_commit() {
+    let mut s = Scenario::new("consumer_kill9", load());
+    s.dedup_consumers = 2;
+    s.inbox_consumers = 1;
+    s.fault = Fault::KillConsumers {
+        every: scaled(2_000),
+        crash_after_effects: 150,
+    };
+    run_and_check(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_outage_and_restart() {
+    let outage = if scenario::long_mode() { 20 } else { 4 };
+    let mut s = Scenario::new("broker_outage", load() + Duration::from_secs(outage));
+    s.delivery_timeout = Duration::from_secs(5);
+    s.fault = Fault::BrokerOutage {
+        after: load() / 3,
+        outage: Duration::from_secs(outage),
+    };
+    run_and_check(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_relays_three_consumers_compete() {
+    let mut s = Scenario::new("compete", load());
+    s.relays = 4;
+    s.dedup_consumers = 3;
+    s.inbox_consumers = 3;
+    s.partitions = 6;
+    s.keys = 24;
+    run_and_check(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_rows_and_messages_mixed_into_traffic() {
+    let mut s = Scenario::new("poison", load());
+    s.poison_outbox = if scenario::long_mode() { 20 } else { 5 };
+    s.poison_inbound = if scenario::long_mode() { 500 } else { 60 };
+    run_and_check(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_kill9_mid_transaction() {
+    let mut s = Scenario::new("writer_kill9", load());
+    s.hold_percent = 10;
+    s.hold_ms = 150;
+    s.fault = Fault::KillWriters { every: scaled(700) };
+    run_and_check(s).await;
+}
+
+/// Restarts the machine's PostgreSQL, which breaks every other database user
+/// at that moment: opt-in only (`-- --include-ignored`, with the long mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts the machine's PostgreSQL; run with OUTBOX_FAULTS=long and --include-ignored"]
+async fn postgres_restart_under_load() {
+    let mut s = Scenario::new("pg_restart", load());
+    s.fault = Fault::PostgresRestart { after: load() / 3 };
+    run_and_check(s).await;
+}
+
+/// BUG (reported, not fixed here): inbox mode applies the events of one key
+/// out of order. `inbox_event` rows are claimed `ORDER BY received_at` (all
+/// rows of one stored batch share that value) by several processors at once
+/// (`FOR UPDATE SKIP LOCKED`), so one processor can apply seq 7 of a key while
+/// another still holds seq 6. Fixing it needs an insertion-order column and a
+/// per-key head-of-line claim, as the relay's lanes do. Remove the `ignore`
+/// when fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: inbox mode does not keep per-key order (see RELIABILITY.md)"]
+async fn inbox_mode_keeps_per_key_order() {
+    let mut s = Scenario::new("inbox_order", Duration::from_secs(6));
+    s.dedup_consumers = 0;
+    s.inbox_consumers = 1;
+    s.relays = 1;
+    let (figures, _, leftovers) = scenario::run(&s, &BINARIES).await;
+    let inbox = &figures.groups[0];
+    assert_eq!(inbox.order_violations, 0, "{figures}");
+    leftovers.remove().await;
+}
+
+/// BUG (reported, not fixed here): one message with a NUL byte in its key or
+/// in a UTF-8 header value (or a `\u0000` in a JSON string) wedges an
+/// inbox-mode consumer for good. PostgreSQL `text` / `jsonb` reject NUL, the
+/// batch `INSERT INTO inbox_event` fails with SQLSTATE 22021 / 22P05, and the
+/// consumer takes that for a database outage: it retries the same batch
+/// forever and never stores an offset again. Dedup mode is not affected.
+/// Remove the `ignore` when fixed (e.g. on a data exception, insert the
+/// batch row by row and dead-letter the rows PostgreSQL refuses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: a NUL byte wedges the inbox consumer (see RELIABILITY.md)"]
+async fn inbox_consumer_survives_nul_bytes() {
+    let mut s = Scenario::new("inbox_nul", Duration::from_secs(5));
+    s.dedup_consumers = 0;
+    s.inbox_consumers = 1;
+    s.poison_inbound = 5;
+    s.poison_nul = true;
+    s.settle_timeout = Duration::from_secs(30);
+    run_and_check(s).await;
+}
