@@ -108,15 +108,11 @@ async fn postgres_restart_under_load() {
     run_and_check(s).await;
 }
 
-/// BUG (reported, not fixed here): inbox mode applies the events of one key
-/// out of order. `inbox_event` rows are claimed `ORDER BY received_at` (all
-/// rows of one stored batch share that value) by several processors at once
-/// (`FOR UPDATE SKIP LOCKED`), so one processor can apply seq 7 of a key while
-/// another still holds seq 6. Fixing it needs an insertion-order column and a
-/// per-key head-of-line claim, as the relay's lanes do. Remove the `ignore`
-/// when fixed.
+/// Inbox mode applies the events of one key in order although several
+/// processors claim rows at once (found by this suite: rows were claimed
+/// `ORDER BY received_at`, shared by every row of a stored batch; fixed by an
+/// arrival sequence and claiming only the oldest pending row of each key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: inbox mode does not keep per-key order (see RELIABILITY.md)"]
 async fn inbox_mode_keeps_per_key_order() {
     let mut s = Scenario::new("inbox_order", Duration::from_secs(6));
     s.dedup_consumers = 0;
@@ -128,16 +124,11 @@ async fn inbox_mode_keeps_per_key_order() {
     leftovers.remove().await;
 }
 
-/// BUG (reported, not fixed here): one message with a NUL byte in its key or
-/// in a UTF-8 header value (or a `\u0000` in a JSON string) wedges an
-/// inbox-mode consumer for good. PostgreSQL `text` / `jsonb` reject NUL, the
-/// batch `INSERT INTO inbox_event` fails with SQLSTATE 22021 / 22P05, and the
-/// consumer takes that for a database outage: it retries the same batch
-/// forever and never stores an offset again. Dedup mode is not affected.
-/// Remove the `ignore` when fixed (e.g. on a data exception, insert the
-/// batch row by row and dead-letter the rows PostgreSQL refuses).
+/// A message with a NUL byte in its key, a UTF-8 header value or a JSON
+/// string does not wedge an inbox-mode consumer (found by this suite: the
+/// batch insert failed and was retried for ever; fixed by dead-lettering such
+/// messages with reason `unstorable`, as PostgreSQL cannot store NUL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: a NUL byte wedges the inbox consumer (see RELIABILITY.md)"]
 async fn inbox_consumer_survives_nul_bytes() {
     let mut s = Scenario::new("inbox_nul", Duration::from_secs(5));
     s.dedup_consumers = 0;

@@ -238,12 +238,17 @@ async fn claim_batch(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
     // key waits until the earlier one is processed or parked (a row backing off
     // for a retry holds its key back), so processors running side by side
     // keep per-key order. Messages without a key have no order to keep.
+    // The heads come from one grouped pass over the pending rows: bounded by
+    // the backlog, where an anti-join per candidate row degrades badly when a
+    // few hot keys hold most of the backlog (measured: 250 ms against 10 ms
+    // per claim for 20,000 rows over 8 keys; 36 ms for 100,000 rows over
+    // 20,000 keys).
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM inbox_event i WHERE {DUE_ROWS}
-           AND NOT EXISTS (
-               SELECT 1 FROM inbox_event e
-               WHERE e.topic = i.topic AND e.partition_key = i.partition_key AND e.seq < i.seq
-                 AND NOT e.processed AND e.parked_at IS NULL)
+           AND (i.partition_key IS NULL OR i.seq IN (
+               SELECT min(seq) FROM inbox_event
+               WHERE NOT processed AND parked_at IS NULL AND partition_key IS NOT NULL
+               GROUP BY topic, partition_key))
          ORDER BY seq LIMIT $1 FOR UPDATE OF i SKIP LOCKED"
     )))
     .bind(limit as i64)
