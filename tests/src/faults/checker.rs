@@ -463,11 +463,7 @@ impl Figures {
             {
                 fail("an effect is missing, doubled or phantom");
             }
-            // Inbox mode does not keep per-key order (processors claim by
-            // `received_at`, concurrently): a known framework bug, reported
-            // and shown by the ignored `inbox_mode_keeps_per_key_order` test;
-            // its figure is printed, not asserted, here.
-            if !g.inbox && g.order_violations != 0 {
+            if g.order_violations != 0 {
                 fail("per-key order violated in a consumer's effects");
             }
             if g.poison_set_aside != expect.poison_inbound {
