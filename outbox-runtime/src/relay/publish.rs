@@ -59,6 +59,14 @@ impl Publisher {
         Ok(Some(format!("{code:?}: {reason}")))
     }
 
+    /// Replaces the producer by a fresh one (new connections, metadata and
+    /// producer id). Called after whole batches failed: nothing of ours is in
+    /// flight then, and a restarted broker may have forgotten our producer id.
+    pub(crate) fn rebuild(&mut self) -> Result<(), KafkaError> {
+        self.producer = self.config.create()?;
+        Ok(())
+    }
+
     /// Enqueues every row (in order), then awaits all delivery reports.
     pub(crate) async fn publish(&self, rows: &[ClaimedRow]) -> Vec<Outcome> {
         let deadline = Instant::now() + self.delivery_timeout;

@@ -19,6 +19,10 @@ use super::telemetry::{self as metric, Totals};
 /// polls stay empty, up to `poll_interval`.
 const IDLE_WAIT_FIRST: Duration = Duration::from_millis(5);
 
+/// Consecutive batches that failed as a whole after which the producer is
+/// rebuilt.
+const REBUILD_AFTER_OUTAGES: u32 = 2;
+
 pub(crate) struct Worker {
     pub pool: PgPool,
     pub config: RelayConfig,
@@ -80,6 +84,11 @@ impl Worker {
             match self.batch().await {
                 Ok(report) if report.outage => {
                     failures += 1;
+                    if failures >= REBUILD_AFTER_OUTAGES
+                        && let Err(error) = self.publisher.rebuild()
+                    {
+                        tracing::error!(%error, "outbox relay could not rebuild its producer");
+                    }
                     self.pause(error_delay(&self.config, failures)).await;
                 }
                 Ok(report) => {
@@ -204,6 +213,15 @@ impl Worker {
         }
         if unavailable > 0 {
             self.count_error("broker_unavailable");
+            let error = outcomes.iter().find_map(|o| match o {
+                Outcome::Unavailable(error) => Some(error.as_str()),
+                _ => None,
+            });
+            tracing::warn!(
+                unavailable,
+                error,
+                "outbox relay: broker unavailable, events kept"
+            );
         }
         if let Some(fatal) = self.publisher.rebuild_if_fatal()? {
             tracing::error!(%fatal, "outbox relay rebuilt its producer after a fatal error");
