@@ -123,6 +123,8 @@ pub struct RelaySummary {
     pub batches: u64,
     /// Errors met (each also counted in `outbox_relay_errors_total`).
     pub errors: u64,
+    /// Times the producer was replaced after a fatal error or an outage.
+    pub producer_rebuilds: u64,
     /// `true` if the relay stopped within `shutdown_timeout`; `false` if it
     /// had to be aborted (its unmarked rows are published again later).
     pub clean: bool,
@@ -164,6 +166,7 @@ impl RelayHandle {
             parked: Totals::get(&self.totals.parked),
             batches: Totals::get(&self.totals.batches),
             errors: Totals::get(&self.totals.errors),
+            producer_rebuilds: Totals::get(&self.totals.producer_rebuilds),
             clean: true,
         }
     }

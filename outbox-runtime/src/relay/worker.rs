@@ -84,10 +84,13 @@ impl Worker {
             match self.batch().await {
                 Ok(report) if report.outage => {
                     failures += 1;
-                    if failures >= REBUILD_AFTER_OUTAGES
-                        && let Err(error) = self.publisher.rebuild()
-                    {
-                        tracing::error!(%error, "outbox relay could not rebuild its producer");
+                    if failures >= REBUILD_AFTER_OUTAGES {
+                        match self.publisher.rebuild() {
+                            Ok(()) => Totals::add(&self.totals.producer_rebuilds, 1),
+                            Err(error) => {
+                                tracing::error!(%error, "outbox relay could not rebuild its producer");
+                            }
+                        }
                     }
                     self.pause(error_delay(&self.config, failures)).await;
                 }
@@ -223,13 +226,19 @@ impl Worker {
                 "outbox relay: broker unavailable, events kept"
             );
         }
-        if let Some(fatal) = self.publisher.rebuild_if_fatal()? {
+        let rebuilt = self.publisher.rebuild_if_fatal()?;
+        if let Some(fatal) = &rebuilt {
             tracing::error!(%fatal, "outbox relay rebuilt its producer after a fatal error");
             self.count_error("fatal_producer");
+            Totals::add(&self.totals.producer_rebuilds, 1);
         }
         Ok(BatchReport {
             claimed: rows.len(),
-            outage: delivered.is_empty() && rejections.is_empty() && unavailable > 0,
+            // After a fatal error the new producer deserves a try at once.
+            outage: delivered.is_empty()
+                && rejections.is_empty()
+                && unavailable > 0
+                && rebuilt.is_none(),
         })
     }
 
