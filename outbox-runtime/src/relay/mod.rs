@@ -42,6 +42,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{RelayBuilder, RelayConfig};
+#[doc(hidden)]
+pub use store::claim_and_mark_without_publishing;
 pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
 
 use publish::Publisher;

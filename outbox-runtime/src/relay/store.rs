@@ -60,15 +60,42 @@ pub(crate) async fn claim(
     .await
 }
 
+/// The relay's database work for one batch without the publishing: claim
+/// (same statement) and mark every claimed row, in one transaction. Used by
+/// the benchmark to measure the database's share of the relay's cost.
+#[doc(hidden)]
+pub async fn claim_and_mark_without_publishing(
+    conn: &mut PgConnection,
+    lane_count: u32,
+    lanes: &[i32],
+    limit: usize,
+) -> sqlx::Result<usize> {
+    use sqlx::Connection;
+    let mut tx = conn.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
+    let rows = claim(&mut tx, lane_count, lanes, limit).await?;
+    let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+    mark_published(&mut tx, &ids).await?;
+    tx.commit().await?;
+    Ok(ids.len())
+}
+
 /// Marks delivered rows as published, in one statement.
 pub(crate) async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
     if ids.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query("UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)")
-        .bind(ids)
-        .execute(conn)
-        .await?;
+    // statement_timestamp(), not now(): now() is the start of the batch's
+    // transaction, i.e. the claim; this statement runs once the broker has
+    // acknowledged every row, which is when they were published.
+    let done = sqlx::query(
+        "UPDATE outbox_event SET published_at = statement_timestamp() WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .execute(conn)
+    .await?;
     Ok(done.rows_affected())
 }
 
