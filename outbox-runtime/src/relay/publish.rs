@@ -8,7 +8,7 @@ use outbox_core::wire;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 use super::store::ClaimedRow;
 
@@ -17,7 +17,8 @@ use super::store::ClaimedRow;
 pub(crate) enum Outcome {
     /// The broker acknowledged it (`acks=all`).
     Delivered,
-    /// Not sent because an earlier row of its key failed in this batch.
+    /// Not sent: an earlier row of its key failed in this batch or is still
+    /// in flight in the previous one. Claimed again later.
     Held,
     /// Refused for a reason tied to this message (too large, unknown topic,
     /// not authorized): counts as a failed attempt.
@@ -67,20 +68,27 @@ impl Publisher {
         Ok(())
     }
 
-    /// Enqueues every row (in order), then awaits all delivery reports.
-    pub(crate) async fn publish(&self, rows: &[ClaimedRow]) -> Vec<Outcome> {
+    /// Enqueues every row, in order, and returns at once: the deliveries
+    /// proceed while the relay claims its next batch. Rows whose key is in
+    /// `held_keys` (still in flight in the previous batch), or whose key had
+    /// an earlier row fail to enqueue here, are held back for a later batch:
+    /// a later event of a key never goes out while an earlier one may still fail.
+    pub(crate) async fn enqueue(
+        &self,
+        rows: &[ClaimedRow],
+        held_keys: &HashSet<String>,
+    ) -> PendingBatch {
         let deadline = Instant::now() + self.delivery_timeout;
         let mut outcomes = vec![Outcome::Held; rows.len()];
         let mut failed_keys: HashSet<&str> = HashSet::new();
         let mut pending = Vec::with_capacity(rows.len());
         for (index, row) in rows.iter().enumerate() {
-            // A later event of a key whose earlier event failed must not
-            // overtake it: hold it back for the next batch.
-            if failed_keys.contains(row.partition_key.as_str()) {
+            let key = row.partition_key.as_str();
+            if held_keys.contains(key) || failed_keys.contains(key) {
                 continue;
             }
             let mut record = FutureRecord::to(&row.topic)
-                .key(row.partition_key.as_str())
+                .key(key)
                 .payload(row.payload.as_str())
                 .headers(headers(row));
             loop {
@@ -98,21 +106,39 @@ impl Publisher {
                     }
                     Err((error, _)) => {
                         outcomes[index] = classify(&error);
-                        failed_keys.insert(row.partition_key.as_str());
+                        failed_keys.insert(key);
                         break;
                     }
                 }
             }
         }
+        PendingBatch {
+            outcomes,
+            pending,
+            // librdkafka fails every message after message.timeout.ms; the
+            // margin only guards against a lost report.
+            wait_at_most: self.delivery_timeout + Duration::from_secs(5),
+        }
+    }
+}
+
+/// A batch handed to the producer, its delivery reports still to come.
+pub(crate) struct PendingBatch {
+    outcomes: Vec<Outcome>,
+    pending: Vec<(usize, DeliveryFuture)>,
+    wait_at_most: Duration,
+}
+
+impl PendingBatch {
+    /// Awaits every delivery report; one outcome per row, in row order.
+    pub(crate) async fn outcomes(self) -> Vec<Outcome> {
+        let Self {
+            mut outcomes,
+            pending,
+            wait_at_most,
+        } = self;
         let (indices, futures): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
-        // librdkafka fails every message after message.timeout.ms; the margin
-        // only guards against a lost report.
-        let reports = tokio::time::timeout(
-            self.delivery_timeout + Duration::from_secs(5),
-            join_all(futures),
-        )
-        .await;
-        match reports {
+        match tokio::time::timeout(wait_at_most, join_all(futures)).await {
             Ok(reports) => {
                 for (index, report) in indices.into_iter().zip(reports) {
                     outcomes[index] = match report {

@@ -1,18 +1,19 @@
 //! The relay loop: rebalance lanes, claim, publish, mark, wait.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::wakeup::CommitListener;
 use rand::Rng;
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, field};
+use tracing::{Instrument, Span, field};
 
 use super::config::RelayConfig;
 use super::lanes::Lanes;
-use super::publish::{Outcome, Publisher};
-use super::store::{self, Rejection};
+use super::publish::{Outcome, PendingBatch, Publisher};
+use super::store::{self, ClaimedRow, Rejection};
 use super::telemetry::{self as metric, Totals};
 
 /// First wait after a poll that found fewer rows than a batch; doubles while
@@ -33,10 +34,30 @@ pub(crate) struct Worker {
     pub wakeup: CommitListener,
 }
 
-/// What one batch did.
-#[derive(Debug, Default)]
-struct BatchReport {
-    claimed: usize,
+/// A claimed batch handed to the producer, not yet settled.
+struct InFlight {
+    rows: Vec<ClaimedRow>,
+    pending: PendingBatch,
+    started: Instant,
+    span: Span,
+}
+
+impl InFlight {
+    fn ids(&self) -> Vec<i64> {
+        self.rows.iter().map(|row| row.id).collect()
+    }
+
+    fn keys(&self) -> HashSet<String> {
+        self.rows
+            .iter()
+            .map(|row| row.partition_key.clone())
+            .collect()
+    }
+}
+
+/// What settling one batch found.
+#[derive(Debug)]
+struct Settled {
     /// Nothing got through and only for reasons outside the messages: the
     /// broker is unreachable, so back off instead of polling again.
     outage: bool,
@@ -53,7 +74,12 @@ enum BatchError {
 }
 
 impl Worker {
+    /// The loop is a two-stage pipeline: while batch N is being delivered,
+    /// batch N+1 is claimed and enqueued; then N is settled (marked). The
+    /// database work thus overlaps the broker's, and one batch at most is
+    /// in flight besides the one being claimed.
     pub(crate) async fn run(mut self) {
+        let mut in_flight: Option<InFlight> = None;
         let mut failures = 0u32;
         let mut idle_wait = IDLE_WAIT_FIRST;
         let mut next_rebalance = Instant::now();
@@ -61,6 +87,14 @@ impl Worker {
         while !self.cancel.is_cancelled() {
             let now = Instant::now();
             if now >= next_rebalance {
+                // Lanes move only while nothing of ours is in flight, so a
+                // lane's next owner cannot overtake our deliveries.
+                if let Some(batch) = in_flight.take()
+                    && let Err(error) = self.settle(batch).await
+                {
+                    self.failed(error, &mut failures, &mut next_rebalance).await;
+                    continue;
+                }
                 next_rebalance = now + self.config.rebalance_interval;
                 if let Err(error) = self.lanes.rebalance(&self.pool).await {
                     tracing::warn!(%error, "outbox relay could not take its lanes");
@@ -81,89 +115,152 @@ impl Worker {
                     .await;
                 continue;
             }
-            match self.batch().await {
-                Ok(report) if report.outage => {
-                    failures += 1;
-                    if failures >= REBUILD_AFTER_OUTAGES {
-                        match self.publisher.rebuild() {
-                            Ok(()) => Totals::add(&self.totals.producer_rebuilds, 1),
-                            Err(error) => {
-                                tracing::error!(%error, "outbox relay could not rebuild its producer");
-                            }
-                        }
-                    }
-                    self.pause(error_delay(&self.config, failures)).await;
-                }
-                Ok(report) => {
-                    failures = 0;
-                    if report.claimed >= self.config.batch_size {
-                        idle_wait = IDLE_WAIT_FIRST;
-                        continue; // more is waiting: go again at once
-                    }
-                    idle_wait = if report.claimed > 0 {
-                        IDLE_WAIT_FIRST
-                    } else {
-                        (idle_wait * 2).min(self.config.poll_interval)
-                    };
-                    let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
-                    self.idle(idle_wait.min(until_rebalance)).await;
-                }
+
+            let had_in_flight = in_flight.is_some();
+            let next = match self.claim_and_enqueue(in_flight.as_ref()).await {
+                Ok(next) => next,
                 Err(error) => {
-                    tracing::warn!(%error, "outbox relay batch failed");
-                    if matches!(error, BatchError::Database(_)) {
-                        self.count_error("database");
-                        // The session may be gone, and its lane locks with it.
-                        self.lanes.reset();
-                        next_rebalance = Instant::now();
-                    } else if matches!(error, BatchError::Producer(_)) {
-                        self.count_error("fatal_producer");
+                    // The previous batch cannot be marked on a dead
+                    // connection either: it is published again later.
+                    in_flight = None;
+                    self.failed(error, &mut failures, &mut next_rebalance).await;
+                    continue;
+                }
+            };
+            let claimed = next.as_ref().map_or(0, |batch| batch.rows.len());
+            let mut settled = None;
+            if let Some(batch) = in_flight.take() {
+                match self.settle(batch).await {
+                    Ok(outcome) => settled = Some(outcome),
+                    Err(error) => {
+                        // `next` is dropped unsettled: published again later.
+                        self.failed(error, &mut failures, &mut next_rebalance).await;
+                        continue;
                     }
-                    failures += 1;
-                    self.pause(error_delay(&self.config, failures)).await;
                 }
             }
+            in_flight = next;
+
+            if settled.as_ref().is_some_and(|s| s.outage) {
+                // The batch just enqueued will most likely fail too: settle it
+                // before pausing, so nothing stays in flight during the pause.
+                if let Some(batch) = in_flight.take()
+                    && let Err(error) = self.settle(batch).await
+                {
+                    self.failed(error, &mut failures, &mut next_rebalance).await;
+                    continue;
+                }
+                failures += 1;
+                if failures >= REBUILD_AFTER_OUTAGES {
+                    match self.publisher.rebuild() {
+                        Ok(()) => Totals::add(&self.totals.producer_rebuilds, 1),
+                        Err(error) => {
+                            tracing::error!(%error, "outbox relay could not rebuild its producer");
+                        }
+                    }
+                }
+                self.pause(error_delay(&self.config, failures)).await;
+                continue;
+            }
+            if settled.is_some() {
+                failures = 0; // a batch went through (or was refused on its own merits)
+            }
+            if claimed > 0 || had_in_flight {
+                // Work is moving: claim again at once (settling paces the loop).
+                idle_wait = IDLE_WAIT_FIRST;
+                continue;
+            }
+            idle_wait = (idle_wait * 2).min(self.config.poll_interval);
+            let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
+            self.idle(idle_wait.min(until_rebalance)).await;
+        }
+        // Graceful shutdown: the batch in flight is awaited and marked.
+        if let Some(batch) = in_flight.take()
+            && let Err(error) = self.settle(batch).await
+        {
+            tracing::warn!(%error, "outbox relay could not settle its last batch");
         }
         self.lanes.release().await;
     }
 
-    async fn batch(&mut self) -> Result<BatchReport, BatchError> {
-        let span = tracing::info_span!(
-            "outbox_relay_batch",
-            claimed = field::Empty,
-            published = field::Empty,
-            rejected = field::Empty,
-            unavailable = field::Empty,
-        );
-        self.batch_inner(span.clone()).instrument(span).await
+    async fn failed(
+        &mut self,
+        error: BatchError,
+        failures: &mut u32,
+        next_rebalance: &mut Instant,
+    ) {
+        tracing::warn!(%error, "outbox relay batch failed");
+        match error {
+            BatchError::Database(_) => {
+                self.count_error("database");
+                // The session may be gone, and its lane locks with it.
+                self.lanes.reset();
+                *next_rebalance = Instant::now();
+            }
+            BatchError::Producer(_) => self.count_error("fatal_producer"),
+            BatchError::SimulatedCrash => {}
+        }
+        *failures += 1;
+        self.pause(error_delay(&self.config, *failures)).await;
     }
 
-    async fn batch_inner(&mut self, span: tracing::Span) -> Result<BatchReport, BatchError> {
+    /// Claims the next batch (leaving out the one in flight) and hands it to
+    /// the producer. `None` when nothing is publishable.
+    async fn claim_and_enqueue(
+        &mut self,
+        in_flight: Option<&InFlight>,
+    ) -> Result<Option<InFlight>, BatchError> {
         let started = Instant::now();
         let lanes = self.lanes.owned();
         let lane_count = self.lanes.lane_count();
+        let exclude = in_flight.map(InFlight::ids).unwrap_or_default();
         let conn = self
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let mut tx = conn.begin().await?;
-        // This transaction only writes the marks. A mark lost in a crash right
-        // after commit makes the row publish again, which receivers dedup
-        // anyway (delivery is at-least-once), so it need not wait for the WAL
-        // flush: that wait is most of a small transaction's cost.
-        sqlx::query("SET LOCAL synchronous_commit = off")
-            .execute(&mut *tx)
-            .await?;
-        let rows = store::claim(&mut tx, lane_count, &lanes, self.config.batch_size).await?;
-        span.record("claimed", rows.len());
+        let rows = store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size).await?;
         if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(BatchReport::default());
+            return Ok(None);
         }
-        let outcomes = self.publisher.publish(&rows).await;
-        if self.config.crash_before_mark {
-            return Err(BatchError::SimulatedCrash); // the rollback drops every mark
-        }
+        let span = tracing::info_span!(
+            "outbox_relay_batch",
+            claimed = rows.len(),
+            published = field::Empty,
+            held = field::Empty,
+            rejected = field::Empty,
+            unavailable = field::Empty,
+        );
+        let held_keys = in_flight.map(InFlight::keys).unwrap_or_default();
+        let pending = self
+            .publisher
+            .enqueue(&rows, &held_keys)
+            .instrument(span.clone())
+            .await;
+        Ok(Some(InFlight {
+            rows,
+            pending,
+            started,
+            span,
+        }))
+    }
 
+    /// Awaits a batch's deliveries and records them in one transaction.
+    async fn settle(&mut self, batch: InFlight) -> Result<Settled, BatchError> {
+        let span = batch.span.clone();
+        self.settle_inner(batch).instrument(span).await
+    }
+
+    async fn settle_inner(&mut self, batch: InFlight) -> Result<Settled, BatchError> {
+        let InFlight {
+            rows,
+            pending,
+            started,
+            span,
+        } = batch;
+        let outcomes = pending.outcomes().await;
+        if self.config.crash_before_mark {
+            return Err(BatchError::SimulatedCrash);
+        }
         let delivered: Vec<i64> = rows
             .iter()
             .zip(&outcomes)
@@ -171,7 +268,7 @@ impl Worker {
             .map(|(row, _)| row.id)
             .collect();
         let mut rejections = Vec::new();
-        let mut unavailable = 0usize;
+        let (mut unavailable, mut held) = (0usize, 0usize);
         for (row, outcome) in rows.iter().zip(&outcomes) {
             let error = match outcome {
                 Outcome::Rejected(error) => error,
@@ -182,7 +279,11 @@ impl Worker {
                     unavailable += 1;
                     continue;
                 }
-                Outcome::Delivered | Outcome::Held => continue,
+                Outcome::Held => {
+                    held += 1;
+                    continue;
+                }
+                Outcome::Delivered => continue,
             };
             rejections.push(Rejection {
                 id: row.id,
@@ -190,12 +291,14 @@ impl Worker {
                 retry_in_ms: retry_delay(&self.config, row.attempts).as_millis() as i64,
             });
         }
-        store::mark_published(&mut tx, &delivered).await?;
-        let parked =
-            store::record_rejections(&mut tx, &rejections, self.config.max_attempts).await?;
-        tx.commit().await?;
+        let conn = self
+            .lanes
+            .connection()
+            .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
+        let parked = store::settle(conn, &delivered, &rejections, self.config.max_attempts).await?;
 
         span.record("published", delivered.len());
+        span.record("held", held);
         span.record("rejected", rejections.len());
         span.record("unavailable", unavailable);
         Totals::add(&self.totals.published, delivered.len() as u64);
@@ -232,8 +335,7 @@ impl Worker {
             self.count_error("fatal_producer");
             Totals::add(&self.totals.producer_rebuilds, 1);
         }
-        Ok(BatchReport {
-            claimed: rows.len(),
+        Ok(Settled {
             // After a fatal error the new producer deserves a try at once.
             outage: delivered.is_empty()
                 && rejections.is_empty()
