@@ -47,6 +47,9 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// When a commit returned: monotonic, and wall clock.
+type CommitTime = (Instant, SystemTime);
+
 struct Latency {
     rate: f64,
     publish_p50: Duration,
@@ -413,7 +416,7 @@ impl Bench {
         // When each commit returned: a monotonic instant (for the consumer
         // side) and the wall clock (to compare with published_at, which the
         // server on this same host takes from the same clock).
-        let committed: Arc<Mutex<Vec<Option<(Instant, SystemTime)>>>> =
+        let committed: Arc<Mutex<Vec<Option<CommitTime>>>> =
             Arc::new(Mutex::new(vec![None; total]));
         let consumer = {
             let (brokers, topic) = (self.brokers.clone(), topic.clone());
