@@ -1,14 +1,16 @@
 //! Turning claimed rows into Kafka records and delivering a batch at once.
 
 use std::collections::HashSet;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
+use futures::future::{JoinAll, join_all};
 use outbox_core::wire;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use tokio::time::Timeout;
 
 use super::store::ClaimedRow;
 
@@ -112,36 +114,44 @@ impl Publisher {
                 }
             }
         }
+        let (indices, futures): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
+        // librdkafka fails every message after message.timeout.ms; the margin
+        // only guards against a lost report.
+        let wait_at_most = self.delivery_timeout + Duration::from_secs(5);
         PendingBatch {
             outcomes,
-            pending,
-            // librdkafka fails every message after message.timeout.ms; the
-            // margin only guards against a lost report.
-            wait_at_most: self.delivery_timeout + Duration::from_secs(5),
+            indices,
+            reports: Some(Box::pin(tokio::time::timeout(
+                wait_at_most,
+                join_all(futures),
+            ))),
         }
     }
 }
 
+type Reports = Pin<Box<Timeout<JoinAll<DeliveryFuture>>>>;
+
 /// A batch handed to the producer, its delivery reports still to come.
 pub(crate) struct PendingBatch {
     outcomes: Vec<Outcome>,
-    pending: Vec<(usize, DeliveryFuture)>,
-    wait_at_most: Duration,
+    indices: Vec<usize>,
+    /// `None` once every report is in (and copied into `outcomes`).
+    reports: Option<Reports>,
 }
 
 impl PendingBatch {
-    /// Awaits every delivery report; one outcome per row, in row order.
-    pub(crate) async fn outcomes(self) -> Vec<Outcome> {
-        let Self {
-            mut outcomes,
-            pending,
-            wait_at_most,
-        } = self;
-        let (indices, futures): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
-        match tokio::time::timeout(wait_at_most, join_all(futures)).await {
+    /// Returns when every delivery report is in. Cancel-safe: the reports
+    /// stay in `self`, so a wait interrupted (by a commit signal) resumes.
+    pub(crate) async fn delivered(&mut self) {
+        let Some(reports) = self.reports.as_mut() else {
+            return;
+        };
+        let reports = reports.as_mut().await;
+        self.reports = None;
+        match reports {
             Ok(reports) => {
-                for (index, report) in indices.into_iter().zip(reports) {
-                    outcomes[index] = match report {
+                for (&index, report) in self.indices.iter().zip(reports) {
+                    self.outcomes[index] = match report {
                         Ok(Ok(_delivery)) => Outcome::Delivered,
                         Ok(Err((error, _message))) => classify(&error),
                         Err(_canceled) => {
@@ -151,12 +161,18 @@ impl PendingBatch {
                 }
             }
             Err(_elapsed) => {
-                for index in indices {
-                    outcomes[index] = Outcome::Unavailable("no delivery report in time".into());
+                for &index in &self.indices {
+                    self.outcomes[index] =
+                        Outcome::Unavailable("no delivery report in time".into());
                 }
             }
         }
-        outcomes
+    }
+
+    /// Awaits every delivery report; one outcome per row, in row order.
+    pub(crate) async fn outcomes(mut self) -> Vec<Outcome> {
+        self.delivered().await;
+        self.outcomes
     }
 }
 

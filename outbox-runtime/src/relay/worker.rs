@@ -1,6 +1,6 @@
 //! The relay loop: rebalance lanes, claim, publish, mark, wait.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,9 @@ const IDLE_WAIT_FIRST: Duration = Duration::from_millis(5);
 /// Consecutive batches that failed as a whole after which the producer is
 /// rebuilt.
 const REBUILD_AFTER_OUTAGES: u32 = 2;
+
+/// Most batches in flight at once (see [`Worker::run`]).
+const MAX_IN_FLIGHT: usize = 4;
 
 pub(crate) struct Worker {
     pub pool: PgPool,
@@ -74,12 +77,15 @@ enum BatchError {
 }
 
 impl Worker {
-    /// The loop is a two-stage pipeline: while batch N is being delivered,
-    /// batch N+1 is claimed and enqueued; then N is settled (marked). The
-    /// database work thus overlaps the broker's, and one batch at most is
-    /// in flight besides the one being claimed.
+    /// The loop is a pipeline: while batches are being delivered, the next
+    /// one is claimed and enqueued, and each batch is settled (marked) once
+    /// its deliveries are in, oldest first, so the database work overlaps the
+    /// broker's. Under a backlog two full batches are in flight; at low rates
+    /// a commit signal claims at once even while small batches are in flight
+    /// (up to `MAX_IN_FLIGHT`), so an event does not wait for the previous
+    /// batch's round trip.
     pub(crate) async fn run(mut self) {
-        let mut in_flight: Option<InFlight> = None;
+        let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         let mut failures = 0u32;
         let mut idle_wait = IDLE_WAIT_FIRST;
         let mut next_rebalance = Instant::now();
@@ -89,9 +95,7 @@ impl Worker {
             if now >= next_rebalance {
                 // Lanes move only while nothing of ours is in flight, so a
                 // lane's next owner cannot overtake our deliveries.
-                if let Some(batch) = in_flight.take()
-                    && let Err(error) = self.settle(batch).await
-                {
+                if let Err(error) = self.settle_all(&mut in_flight).await {
                     self.failed(error, &mut failures, &mut next_rebalance).await;
                     continue;
                 }
@@ -116,71 +120,92 @@ impl Worker {
                 continue;
             }
 
-            let had_in_flight = in_flight.is_some();
-            let next = match self.claim_and_enqueue(in_flight.as_ref()).await {
-                Ok(next) => next,
-                Err(error) => {
-                    // The previous batch cannot be marked on a dead
-                    // connection either: it is published again later.
-                    in_flight = None;
-                    self.failed(error, &mut failures, &mut next_rebalance).await;
-                    continue;
-                }
-            };
-            let claimed = next.as_ref().map_or(0, |batch| batch.rows.len());
-            let mut settled = None;
-            if let Some(batch) = in_flight.take() {
-                match self.settle(batch).await {
-                    Ok(outcome) => settled = Some(outcome),
+            let mut claimed = 0;
+            if self.has_room(&in_flight) {
+                match self.claim_and_enqueue(&in_flight).await {
+                    Ok(Some(batch)) => {
+                        claimed = batch.rows.len();
+                        in_flight.push_back(batch);
+                    }
+                    Ok(None) => {}
                     Err(error) => {
-                        // `next` is dropped unsettled: published again later.
+                        // Unsettled batches cannot be marked on a dead
+                        // connection either: they are published again later.
+                        in_flight.clear();
                         self.failed(error, &mut failures, &mut next_rebalance).await;
                         continue;
                     }
                 }
             }
-            in_flight = next;
-
-            if settled.as_ref().is_some_and(|s| s.outage) {
-                // The batch just enqueued will most likely fail too: settle it
-                // before pausing, so nothing stays in flight during the pause.
-                if let Some(batch) = in_flight.take()
-                    && let Err(error) = self.settle(batch).await
-                {
-                    self.failed(error, &mut failures, &mut next_rebalance).await;
-                    continue;
-                }
-                failures += 1;
-                if failures >= REBUILD_AFTER_OUTAGES {
-                    match self.publisher.rebuild() {
-                        Ok(()) => Totals::add(&self.totals.producer_rebuilds, 1),
-                        Err(error) => {
-                            tracing::error!(%error, "outbox relay could not rebuild its producer");
+            if in_flight.is_empty() {
+                idle_wait = (idle_wait * 2).min(self.config.poll_interval);
+                let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
+                self.idle(idle_wait.min(until_rebalance)).await;
+                continue;
+            }
+            idle_wait = IDLE_WAIT_FIRST;
+            if claimed >= self.config.batch_size && in_flight.len() < 2 {
+                continue; // a backlog: fill the pipeline first
+            }
+            let room = self.has_room(&in_flight);
+            let oldest = in_flight.front_mut().expect("not empty");
+            let woken = tokio::select! {
+                () = oldest.pending.delivered() => false,
+                () = self.wakeup.committed(), if room => true,
+            };
+            if woken {
+                continue; // claim the new commits now, settle afterwards
+            }
+            let batch = in_flight.pop_front().expect("not empty");
+            match self.settle(batch).await {
+                Ok(settled) if settled.outage => {
+                    // The batches behind it will most likely fail too: settle
+                    // them before pausing, so nothing stays in flight.
+                    if let Err(error) = self.settle_all(&mut in_flight).await {
+                        self.failed(error, &mut failures, &mut next_rebalance).await;
+                        continue;
+                    }
+                    failures += 1;
+                    if failures >= REBUILD_AFTER_OUTAGES {
+                        match self.publisher.rebuild() {
+                            Ok(()) => Totals::add(&self.totals.producer_rebuilds, 1),
+                            Err(error) => {
+                                tracing::error!(%error, "outbox relay could not rebuild its producer");
+                            }
                         }
                     }
+                    self.pause(error_delay(&self.config, failures)).await;
                 }
-                self.pause(error_delay(&self.config, failures)).await;
-                continue;
+                Ok(_) => failures = 0,
+                Err(error) => {
+                    in_flight.clear();
+                    self.failed(error, &mut failures, &mut next_rebalance).await;
+                }
             }
-            if settled.is_some() {
-                failures = 0; // a batch went through (or was refused on its own merits)
-            }
-            if claimed > 0 || had_in_flight {
-                // Work is moving: claim again at once (settling paces the loop).
-                idle_wait = IDLE_WAIT_FIRST;
-                continue;
-            }
-            idle_wait = (idle_wait * 2).min(self.config.poll_interval);
-            let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
-            self.idle(idle_wait.min(until_rebalance)).await;
         }
-        // Graceful shutdown: the batch in flight is awaited and marked.
-        if let Some(batch) = in_flight.take()
-            && let Err(error) = self.settle(batch).await
-        {
-            tracing::warn!(%error, "outbox relay could not settle its last batch");
+        // Graceful shutdown: the batches in flight are awaited and marked.
+        if let Err(error) = self.settle_all(&mut in_flight).await {
+            tracing::warn!(%error, "outbox relay could not settle its last batches");
         }
         self.lanes.release().await;
+    }
+
+    /// Whether another batch may be claimed: always up to two batches (claim
+    /// overlapping delivery), more only while they are small.
+    fn has_room(&self, in_flight: &VecDeque<InFlight>) -> bool {
+        let rows: usize = in_flight.iter().map(|batch| batch.rows.len()).sum();
+        in_flight.len() < 2 || (in_flight.len() < MAX_IN_FLIGHT && rows < self.config.batch_size)
+    }
+
+    /// Settles every batch in flight, oldest first.
+    async fn settle_all(&mut self, in_flight: &mut VecDeque<InFlight>) -> Result<(), BatchError> {
+        while let Some(batch) = in_flight.pop_front() {
+            if let Err(error) = self.settle(batch).await {
+                in_flight.clear();
+                return Err(error);
+            }
+        }
+        Ok(())
     }
 
     async fn failed(
@@ -204,16 +229,16 @@ impl Worker {
         self.pause(error_delay(&self.config, *failures)).await;
     }
 
-    /// Claims the next batch (leaving out the one in flight) and hands it to
+    /// Claims the next batch (leaving out the ones in flight) and hands it to
     /// the producer. `None` when nothing is publishable.
     async fn claim_and_enqueue(
         &mut self,
-        in_flight: Option<&InFlight>,
+        in_flight: &VecDeque<InFlight>,
     ) -> Result<Option<InFlight>, BatchError> {
         let started = Instant::now();
         let lanes = self.lanes.owned();
         let lane_count = self.lanes.lane_count();
-        let exclude = in_flight.map(InFlight::ids).unwrap_or_default();
+        let exclude: Vec<i64> = in_flight.iter().flat_map(InFlight::ids).collect();
         let conn = self
             .lanes
             .connection()
@@ -230,7 +255,7 @@ impl Worker {
             rejected = field::Empty,
             unavailable = field::Empty,
         );
-        let held_keys = in_flight.map(InFlight::keys).unwrap_or_default();
+        let held_keys: HashSet<String> = in_flight.iter().flat_map(InFlight::keys).collect();
         let pending = self
             .publisher
             .enqueue(&rows, &held_keys)
