@@ -5,8 +5,9 @@
 //! enqueues the whole batch into an idempotent producer, awaits every delivery
 //! report together, and marks the delivered rows with one `UPDATE`. Rows are
 //! never deleted; only confirmed deliveries are marked, so a crash at any
-//! point republishes at most one batch (delivery is at-least-once: receivers
-//! dedup on `event_id`).
+//! point republishes at most the batches in flight (delivery is
+//! at-least-once: receivers dedup on `event_id`). The next batch is claimed
+//! while the previous one is being delivered.
 //!
 //! Several relays (in one process or many) can run against one database:
 //! partition keys are hashed into lanes, each owned by one relay at a time
