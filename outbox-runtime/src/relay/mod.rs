@@ -5,8 +5,9 @@
 //! enqueues the whole batch into an idempotent producer, awaits every delivery
 //! report together, and marks the delivered rows with one `UPDATE`. Rows are
 //! never deleted; only confirmed deliveries are marked, so a crash at any
-//! point republishes at most one batch (delivery is at-least-once: receivers
-//! dedup on `event_id`).
+//! point republishes at most the batches in flight (delivery is
+//! at-least-once: receivers dedup on `event_id`). The next batch is claimed
+//! while the previous one is being delivered.
 //!
 //! Several relays (in one process or many) can run against one database:
 //! partition keys are hashed into lanes, each owned by one relay at a time
@@ -42,6 +43,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{RelayBuilder, RelayConfig};
+#[doc(hidden)]
+pub use store::claim_and_mark_without_publishing;
 pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
 
 use publish::Publisher;
@@ -123,6 +126,8 @@ pub struct RelaySummary {
     pub batches: u64,
     /// Errors met (each also counted in `outbox_relay_errors_total`).
     pub errors: u64,
+    /// Times the producer was replaced after a fatal error or an outage.
+    pub producer_rebuilds: u64,
     /// `true` if the relay stopped within `shutdown_timeout`; `false` if it
     /// had to be aborted (its unmarked rows are published again later).
     pub clean: bool,
@@ -164,6 +169,7 @@ impl RelayHandle {
             parked: Totals::get(&self.totals.parked),
             batches: Totals::get(&self.totals.batches),
             errors: Totals::get(&self.totals.errors),
+            producer_rebuilds: Totals::get(&self.totals.producer_rebuilds),
             clean: true,
         }
     }

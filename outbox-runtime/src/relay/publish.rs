@@ -1,14 +1,16 @@
 //! Turning claimed rows into Kafka records and delivering a batch at once.
 
 use std::collections::HashSet;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
+use futures::future::{JoinAll, join_all};
 use outbox_core::wire;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use tokio::time::Timeout;
 
 use super::store::ClaimedRow;
 
@@ -17,7 +19,8 @@ use super::store::ClaimedRow;
 pub(crate) enum Outcome {
     /// The broker acknowledged it (`acks=all`).
     Delivered,
-    /// Not sent because an earlier row of its key failed in this batch.
+    /// Not sent: an earlier row of its key failed in this batch or is still
+    /// in flight in the previous one. Claimed again later.
     Held,
     /// Refused for a reason tied to this message (too large, unknown topic,
     /// not authorized): counts as a failed attempt.
@@ -59,30 +62,35 @@ impl Publisher {
         Ok(Some(format!("{code:?}: {reason}")))
     }
 
-    /// Replaces the producer by a new one (fresh producer id). After a broker
-    /// lost its producer state (restarted empty, topic recreated) librdkafka
-    /// answers `UNKNOWN_PRODUCER_ID` by bumping the epoch locally, which such
-    /// a broker keeps refusing: every message times out, for ever, and no
-    /// fatal error is raised. Only a new producer (`InitProducerId`) gets out.
+    /// Replaces the producer by a fresh one (new connections, metadata and
+    /// producer id). Called after whole batches failed: nothing of ours is in
+    /// flight then, and a restarted broker may have forgotten our producer id.
     pub(crate) fn rebuild(&mut self) -> Result<(), KafkaError> {
         self.producer = self.config.create()?;
         Ok(())
     }
 
-    /// Enqueues every row (in order), then awaits all delivery reports.
-    pub(crate) async fn publish(&self, rows: &[ClaimedRow]) -> Vec<Outcome> {
+    /// Enqueues every row, in order, and returns at once: the deliveries
+    /// proceed while the relay claims its next batch. Rows whose key is in
+    /// `held_keys` (still in flight in the previous batch), or whose key had
+    /// an earlier row fail to enqueue here, are held back for a later batch:
+    /// a later event of a key never goes out while an earlier one may still fail.
+    pub(crate) async fn enqueue(
+        &self,
+        rows: &[ClaimedRow],
+        held_keys: &HashSet<String>,
+    ) -> PendingBatch {
         let deadline = Instant::now() + self.delivery_timeout;
         let mut outcomes = vec![Outcome::Held; rows.len()];
         let mut failed_keys: HashSet<&str> = HashSet::new();
         let mut pending = Vec::with_capacity(rows.len());
         for (index, row) in rows.iter().enumerate() {
-            // A later event of a key whose earlier event failed must not
-            // overtake it: hold it back for the next batch.
-            if failed_keys.contains(row.partition_key.as_str()) {
+            let key = row.partition_key.as_str();
+            if held_keys.contains(key) || failed_keys.contains(key) {
                 continue;
             }
             let mut record = FutureRecord::to(&row.topic)
-                .key(row.partition_key.as_str())
+                .key(key)
                 .payload(row.payload.as_str())
                 .headers(headers(row));
             loop {
@@ -100,7 +108,7 @@ impl Publisher {
                     }
                     Err((error, _)) => {
                         outcomes[index] = classify(&error);
-                        failed_keys.insert(row.partition_key.as_str());
+                        failed_keys.insert(key);
                         break;
                     }
                 }
@@ -109,15 +117,41 @@ impl Publisher {
         let (indices, futures): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
         // librdkafka fails every message after message.timeout.ms; the margin
         // only guards against a lost report.
-        let reports = tokio::time::timeout(
-            self.delivery_timeout + Duration::from_secs(5),
-            join_all(futures),
-        )
-        .await;
+        let wait_at_most = self.delivery_timeout + Duration::from_secs(5);
+        PendingBatch {
+            outcomes,
+            indices,
+            reports: Some(Box::pin(tokio::time::timeout(
+                wait_at_most,
+                join_all(futures),
+            ))),
+        }
+    }
+}
+
+type Reports = Pin<Box<Timeout<JoinAll<DeliveryFuture>>>>;
+
+/// A batch handed to the producer, its delivery reports still to come.
+pub(crate) struct PendingBatch {
+    outcomes: Vec<Outcome>,
+    indices: Vec<usize>,
+    /// `None` once every report is in (and copied into `outcomes`).
+    reports: Option<Reports>,
+}
+
+impl PendingBatch {
+    /// Returns when every delivery report is in. Cancel-safe: the reports
+    /// stay in `self`, so a wait interrupted (by a commit signal) resumes.
+    pub(crate) async fn delivered(&mut self) {
+        let Some(reports) = self.reports.as_mut() else {
+            return;
+        };
+        let reports = reports.as_mut().await;
+        self.reports = None;
         match reports {
             Ok(reports) => {
-                for (index, report) in indices.into_iter().zip(reports) {
-                    outcomes[index] = match report {
+                for (&index, report) in self.indices.iter().zip(reports) {
+                    self.outcomes[index] = match report {
                         Ok(Ok(_delivery)) => Outcome::Delivered,
                         Ok(Err((error, _message))) => classify(&error),
                         Err(_canceled) => {
@@ -127,12 +161,18 @@ impl Publisher {
                 }
             }
             Err(_elapsed) => {
-                for index in indices {
-                    outcomes[index] = Outcome::Unavailable("no delivery report in time".into());
+                for &index in &self.indices {
+                    self.outcomes[index] =
+                        Outcome::Unavailable("no delivery report in time".into());
                 }
             }
         }
-        outcomes
+    }
+
+    /// Awaits every delivery report; one outcome per row, in row order.
+    pub(crate) async fn outcomes(mut self) -> Vec<Outcome> {
+        self.delivered().await;
+        self.outcomes
     }
 }
 

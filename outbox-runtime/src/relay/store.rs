@@ -1,7 +1,7 @@
 //! Every SQL statement of the relay, and the public queries on parked rows.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 /// One claimed row, as it goes to Kafka.
@@ -20,8 +20,12 @@ pub(crate) struct ClaimedRow {
     pub attempts: i32,
 }
 
-/// Claims up to `limit` publishable rows of the given lanes, in id order.
+/// Claims up to `limit` publishable rows of the given lanes, in id order,
+/// leaving out the rows of the batch still in flight.
 ///
+/// The statement is its own transaction: exclusivity while the batch is in
+/// flight comes from lane ownership (see `lanes`), not from row locks, so
+/// the relay can claim its next batch while the previous one is delivered.
 /// A row is skipped while an earlier row of its key waits for a retry
 /// (`next_attempt_at` in the future), so one key's failure holds back that key
 /// only; parked rows hold back nothing. `SKIP LOCKED` keeps a relay from
@@ -35,6 +39,7 @@ pub(crate) async fn claim(
     conn: &mut PgConnection,
     lane_count: u32,
     lanes: &[i32],
+    in_flight: &[i64],
     limit: usize,
 ) -> sqlx::Result<Vec<ClaimedRow>> {
     sqlx::query_as(
@@ -44,6 +49,7 @@ pub(crate) async fn claim(
          WHERE o.published_at IS NULL AND o.parked_at IS NULL
            AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
            AND (hashtext(o.partition_key) & 2147483647) % $1 = ANY($2)
+           AND o.id <> ALL($4)
            AND NOT EXISTS (
                SELECT 1 FROM outbox_event b
                WHERE b.partition_key = o.partition_key AND b.id < o.id
@@ -56,19 +62,63 @@ pub(crate) async fn claim(
     .bind(lane_count as i32)
     .bind(lanes)
     .bind(limit as i64)
+    .bind(in_flight)
     .fetch_all(conn)
     .await
 }
 
+/// The relay's database work for one batch without the publishing: the same
+/// claim and the same settling transaction, every claimed row marked. Used by
+/// the benchmark to measure the database's share of the relay's cost.
+#[doc(hidden)]
+pub async fn claim_and_mark_without_publishing(
+    conn: &mut PgConnection,
+    lane_count: u32,
+    lanes: &[i32],
+    limit: usize,
+) -> sqlx::Result<usize> {
+    let rows = claim(conn, lane_count, lanes, &[], limit).await?;
+    let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+    settle(conn, &ids, &[], 1).await?;
+    Ok(ids.len())
+}
+
+/// Records a batch's outcome in one transaction: marks the delivered rows and
+/// counts the rejected ones. Returns how many rows were parked.
+pub(crate) async fn settle(
+    conn: &mut PgConnection,
+    delivered: &[i64],
+    rejections: &[Rejection],
+    max_attempts: u32,
+) -> sqlx::Result<u64> {
+    let mut tx = conn.begin().await?;
+    // This transaction only records deliveries. A mark lost in a crash right
+    // after commit makes the row publish again, which receivers dedup anyway
+    // (delivery is at-least-once), so it need not wait for the WAL flush:
+    // that wait is most of a small transaction's cost.
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
+    mark_published(&mut tx, delivered).await?;
+    let parked = record_rejections(&mut tx, rejections, max_attempts).await?;
+    tx.commit().await?;
+    Ok(parked)
+}
+
 /// Marks delivered rows as published, in one statement.
-pub(crate) async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
+async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
     if ids.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query("UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)")
-        .bind(ids)
-        .execute(conn)
-        .await?;
+    // statement_timestamp(), not now(): now() is the start of the batch's
+    // transaction, i.e. the claim; this statement runs once the broker has
+    // acknowledged every row, which is when they were published.
+    let done = sqlx::query(
+        "UPDATE outbox_event SET published_at = statement_timestamp() WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .execute(conn)
+    .await?;
     Ok(done.rows_affected())
 }
 
@@ -82,7 +132,7 @@ pub(crate) struct Rejection {
 
 /// Records failed attempts in one statement and parks the rows that reached
 /// `max_attempts`. Returns how many were parked.
-pub(crate) async fn record_rejections(
+async fn record_rejections(
     conn: &mut PgConnection,
     rejections: &[Rejection],
     max_attempts: u32,

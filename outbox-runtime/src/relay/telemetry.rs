@@ -31,6 +31,7 @@ pub(crate) struct Totals {
     pub parked: AtomicU64,
     pub batches: AtomicU64,
     pub errors: AtomicU64,
+    pub producer_rebuilds: AtomicU64,
 }
 
 impl Totals {

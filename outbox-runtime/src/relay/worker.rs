@@ -1,23 +1,31 @@
 //! The relay loop: rebalance lanes, claim, publish, mark, wait.
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::wakeup::CommitListener;
 use rand::Rng;
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, field};
+use tracing::{Instrument, Span, field};
 
 use super::config::RelayConfig;
 use super::lanes::Lanes;
-use super::publish::{Outcome, Publisher};
-use super::store::{self, Rejection};
+use super::publish::{Outcome, PendingBatch, Publisher};
+use super::store::{self, ClaimedRow, Rejection};
 use super::telemetry::{self as metric, Totals};
 
 /// First wait after a poll that found fewer rows than a batch; doubles while
 /// polls stay empty, up to `poll_interval`.
 const IDLE_WAIT_FIRST: Duration = Duration::from_millis(5);
+
+/// Consecutive batches that failed as a whole after which the producer is
+/// rebuilt.
+const REBUILD_AFTER_OUTAGES: u32 = 2;
+
+/// Most batches in flight at once (see [`Worker::run`]).
+const MAX_IN_FLIGHT: usize = 4;
 
 pub(crate) struct Worker {
     pub pool: PgPool,
@@ -29,10 +37,30 @@ pub(crate) struct Worker {
     pub wakeup: CommitListener,
 }
 
-/// What one batch did.
-#[derive(Debug, Default)]
-struct BatchReport {
-    claimed: usize,
+/// A claimed batch handed to the producer, not yet settled.
+struct InFlight {
+    rows: Vec<ClaimedRow>,
+    pending: PendingBatch,
+    started: Instant,
+    span: Span,
+}
+
+impl InFlight {
+    fn ids(&self) -> Vec<i64> {
+        self.rows.iter().map(|row| row.id).collect()
+    }
+
+    fn keys(&self) -> HashSet<String> {
+        self.rows
+            .iter()
+            .map(|row| row.partition_key.clone())
+            .collect()
+    }
+}
+
+/// What settling one batch found.
+#[derive(Debug)]
+struct Settled {
     /// Nothing got through and only for reasons outside the messages: the
     /// broker is unreachable, so back off instead of polling again.
     outage: bool,
@@ -49,7 +77,15 @@ enum BatchError {
 }
 
 impl Worker {
+    /// The loop is a pipeline: while batches are being delivered, the next
+    /// one is claimed and enqueued, and each batch is settled (marked) once
+    /// its deliveries are in, oldest first, so the database work overlaps the
+    /// broker's. Under a backlog two full batches are in flight; at low rates
+    /// a commit signal claims at once even while small batches are in flight
+    /// (up to `MAX_IN_FLIGHT`), so an event does not wait for the previous
+    /// batch's round trip.
     pub(crate) async fn run(mut self) {
+        let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         let mut failures = 0u32;
         let mut idle_wait = IDLE_WAIT_FIRST;
         let mut next_rebalance = Instant::now();
@@ -57,6 +93,12 @@ impl Worker {
         while !self.cancel.is_cancelled() {
             let now = Instant::now();
             if now >= next_rebalance {
+                // Lanes move only while nothing of ours is in flight, so a
+                // lane's next owner cannot overtake our deliveries.
+                if let Err(error) = self.settle_all(&mut in_flight).await {
+                    self.failed(error, &mut failures, &mut next_rebalance).await;
+                    continue;
+                }
                 next_rebalance = now + self.config.rebalance_interval;
                 if let Err(error) = self.lanes.rebalance(&self.pool).await {
                     tracing::warn!(%error, "outbox relay could not take its lanes");
@@ -77,96 +119,173 @@ impl Worker {
                     .await;
                 continue;
             }
-            match self.batch().await {
-                Ok(report) if report.outage => {
+
+            let mut claimed = 0;
+            if self.has_room(&in_flight) {
+                match self.claim_and_enqueue(&in_flight).await {
+                    Ok(Some(batch)) => {
+                        claimed = batch.rows.len();
+                        in_flight.push_back(batch);
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        // Unsettled batches cannot be marked on a dead
+                        // connection either: they are published again later.
+                        in_flight.clear();
+                        self.failed(error, &mut failures, &mut next_rebalance).await;
+                        continue;
+                    }
+                }
+            }
+            if in_flight.is_empty() {
+                idle_wait = (idle_wait * 2).min(self.config.poll_interval);
+                let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
+                self.idle(idle_wait.min(until_rebalance)).await;
+                continue;
+            }
+            idle_wait = IDLE_WAIT_FIRST;
+            if claimed >= self.config.batch_size && in_flight.len() < 2 {
+                continue; // a backlog: fill the pipeline first
+            }
+            let room = self.has_room(&in_flight);
+            let oldest = in_flight.front_mut().expect("not empty");
+            let woken = tokio::select! {
+                () = oldest.pending.delivered() => false,
+                () = self.wakeup.committed(), if room => true,
+            };
+            if woken {
+                continue; // claim the new commits now, settle afterwards
+            }
+            let batch = in_flight.pop_front().expect("not empty");
+            match self.settle(batch).await {
+                Ok(settled) if settled.outage => {
+                    // The batches behind it will most likely fail too: settle
+                    // them before pausing, so nothing stays in flight.
+                    if let Err(error) = self.settle_all(&mut in_flight).await {
+                        self.failed(error, &mut failures, &mut next_rebalance).await;
+                        continue;
+                    }
                     failures += 1;
-                    // Two whole batches timed out: the producer may be wedged
-                    // rather than the broker down (see `Publisher::rebuild`);
-                    // every delivery report is in, so a new one loses nothing.
-                    if failures >= 2 {
+                    if failures >= REBUILD_AFTER_OUTAGES {
                         match self.publisher.rebuild() {
-                            Ok(()) => tracing::warn!(
-                                failures,
-                                "outbox relay rebuilt its producer after batches that all timed out"
-                            ),
+                            Ok(()) => Totals::add(&self.totals.producer_rebuilds, 1),
                             Err(error) => {
                                 tracing::error!(%error, "outbox relay could not rebuild its producer");
-                                self.count_error("fatal_producer");
                             }
                         }
                     }
                     self.pause(error_delay(&self.config, failures)).await;
                 }
-                Ok(report) => {
-                    failures = 0;
-                    if report.claimed >= self.config.batch_size {
-                        idle_wait = IDLE_WAIT_FIRST;
-                        continue; // more is waiting: go again at once
-                    }
-                    idle_wait = if report.claimed > 0 {
-                        IDLE_WAIT_FIRST
-                    } else {
-                        (idle_wait * 2).min(self.config.poll_interval)
-                    };
-                    let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
-                    self.idle(idle_wait.min(until_rebalance)).await;
-                }
+                Ok(_) => failures = 0,
                 Err(error) => {
-                    tracing::warn!(%error, "outbox relay batch failed");
-                    if matches!(error, BatchError::Database(_)) {
-                        self.count_error("database");
-                        // The session may be gone, and its lane locks with it.
-                        self.lanes.reset();
-                        next_rebalance = Instant::now();
-                    } else if matches!(error, BatchError::Producer(_)) {
-                        self.count_error("fatal_producer");
-                    }
-                    failures += 1;
-                    self.pause(error_delay(&self.config, failures)).await;
+                    in_flight.clear();
+                    self.failed(error, &mut failures, &mut next_rebalance).await;
                 }
             }
+        }
+        // Graceful shutdown: the batches in flight are awaited and marked.
+        if let Err(error) = self.settle_all(&mut in_flight).await {
+            tracing::warn!(%error, "outbox relay could not settle its last batches");
         }
         self.lanes.release().await;
     }
 
-    async fn batch(&mut self) -> Result<BatchReport, BatchError> {
-        let span = tracing::info_span!(
-            "outbox_relay_batch",
-            claimed = field::Empty,
-            published = field::Empty,
-            rejected = field::Empty,
-            unavailable = field::Empty,
-        );
-        self.batch_inner(span.clone()).instrument(span).await
+    /// Whether another batch may be claimed: always up to two batches (claim
+    /// overlapping delivery), more only while they are small.
+    fn has_room(&self, in_flight: &VecDeque<InFlight>) -> bool {
+        let rows: usize = in_flight.iter().map(|batch| batch.rows.len()).sum();
+        in_flight.len() < 2 || (in_flight.len() < MAX_IN_FLIGHT && rows < self.config.batch_size)
     }
 
-    async fn batch_inner(&mut self, span: tracing::Span) -> Result<BatchReport, BatchError> {
+    /// Settles every batch in flight, oldest first.
+    async fn settle_all(&mut self, in_flight: &mut VecDeque<InFlight>) -> Result<(), BatchError> {
+        while let Some(batch) = in_flight.pop_front() {
+            if let Err(error) = self.settle(batch).await {
+                in_flight.clear();
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    async fn failed(
+        &mut self,
+        error: BatchError,
+        failures: &mut u32,
+        next_rebalance: &mut Instant,
+    ) {
+        tracing::warn!(%error, "outbox relay batch failed");
+        match error {
+            BatchError::Database(_) => {
+                self.count_error("database");
+                // The session may be gone, and its lane locks with it.
+                self.lanes.reset();
+                *next_rebalance = Instant::now();
+            }
+            BatchError::Producer(_) => self.count_error("fatal_producer"),
+            BatchError::SimulatedCrash => {}
+        }
+        *failures += 1;
+        self.pause(error_delay(&self.config, *failures)).await;
+    }
+
+    /// Claims the next batch (leaving out the ones in flight) and hands it to
+    /// the producer. `None` when nothing is publishable.
+    async fn claim_and_enqueue(
+        &mut self,
+        in_flight: &VecDeque<InFlight>,
+    ) -> Result<Option<InFlight>, BatchError> {
         let started = Instant::now();
         let lanes = self.lanes.owned();
         let lane_count = self.lanes.lane_count();
+        let exclude: Vec<i64> = in_flight.iter().flat_map(InFlight::ids).collect();
         let conn = self
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let mut tx = conn.begin().await?;
-        // This transaction only writes the marks. A mark lost in a crash right
-        // after commit makes the row publish again, which receivers dedup
-        // anyway (delivery is at-least-once), so it need not wait for the WAL
-        // flush: that wait is most of a small transaction's cost.
-        sqlx::query("SET LOCAL synchronous_commit = off")
-            .execute(&mut *tx)
-            .await?;
-        let rows = store::claim(&mut tx, lane_count, &lanes, self.config.batch_size).await?;
-        span.record("claimed", rows.len());
+        let rows = store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size).await?;
         if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(BatchReport::default());
+            return Ok(None);
         }
-        let outcomes = self.publisher.publish(&rows).await;
-        if self.config.crash_before_mark {
-            return Err(BatchError::SimulatedCrash); // the rollback drops every mark
-        }
+        let span = tracing::info_span!(
+            "outbox_relay_batch",
+            claimed = rows.len(),
+            published = field::Empty,
+            held = field::Empty,
+            rejected = field::Empty,
+            unavailable = field::Empty,
+        );
+        let held_keys: HashSet<String> = in_flight.iter().flat_map(InFlight::keys).collect();
+        let pending = self
+            .publisher
+            .enqueue(&rows, &held_keys)
+            .instrument(span.clone())
+            .await;
+        Ok(Some(InFlight {
+            rows,
+            pending,
+            started,
+            span,
+        }))
+    }
 
+    /// Awaits a batch's deliveries and records them in one transaction.
+    async fn settle(&mut self, batch: InFlight) -> Result<Settled, BatchError> {
+        let span = batch.span.clone();
+        self.settle_inner(batch).instrument(span).await
+    }
+
+    async fn settle_inner(&mut self, batch: InFlight) -> Result<Settled, BatchError> {
+        let InFlight {
+            rows,
+            pending,
+            started,
+            span,
+        } = batch;
+        let outcomes = pending.outcomes().await;
+        if self.config.crash_before_mark {
+            return Err(BatchError::SimulatedCrash);
+        }
         let delivered: Vec<i64> = rows
             .iter()
             .zip(&outcomes)
@@ -174,7 +293,7 @@ impl Worker {
             .map(|(row, _)| row.id)
             .collect();
         let mut rejections = Vec::new();
-        let mut unavailable = 0usize;
+        let (mut unavailable, mut held) = (0usize, 0usize);
         for (row, outcome) in rows.iter().zip(&outcomes) {
             let error = match outcome {
                 Outcome::Rejected(error) => error,
@@ -185,7 +304,11 @@ impl Worker {
                     unavailable += 1;
                     continue;
                 }
-                Outcome::Delivered | Outcome::Held => continue,
+                Outcome::Held => {
+                    held += 1;
+                    continue;
+                }
+                Outcome::Delivered => continue,
             };
             rejections.push(Rejection {
                 id: row.id,
@@ -193,12 +316,14 @@ impl Worker {
                 retry_in_ms: retry_delay(&self.config, row.attempts).as_millis() as i64,
             });
         }
-        store::mark_published(&mut tx, &delivered).await?;
-        let parked =
-            store::record_rejections(&mut tx, &rejections, self.config.max_attempts).await?;
-        tx.commit().await?;
+        let conn = self
+            .lanes
+            .connection()
+            .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
+        let parked = store::settle(conn, &delivered, &rejections, self.config.max_attempts).await?;
 
         span.record("published", delivered.len());
+        span.record("held", held);
         span.record("rejected", rejections.len());
         span.record("unavailable", unavailable);
         Totals::add(&self.totals.published, delivered.len() as u64);
@@ -219,14 +344,28 @@ impl Worker {
         }
         if unavailable > 0 {
             self.count_error("broker_unavailable");
+            let error = outcomes.iter().find_map(|o| match o {
+                Outcome::Unavailable(error) => Some(error.as_str()),
+                _ => None,
+            });
+            tracing::warn!(
+                unavailable,
+                error,
+                "outbox relay: broker unavailable, events kept"
+            );
         }
-        if let Some(fatal) = self.publisher.rebuild_if_fatal()? {
+        let rebuilt = self.publisher.rebuild_if_fatal()?;
+        if let Some(fatal) = &rebuilt {
             tracing::error!(%fatal, "outbox relay rebuilt its producer after a fatal error");
             self.count_error("fatal_producer");
+            Totals::add(&self.totals.producer_rebuilds, 1);
         }
-        Ok(BatchReport {
-            claimed: rows.len(),
-            outage: delivered.is_empty() && rejections.is_empty() && unavailable > 0,
+        Ok(Settled {
+            // After a fatal error the new producer deserves a try at once.
+            outage: delivered.is_empty()
+                && rejections.is_empty()
+                && unavailable > 0
+                && rebuilt.is_none(),
         })
     }
 

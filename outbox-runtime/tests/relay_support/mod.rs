@@ -50,6 +50,7 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
 }
 
 pub async fn migrated(pool: &PgPool) {
+    init_tracing();
     outbox_runtime::migrations::run(pool).await.unwrap();
 }
 
@@ -294,4 +295,12 @@ impl Drop for OwnBroker {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Relay logs in test output, filtered by `RUST_LOG` (e.g. `RUST_LOG=outbox_runtime=debug`).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
 }

@@ -1,0 +1,567 @@
+//! Relay benchmark against the real PostgreSQL and the real broker. Every
+//! figure is measured in the same run as the figures it is compared with.
+//!
+//! ```text
+//! scripts/services.sh up
+//! cargo bench -p outbox-runtime --bench relay
+//! # quick run:
+//! RELAY_BENCH_EVENTS=20000 RELAY_BENCH_PUBLISHED_ROWS=500000 RELAY_BENCH_LATENCY_SECS=5 \
+//!     cargo bench -p outbox-runtime --bench relay
+//! ```
+//!
+//! Environment (defaults in brackets): `DATABASE_URL`, `KAFKA_BROKERS_TEST`
+//! [127.0.0.1:9092], `RELAY_BENCH_EVENTS` [100000] backlog drained,
+//! `RELAY_BENCH_BASELINE_EVENTS` [2000] drained by the seed-style loop,
+//! `RELAY_BENCH_BATCH` [1000], `RELAY_BENCH_PUBLISHED_ROWS` [5000000] already
+//! published rows for the large-table run, `RELAY_BENCH_RATE` [1000] events/s
+//! and `RELAY_BENCH_LATENCY_SECS` [10] for the latency run.
+//!
+//! `RELAY_BENCH_ROUNDS` [3] rounds of the throughput figures; ratios are
+//! taken within a round, and their medians printed. The benchmark works in its own databases `outbox_bench_relay`
+//! and `outbox_bench_relay_large` (dropped and recreated at start).
+#![allow(missing_docs)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use outbox_runtime::relay::{Relay, RelayHandle};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+const KEYS: i64 = 10_000;
+const PARTITIONS: i32 = 8;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// When a commit returned: monotonic, and wall clock.
+type CommitTime = (Instant, SystemTime);
+
+struct Latency {
+    rate: f64,
+    publish_p50: Duration,
+    publish_p99: Duration,
+    consumer_p50: Duration,
+    consumer_p99: Duration,
+}
+
+struct Bench {
+    pool: PgPool,
+    brokers: String,
+    batch: usize,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let events = env_usize("RELAY_BENCH_EVENTS", 100_000);
+    let baseline_events = env_usize("RELAY_BENCH_BASELINE_EVENTS", 2_000);
+    let published_rows = env_usize("RELAY_BENCH_PUBLISHED_ROWS", 5_000_000);
+    let rate = env_usize("RELAY_BENCH_RATE", 1_000);
+    let latency_secs = env_usize("RELAY_BENCH_LATENCY_SECS", 10);
+    let rounds = env_usize("RELAY_BENCH_ROUNDS", 3).max(1);
+    let brokers = std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let batch = env_usize("RELAY_BENCH_BATCH", 1_000);
+    let bench = Bench {
+        pool: bench_database("outbox_bench_relay").await,
+        brokers: brokers.clone(),
+        batch,
+    };
+    let large = Bench {
+        pool: bench_database("outbox_bench_relay_large").await,
+        brokers,
+        batch,
+    };
+    println!(
+        "relay benchmark: backlog {events}, baseline sample {baseline_events}, batch {batch}, \
+         {published_rows} published rows, latency at {rate}/s for {latency_secs} s, \
+         median of {rounds} rounds"
+    );
+    large.fill_published(published_rows).await;
+
+    // The machine is shared: each round measures every contender back to
+    // back, and the medians are compared.
+    let (mut relay, mut relay_large, mut producer, mut sql) = (vec![], vec![], vec![], vec![]);
+    for round in 1..=rounds {
+        relay.push(bench.relay_drain(events).await);
+        relay_large.push(large.relay_drain(events).await);
+        producer.push(bench.raw_producer(events).await);
+        sql.push(bench.bare_sql_loop(events).await);
+        println!(
+            "round {round}: relay {:.0}/s, relay over {published_rows} published rows {:.0}/s, \
+             raw producer {:.0}/s, bare SQL {:.0}/s",
+            relay[round - 1],
+            relay_large[round - 1],
+            producer[round - 1],
+            sql[round - 1]
+        );
+    }
+    // Ratios are taken within each round (same load), then the median.
+    let per_round = |f: &dyn Fn(usize) -> f64| median((0..rounds).map(f).collect());
+    let vs_lower = per_round(&|i| relay[i] / producer[i].min(sql[i]));
+    let vs_shared = per_round(&|i| relay[i] * (1.0 / producer[i] + 1.0 / sql[i]));
+    let large_vs_empty = per_round(&|i| relay_large[i] / relay[i]);
+    let (relay_rate, large_rate) = (median(relay.clone()), median(relay_large.clone()));
+    let (producer_rate, sql_rate) = (median(producer.clone()), median(sql.clone()));
+    let seed_rate = bench.seed_style_drain(baseline_events).await;
+    println!("relay drain (empty table):        {relay_rate:>10.0} events/s");
+    println!("seed-style loop (send_and_wait):  {seed_rate:>10.0} events/s");
+    println!("raw producer, same config:        {producer_rate:>10.0} msgs/s");
+    println!("bare SQL claim+mark loop:         {sql_rate:>10.0} rows/s");
+    let bound = if sql_rate < producer_rate {
+        "PostgreSQL (claim + mark)"
+    } else {
+        "the producer / broker"
+    };
+    println!(
+        "ratio relay / seed-style:         {:>10.1}x  (target >= 30x)",
+        relay_rate / seed_rate
+    );
+    println!(
+        "ratio relay / machine limit:      {:>10.0}%  (limit = lower of producer and SQL, mostly {bound}; target >= 60%)",
+        100.0 * vs_lower
+    );
+    // The broker, librdkafka and PostgreSQL run on the same few cores: when
+    // the CPU is the shared resource, their per-event costs add up.
+    println!(
+        "ratio relay / shared-CPU limit:   {:>10.0}%  (limit = 1 / (1/producer + 1/SQL))",
+        100.0 * vs_shared
+    );
+    println!("relay drain ({published_rows} published rows): {large_rate:>10.0} events/s");
+    println!(
+        "ratio large table / empty table:  {:>10.0}%  (target >= 90%)",
+        100.0 * large_vs_empty
+    );
+
+    let latency = bench.latency(rate, latency_secs).await;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "commit-to-publish latency at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms (target p99 <= 25 ms)",
+        latency.rate,
+        ms(latency.publish_p50),
+        ms(latency.publish_p99)
+    );
+    println!(
+        "commit-to-consumer latency (adds the consumer's fetch): p50 {:.1} ms, p99 {:.1} ms",
+        ms(latency.consumer_p50),
+        ms(latency.consumer_p99)
+    );
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+async fn bench_database(name: &'static str) -> PgPool {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let admin_options: PgConnectOptions = url.parse().expect("DATABASE_URL");
+    let mut admin = PgConnection::connect_with(&admin_options).await.unwrap();
+    // Names are constants of this file: no injection possible.
+    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let create = format!("CREATE DATABASE {name}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(admin_options.database(name))
+        .await
+        .unwrap();
+    outbox_runtime::migrations::run(&pool).await.unwrap();
+    pool
+}
+
+fn kafka(brokers: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    for (key, value) in std::env::vars() {
+        // Extra librdkafka settings for relay and raw producer alike, e.g.
+        // RELAY_BENCH_KAFKA_linger.ms=1
+        if let Some(key) = key.strip_prefix("RELAY_BENCH_KAFKA_") {
+            config.set(key, value);
+        }
+    }
+    config
+}
+
+impl Bench {
+    async fn topic(&self, name: &str) -> String {
+        let topic = format!("bench-{name}-{}", Uuid::new_v4().simple());
+        let admin: AdminClient<_> = kafka(&self.brokers).create().unwrap();
+        admin
+            .create_topics(
+                &[NewTopic::new(
+                    &topic,
+                    PARTITIONS,
+                    TopicReplication::Fixed(1),
+                )],
+                &AdminOptions::new(),
+            )
+            .await
+            .unwrap();
+        topic
+    }
+
+    /// Empties the outbox but for the already-published history rows.
+    async fn truncate(&self) {
+        sqlx::query("DELETE FROM outbox_event WHERE topic <> 'history'")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    /// Inserts `n` unpublished events (about 250 bytes of JSON each) over
+    /// `KEYS` keys, with `published` true for already-published filler rows.
+    async fn insert(&self, topic: &str, n: usize, published: bool) {
+        // In chunks, so a 5M-row fill does not become one giant transaction.
+        let mut done = 0;
+        while done < n {
+            let chunk = (n - done).min(500_000);
+            sqlx::query(
+                "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type,
+                                           payload, topic, partition_key, published_at)
+                 SELECT s.id, 'Order', s.k, 'OrderCreated',
+                        jsonb_build_object('event_id', s.id, 'order_id', s.k, 'amount', s.g,
+                                           'currency', 'EUR', 'note', repeat('x', 140)),
+                        $2, s.k, CASE WHEN $4 THEN now() END
+                 FROM (SELECT gen_random_uuid() AS id, 'order-' || (g % $3) AS k, g
+                       FROM generate_series(1, $1) AS g) AS s",
+            )
+            .bind(chunk as i64)
+            .bind(topic)
+            .bind(KEYS)
+            .bind(published)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+            done += chunk;
+        }
+        sqlx::query("VACUUM ANALYZE outbox_event")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    fn relay(&self) -> RelayHandle {
+        Relay::builder(self.pool.clone(), kafka(&self.brokers))
+            .batch_size(self.batch)
+            .spawn()
+            .unwrap()
+    }
+
+    /// Spawns a relay over a backlog of `n` events and times until all are marked.
+    async fn relay_drain(&self, n: usize) -> f64 {
+        self.truncate().await;
+        let topic = self.topic("drain").await;
+        self.insert(&topic, n, false).await;
+        let started = Instant::now();
+        let relay = self.relay();
+        while relay.summary().published < n as u64 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let elapsed = started.elapsed();
+        relay.shutdown().await;
+        n as f64 / elapsed.as_secs_f64()
+    }
+
+    /// The seed's loop: claim a batch, then for each row send-and-wait and
+    /// UPDATE that row, commit per batch.
+    async fn seed_style_drain(&self, n: usize) -> f64 {
+        self.truncate().await;
+        let topic = self.topic("seed").await;
+        self.insert(&topic, n, false).await;
+        let producer: FutureProducer = idempotent(&self.brokers).create().unwrap();
+        let started = Instant::now();
+        let mut conn = self.pool.acquire().await.unwrap();
+        loop {
+            let mut tx = conn.begin().await.unwrap();
+            let rows: Vec<(i64, String, String, String)> = sqlx::query_as(
+                "SELECT id, topic, partition_key, payload::text FROM outbox_event
+                 WHERE published_at IS NULL ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED",
+            )
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+            if rows.is_empty() {
+                break;
+            }
+            for (id, topic, key, payload) in rows {
+                producer
+                    .send(
+                        FutureRecord::to(&topic).key(&key).payload(&payload),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+                sqlx::query("UPDATE outbox_event SET published_at = now() WHERE id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+            }
+            tx.commit().await.unwrap();
+        }
+        n as f64 / started.elapsed().as_secs_f64()
+    }
+
+    /// The same librdkafka configuration producing `n` messages of the same
+    /// shape (key, ~250-byte JSON value, headers) as fast as it can.
+    async fn raw_producer(&self, n: usize) -> f64 {
+        let topic = self.topic("raw").await;
+        let producer: FutureProducer = idempotent(&self.brokers).create().unwrap();
+        let messages: Vec<(String, String, String)> = (0..n)
+            .map(|g| {
+                let id = Uuid::new_v4().to_string();
+                let key = format!("order-{}", g as i64 % KEYS);
+                let value = serde_json::json!({"event_id": id, "order_id": key, "amount": g,
+                    "currency": "EUR", "note": "x".repeat(140)})
+                .to_string();
+                (id, key, value)
+            })
+            .collect();
+        let started = Instant::now();
+        let mut pending = Vec::with_capacity(n);
+        for (id, key, value) in &messages {
+            let headers = OwnedHeaders::new()
+                .insert(Header {
+                    key: "event_id",
+                    value: Some(id.as_str()),
+                })
+                .insert(Header {
+                    key: "event_type",
+                    value: Some("OrderCreated"),
+                })
+                .insert(Header {
+                    key: "aggregate_type",
+                    value: Some("Order"),
+                })
+                .insert(Header {
+                    key: "aggregate_id",
+                    value: Some(key.as_str()),
+                })
+                .insert(Header {
+                    key: "content-type",
+                    value: Some("application/json"),
+                });
+            let mut record = FutureRecord::to(&topic)
+                .key(key)
+                .payload(value)
+                .headers(headers);
+            loop {
+                match producer.send_result(record) {
+                    Ok(delivery) => break pending.push(delivery),
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        record = back;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err((error, _)) => panic!("{error}"),
+                }
+            }
+        }
+        for delivery in futures::future::join_all(pending).await {
+            delivery.unwrap().map_err(|(e, _)| e).unwrap();
+        }
+        n as f64 / started.elapsed().as_secs_f64()
+    }
+
+    /// The relay's database work alone: claim and mark batches of the same
+    /// size with the relay's own statements, no publishing.
+    async fn bare_sql_loop(&self, n: usize) -> f64 {
+        self.truncate().await;
+        self.insert("unused", n, false).await;
+        let mut conn = PgConnection::connect_with(&self.pool.connect_options())
+            .await
+            .unwrap();
+        let lanes: Vec<i32> = (0..64).collect();
+        let started = Instant::now();
+        let mut total = 0;
+        loop {
+            let done = outbox_runtime::relay::claim_and_mark_without_publishing(
+                &mut conn, 64, &lanes, self.batch,
+            )
+            .await
+            .unwrap();
+            if done == 0 {
+                break;
+            }
+            total += done;
+        }
+        assert_eq!(total, n);
+        n as f64 / started.elapsed().as_secs_f64()
+    }
+
+    /// Writers commit one event per transaction at `rate`/s (each followed by
+    /// the in-process wake-up, as the handler does); a consumer notes when each
+    /// arrives.
+    async fn latency(&self, rate: usize, secs: usize) -> Latency {
+        self.truncate().await;
+        let topic = self.topic("latency").await;
+        let total = rate * secs;
+        // When each commit returned: a monotonic instant (for the consumer
+        // side) and the wall clock (to compare with published_at, which the
+        // server on this same host takes from the same clock).
+        let committed: Arc<Mutex<Vec<Option<CommitTime>>>> =
+            Arc::new(Mutex::new(vec![None; total]));
+        let consumer = {
+            let (brokers, topic) = (self.brokers.clone(), topic.clone());
+            tokio::task::spawn_blocking(move || consume_arrivals(&brokers, &topic, total))
+        };
+        let relay = Relay::builder(self.pool.clone(), kafka(&self.brokers))
+            .batch_size(self.batch)
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await; // consumer and relay settled
+
+        const WRITERS: usize = 4;
+        let started = Instant::now();
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let (pool, topic, committed) =
+                    (self.pool.clone(), topic.clone(), Arc::clone(&committed));
+                tokio::spawn(async move {
+                    let per_writer = rate / WRITERS;
+                    let mut tick =
+                        tokio::time::interval(Duration::from_secs_f64(1.0 / per_writer as f64));
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                    for seq in (w..total).step_by(WRITERS) {
+                        tick.tick().await;
+                        let id = Uuid::new_v4();
+                        sqlx::query(
+                            "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id,
+                                 event_type, payload, topic, partition_key)
+                             VALUES ($1, 'Order', $2, 'OrderCreated', $3, $4, $2)",
+                        )
+                        .bind(id)
+                        .bind(format!("order-{}", seq % 100))
+                        .bind(serde_json::json!({"event_id": id, "seq": seq}))
+                        .bind(&topic)
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                        committed.lock().unwrap()[seq] = Some((Instant::now(), SystemTime::now()));
+                        outbox_core::wakeup::notify_committed();
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        let achieved = total as f64 / started.elapsed().as_secs_f64();
+        let arrivals = consumer.await.unwrap();
+        relay.shutdown().await;
+        // Commit to broker acknowledgement: published_at is set right after
+        // the acknowledgements of the row's batch came in.
+        let published: Vec<(i64, f64)> = sqlx::query_as(
+            "SELECT (payload->>'seq')::bigint, EXTRACT(EPOCH FROM published_at)::float8
+             FROM outbox_event WHERE topic = $1",
+        )
+        .bind(&topic)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        let committed = committed.lock().unwrap();
+        let mut latencies: Vec<Duration> = arrivals
+            .iter()
+            .filter_map(|(seq, arrived)| {
+                Some(arrived.saturating_duration_since(committed[*seq]?.0))
+            })
+            .collect();
+        assert_eq!(latencies.len(), total, "every event arrived");
+        latencies.sort();
+        let at =
+            |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+        let mut to_publish: Vec<Duration> = published
+            .iter()
+            .map(|(seq, published_at)| {
+                let committed_at = committed[*seq as usize].unwrap().1;
+                let committed_at = committed_at
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs_f64();
+                Duration::from_secs_f64((published_at - committed_at).max(0.0))
+            })
+            .collect();
+        assert_eq!(to_publish.len(), total);
+        to_publish.sort();
+        let pick =
+            |q: f64| to_publish[((to_publish.len() as f64 * q) as usize).min(to_publish.len() - 1)];
+        Latency {
+            rate: achieved,
+            publish_p50: pick(0.50),
+            publish_p99: pick(0.99),
+            consumer_p50: at(0.50),
+            consumer_p99: at(0.99),
+        }
+    }
+
+    /// Adds `n` already-published rows (as months of traffic would leave).
+    async fn fill_published(&self, n: usize) {
+        let started = Instant::now();
+        self.insert("history", n, true).await;
+        println!(
+            "(filled {n} published rows in {:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+fn idempotent(brokers: &str) -> ClientConfig {
+    // What the relay builds: see RelayBuilder (idempotence, acks=all, 30 s timeout).
+    let mut config = kafka(brokers);
+    config
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "30000");
+    config
+}
+
+/// Reads the topic until `total` records arrived; returns (seq, arrival) pairs.
+fn consume_arrivals(brokers: &str, topic: &str, total: usize) -> Vec<(usize, Instant)> {
+    let consumer: BaseConsumer = kafka(brokers)
+        .set("group.id", format!("bench-{}", Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "1")
+        .set("fetch.min.bytes", "1")
+        .create()
+        .unwrap();
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        assignment
+            .add_partition_offset(topic, partition, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let mut arrivals = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while arrivals.len() < total && Instant::now() < deadline {
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            let message = message.unwrap();
+            let arrived = Instant::now();
+            let value: serde_json::Value =
+                serde_json::from_slice(message.payload().unwrap()).unwrap();
+            let seq = value["seq"].as_u64().unwrap() as usize;
+            arrivals.entry(seq).or_insert(arrived);
+        }
+    }
+    arrivals.into_iter().collect()
+}
