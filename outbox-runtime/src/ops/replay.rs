@@ -25,7 +25,6 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use outbox_core::wire;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -363,23 +362,15 @@ impl Replay {
 
 /// The relay's headers (see `outbox_core::wire`) plus [`HEADER_REPLAY`].
 fn headers(row: &Row, event_id: &str, run: &str) -> OwnedHeaders {
-    let mut pairs = vec![
-        (wire::HEADER_EVENT_ID, event_id),
-        (wire::HEADER_EVENT_TYPE, row.event_type.as_str()),
-        (wire::HEADER_AGGREGATE_TYPE, row.aggregate_type.as_str()),
-        (wire::HEADER_AGGREGATE_ID, row.aggregate_id.as_str()),
-        (wire::HEADER_CONTENT_TYPE, wire::CONTENT_TYPE_JSON),
-    ];
-    if let Some(traceparent) = &row.traceparent {
-        pairs.push((wire::HEADER_TRACEPARENT, traceparent));
-    }
-    pairs.push((HEADER_REPLAY, run));
-    pairs
-        .into_iter()
-        .fold(OwnedHeaders::new(), |headers, (key, value)| {
-            headers.insert(Header {
-                key,
-                value: Some(value),
-            })
-        })
+    crate::relay::wire_headers(&crate::relay::WireRow {
+        event_id,
+        event_type: &row.event_type,
+        aggregate_type: &row.aggregate_type,
+        aggregate_id: &row.aggregate_id,
+        traceparent: row.traceparent.as_deref(),
+    })
+    .insert(Header {
+        key: HEADER_REPLAY,
+        value: Some(run),
+    })
 }

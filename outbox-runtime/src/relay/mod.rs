@@ -48,6 +48,7 @@ pub use store::claim_and_mark_without_publishing;
 pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
 
 use publish::Publisher;
+pub(crate) use publish::{WireRow, wire_headers};
 use telemetry::Totals;
 use worker::Worker;
 

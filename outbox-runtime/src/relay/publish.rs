@@ -177,32 +177,44 @@ impl PendingBatch {
 }
 
 fn headers(row: &ClaimedRow) -> OwnedHeaders {
-    let event_id = row.event_id.to_string();
-    let mut headers = OwnedHeaders::new_with_capacity(6)
-        .insert(Header {
-            key: wire::HEADER_EVENT_ID,
-            value: Some(event_id.as_str()),
-        })
-        .insert(Header {
-            key: wire::HEADER_EVENT_TYPE,
-            value: Some(row.event_type.as_str()),
-        })
-        .insert(Header {
-            key: wire::HEADER_AGGREGATE_TYPE,
-            value: Some(row.aggregate_type.as_str()),
-        })
-        .insert(Header {
-            key: wire::HEADER_AGGREGATE_ID,
-            value: Some(row.aggregate_id.as_str()),
-        })
-        .insert(Header {
-            key: wire::HEADER_CONTENT_TYPE,
-            value: Some(wire::CONTENT_TYPE_JSON),
+    wire_headers(&WireRow {
+        event_id: &row.event_id.to_string(),
+        event_type: &row.event_type,
+        aggregate_type: &row.aggregate_type,
+        aggregate_id: &row.aggregate_id,
+        traceparent: row.traceparent.as_deref(),
+    })
+}
+
+/// What the wire-format headers of an outbox row are made of.
+pub(crate) struct WireRow<'a> {
+    pub(crate) event_id: &'a str,
+    pub(crate) event_type: &'a str,
+    pub(crate) aggregate_type: &'a str,
+    pub(crate) aggregate_id: &'a str,
+    pub(crate) traceparent: Option<&'a str>,
+}
+
+/// The headers `docs/wire-format.md` specifies for an outbox row. The one
+/// place they are built: the relay and `outbox replay` send the same record.
+pub(crate) fn wire_headers(row: &WireRow<'_>) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new_with_capacity(7);
+    for (key, value) in [
+        (wire::HEADER_EVENT_ID, row.event_id),
+        (wire::HEADER_EVENT_TYPE, row.event_type),
+        (wire::HEADER_AGGREGATE_TYPE, row.aggregate_type),
+        (wire::HEADER_AGGREGATE_ID, row.aggregate_id),
+        (wire::HEADER_CONTENT_TYPE, wire::CONTENT_TYPE_JSON),
+    ] {
+        headers = headers.insert(Header {
+            key,
+            value: Some(value),
         });
-    if let Some(traceparent) = &row.traceparent {
+    }
+    if let Some(traceparent) = row.traceparent {
         headers = headers.insert(Header {
             key: wire::HEADER_TRACEPARENT,
-            value: Some(traceparent.as_str()),
+            value: Some(traceparent),
         });
     }
     headers

@@ -212,7 +212,7 @@ pub async fn parked(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<ParkedEvent>>
         "SELECT id, event_id, event_type, topic, partition_key, attempts, last_error,
                 created_at, parked_at
          FROM outbox_event
-         WHERE published_at IS NULL AND parked_at IS NOT NULL
+         WHERE published_at IS NULL AND parked_at IS NOT NULL AND discarded_at IS NULL
          ORDER BY id LIMIT $1",
     )
     .bind(limit)
@@ -231,7 +231,8 @@ pub enum ParkedSelection<'a> {
 
 /// Un-parks rows (resets `parked_at`, `attempts` and `next_attempt_at`; keeps
 /// `last_error` for the record) so the relay publishes them again, and returns
-/// how many. Fix the cause first (create the topic, raise the size limit).
+/// how many. Rows an operator discarded (`outbox dead-letters discard`) stay
+/// parked. Fix the cause first (create the topic, raise the size limit).
 ///
 /// A retried row is published after any later rows of its key that were
 /// published while it was parked: parking gives up per-key order for that row.
@@ -250,7 +251,7 @@ pub async fn retry_parked(pool: &PgPool, selection: ParkedSelection<'_>) -> sqlx
     };
     let done = sqlx::query(
         "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
-         WHERE published_at IS NULL AND parked_at IS NOT NULL
+         WHERE published_at IS NULL AND parked_at IS NOT NULL AND discarded_at IS NULL
            AND ($1::uuid[] IS NULL OR event_id = ANY($1))",
     )
     .bind(ids)
