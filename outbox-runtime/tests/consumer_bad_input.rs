@@ -16,17 +16,25 @@ use uuid::Uuid;
 
 test_event!(BadPaid, "consumer-test.bad.paid", "BadPaid");
 
+async fn insert_effect(
+    tx: &mut Transaction<'_, Postgres>,
+    event_id: Uuid,
+    amount: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effect (event_id, amount) VALUES ($1, $2)")
+        .bind(event_id)
+        .bind(amount)
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+}
+
 #[event_handler]
 async fn on_bad_paid(
     tx: &mut Transaction<'_, Postgres>,
     event: BadPaid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effect (event_id, amount) VALUES ($1, $2)")
-        .bind(event.event_id)
-        .bind(event.amount)
-        .execute(&mut **tx)
-        .await
-        .map(drop)
+    insert_effect(tx, event.event_id, event.amount).await
 }
 
 #[sqlx::test(migrations = false)]
@@ -162,12 +170,7 @@ async fn on_nul_paid(
     tx: &mut Transaction<'_, Postgres>,
     event: NulPaid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effect (event_id, amount) VALUES ($1, $2)")
-        .bind(event.event_id)
-        .bind(event.amount)
-        .execute(&mut **tx)
-        .await
-        .map(drop)
+    insert_effect(tx, event.event_id, event.amount).await
 }
 
 /// PostgreSQL cannot store a NUL character in `text` or `jsonb`: an inbox

@@ -32,13 +32,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,librdkafka=off,rdkafka=off".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    outbox_examples::service::init_tracing("warn");
     let args = Args::parse();
 
     let broker = match Broker::from_env() {

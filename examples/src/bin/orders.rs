@@ -7,24 +7,13 @@
 use std::process::ExitCode;
 
 use outbox_examples::orders::{self, OrdersService};
-use outbox_examples::service::{Tuning, create_topics, shutdown_signal};
+use outbox_examples::service::{Tuning, create_topics, exit_code, init_tracing, shutdown_signal};
 use outbox_examples::setup::{Broker, connect_database, database_url_from_env};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,librdkafka=off,rdkafka=off".into()),
-        )
-        .init();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::from(2)
-        }
-    }
+    init_tracing("info");
+    exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
