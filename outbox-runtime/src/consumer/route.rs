@@ -4,8 +4,8 @@
 use rdkafka::message::OwnedMessage;
 use uuid::Uuid;
 
-use super::config::UnknownEventPolicy;
-use super::message::{Classified, DeadLetterReason, classify};
+use super::config::{Mode, UnknownEventPolicy};
+use super::message::{Classified, DeadLetterReason, classify, nul_character};
 use super::run::Consumer;
 
 /// Where a record goes. Not a public API.
@@ -26,13 +26,19 @@ pub enum Route {
 }
 
 impl Consumer {
-    /// The route of `message`, decided exactly as the dedup loop decides it:
-    /// classification, then the handler's decoding, then the unknown-event
-    /// policy. Not a public API.
+    /// The route of `message`, decided as the consumer loop decides it:
+    /// classification, in inbox mode the check for what PostgreSQL cannot
+    /// store, then the handler's decoding, then the unknown-event policy.
+    /// Not a public API.
     #[doc(hidden)]
     pub fn __route(&self, message: &OwnedMessage) -> Route {
         let ctx = &self.ctx;
         match classify(message, &ctx.dispatch, ctx.settings.max_message_bytes) {
+            Classified::Known(envelope)
+                if ctx.settings.mode == Mode::Inbox && nul_character(&envelope).is_some() =>
+            {
+                Route::DeadLetter(DeadLetterReason::Unstorable)
+            }
             Classified::Known(envelope) => {
                 let handler = ctx
                     .dispatch
