@@ -16,6 +16,9 @@
 //! published rows for the large-table run, `RELAY_BENCH_RATE` [1000] events/s
 //! and `RELAY_BENCH_LATENCY_SECS` [10] for the latency run.
 //!
+//! `RELAY_BENCH_EVENT_IDS` [v7] makes event ids time-ordered like
+//! `Uuid::now_v7()`, or random with `v4`.
+//!
 //! `RELAY_BENCH_ROUNDS` [3] rounds of the throughput figures; ratios are
 //! taken within a round, and their medians printed. The benchmark works in its own databases `outbox_bench_relay`
 //! and `outbox_bench_relay_large` (dropped and recreated at start).
@@ -87,7 +90,12 @@ async fn main() {
     println!(
         "relay benchmark: backlog {events}, baseline sample {baseline_events}, batch {batch}, \
          {published_rows} published rows, latency at {rate}/s for {latency_secs} s, \
-         median of {rounds} rounds"
+         median of {rounds} rounds, event ids {}",
+        if v7_event_ids() {
+            "v7 (time-ordered)"
+        } else {
+            "v4 (random)"
+        }
     );
     large.fill_published(published_rows).await;
 
@@ -187,7 +195,27 @@ async fn bench_database(name: &'static str) -> PgPool {
         .await
         .unwrap();
     outbox_runtime::migrations::run(&pool).await.unwrap();
+    // Event ids as the write path makes them: `Uuid::now_v7()` (time-ordered,
+    // what the README recommends) unless RELAY_BENCH_EVENT_IDS=v4. A v7 id of
+    // millisecond `ms` with the 12-bit counter `seq`; random otherwise.
+    sqlx::raw_sql(
+        "CREATE FUNCTION bench_event_id(ms bigint, seq bigint, v7 boolean) RETURNS uuid
+         LANGUAGE sql VOLATILE AS $$
+           SELECT CASE WHEN v7 THEN
+             (lpad(to_hex(ms), 12, '0') || '7' || lpad(to_hex(seq & 4095), 3, '0') || '8'
+              || substr(md5(random()::text), 1, 15))::uuid
+           ELSE gen_random_uuid() END
+         $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     pool
+}
+
+/// Whether event ids are time-ordered (v7, default) or random (v4).
+fn v7_event_ids() -> bool {
+    std::env::var("RELAY_BENCH_EVENT_IDS").map_or(true, |v| v != "v4")
 }
 
 fn kafka(brokers: &str) -> ClientConfig {
@@ -233,6 +261,17 @@ impl Bench {
     /// `KEYS` keys, with `published` true for already-published filler rows.
     async fn insert(&self, topic: &str, n: usize, published: bool) {
         // In chunks, so a 5M-row fill does not become one giant transaction.
+        // Ten events per millisecond: history rows end now, a backlog starts
+        // now, so ids grow in insertion order as they would in production.
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let first_ms = if published {
+            now_ms - (n / 10) as i64
+        } else {
+            now_ms
+        };
         let mut done = 0;
         while done < n {
             let chunk = (n - done).min(500_000);
@@ -243,13 +282,16 @@ impl Bench {
                         jsonb_build_object('event_id', s.id, 'order_id', s.k, 'amount', s.g,
                                            'currency', 'EUR', 'note', repeat('x', 140)),
                         $2, s.k, CASE WHEN $4 THEN now() END
-                 FROM (SELECT gen_random_uuid() AS id, 'order-' || (g % $3) AS k, g
+                 FROM (SELECT bench_event_id($6 + (g / 10), g % 10, $5) AS id,
+                              'order-' || (g % $3) AS k, g
                        FROM generate_series(1, $1) AS g) AS s",
             )
             .bind(chunk as i64)
             .bind(topic)
             .bind(KEYS)
             .bind(published)
+            .bind(v7_event_ids())
+            .bind(first_ms + (done / 10) as i64)
             .execute(&self.pool)
             .await
             .unwrap();
@@ -259,6 +301,11 @@ impl Bench {
             .execute(&self.pool)
             .await
             .unwrap();
+        // A bulk load leaves PostgreSQL's (cluster-wide) buffer pool full of
+        // dirty pages, which a running database's checkpoints would long have
+        // written: without this, the next reads each evict and write a dirty
+        // page and every contender is measured against the setup's debris.
+        sqlx::query("CHECKPOINT").execute(&self.pool).await.unwrap();
     }
 
     fn relay(&self) -> RelayHandle {
@@ -444,7 +491,7 @@ impl Bench {
                     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
                     for seq in (w..total).step_by(WRITERS) {
                         tick.tick().await;
-                        let id = Uuid::new_v4();
+                        let id = Uuid::now_v7();
                         sqlx::query(
                             "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id,
                                  event_type, payload, topic, partition_key)

@@ -381,3 +381,48 @@ fn schemas_points_to_the_exporter_or_runs_it() {
         "the exporter's exit code is kept"
     );
 }
+
+#[sqlx::test(migrations = false)]
+async fn notify_enable_status_disable(pool: PgPool) {
+    assert!(outbox(Some(&pool), &["migrate"]).status.success());
+    let off = outbox(Some(&pool), &["notify", "status", "--json"]);
+    assert!(off.status.success(), "{}", stderr(&off));
+    assert_eq!(json(&off)["enabled"], false);
+
+    for _ in 0..2 {
+        let on = outbox(Some(&pool), &["notify", "enable"]);
+        assert!(on.status.success(), "{}", stderr(&on));
+        assert!(stdout(&on).contains("notifications on"), "{}", stdout(&on));
+    }
+    // The trigger notifies the relays' channel when a row is inserted.
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .unwrap();
+    listener
+        .listen(outbox_runtime::relay::notify::CHANNEL)
+        .await
+        .unwrap();
+    OutboxRow::new("orders").insert(&pool).await;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a notification within 5 s")
+        .unwrap();
+    assert_eq!(got.channel(), "outbox_event");
+    let status = outbox(Some(&pool), &["notify", "status", "--json"]);
+    assert_eq!(json(&status)["enabled"], true);
+
+    for _ in 0..2 {
+        let disabled = outbox(Some(&pool), &["notify", "disable"]);
+        assert!(disabled.status.success(), "{}", stderr(&disabled));
+        assert!(stdout(&disabled).contains("notifications off"));
+    }
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM pg_proc WHERE proname = 'outbox_event_notify_relays'"
+        )
+        .await,
+        0,
+        "disable removes the function too"
+    );
+}

@@ -48,6 +48,13 @@ pub struct RelayConfig {
     pub rebalance_interval: Duration,
     /// How often the backlog gauges are refreshed. Default `10 s`.
     pub metrics_interval: Duration,
+    /// Also wake up on PostgreSQL notifications from other processes' commits
+    /// (see [`notify`](super::notify): needs the trigger installed with
+    /// [`notify::enable`](super::notify::enable) or `outbox notify enable`).
+    /// Costs one extra connection per relay. Default `false`: commits in the
+    /// relay's own process wake it at once; others are seen within
+    /// `poll_interval`.
+    pub listen_notify: bool,
     /// Bound of [`RelayHandle::shutdown`]: after it, the task is aborted (its
     /// unmarked rows are published again later). Default `45 s`.
     pub shutdown_timeout: Duration,
@@ -71,6 +78,7 @@ impl Default for RelayConfig {
             lanes: 64,
             rebalance_interval: Duration::from_secs(2),
             metrics_interval: Duration::from_secs(10),
+            listen_notify: false,
             shutdown_timeout: Duration::from_secs(45),
             crash_before_mark: false,
         }
@@ -151,6 +159,8 @@ impl RelayBuilder {
         rebalance_interval: Duration;
         /// See [`RelayConfig::metrics_interval`].
         metrics_interval: Duration;
+        /// See [`RelayConfig::listen_notify`].
+        listen_notify: bool;
         /// See [`RelayConfig::shutdown_timeout`].
         shutdown_timeout: Duration;
     }

@@ -30,6 +30,7 @@
 
 mod config;
 mod lanes;
+pub mod notify;
 mod publish;
 mod store;
 pub mod telemetry;
@@ -50,7 +51,7 @@ pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
 use publish::Publisher;
 pub(crate) use publish::{WireRow, wire_headers};
 use telemetry::Totals;
-use worker::Worker;
+use worker::{Wakeups, Worker};
 
 /// Entry point of the relay; see [`Relay::builder`].
 #[derive(Debug)]
@@ -86,6 +87,11 @@ impl Relay {
         let cancel = CancellationToken::new();
         let totals = Arc::new(Totals::default());
         let shutdown_timeout = config.shutdown_timeout;
+        let remote = config.listen_notify.then(|| {
+            let wake = Arc::new(tokio::sync::Notify::new());
+            notify::spawn_listener(&pool, Arc::clone(&wake), cancel.child_token());
+            wake
+        });
         let worker = Worker {
             pool,
             lanes: lanes::Lanes::new(config.lanes),
@@ -93,7 +99,8 @@ impl Relay {
             publisher,
             totals: Arc::clone(&totals),
             cancel: cancel.clone(),
-            wakeup: outbox_core::wakeup::listener(),
+            wakeup: Wakeups::new(outbox_core::wakeup::listener(), remote),
+            claim_blocked: false,
         };
         let task = tokio::spawn(worker.run());
         Ok(RelayHandle {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use outbox_core::wakeup::CommitListener;
 use rand::Rng;
 use sqlx::PgPool;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
 
@@ -34,7 +35,34 @@ pub(crate) struct Worker {
     pub publisher: Publisher,
     pub totals: Arc<Totals>,
     pub cancel: CancellationToken,
-    pub wakeup: CommitListener,
+    pub wakeup: Wakeups,
+    /// Set when a claimed batch held rows back behind a batch in flight:
+    /// no further claim until a batch settles.
+    pub claim_blocked: bool,
+}
+
+/// What wakes an idle relay besides its poll timer: commits of its own
+/// process and, with `listen_notify`, notifications from other processes.
+pub(crate) struct Wakeups {
+    local: CommitListener,
+    remote: Option<Arc<Notify>>,
+}
+
+impl Wakeups {
+    pub(crate) fn new(local: CommitListener, remote: Option<Arc<Notify>>) -> Self {
+        Self { local, remote }
+    }
+
+    /// Returns at the next commit signal or notification.
+    async fn committed(&mut self) {
+        match &self.remote {
+            Some(remote) => tokio::select! {
+                () = self.local.committed() => {}
+                () = remote.notified() => {}
+            },
+            None => self.local.committed().await,
+        }
+    }
 }
 
 /// A claimed batch handed to the producer, not yet settled.
@@ -121,11 +149,20 @@ impl Worker {
             }
 
             let mut claimed = 0;
-            if self.has_room(&in_flight) {
+            if in_flight.is_empty() {
+                self.claim_blocked = false; // also after batches were dropped on errors
+            }
+            if self.has_room(&in_flight) && !self.claim_blocked {
                 match self.claim_and_enqueue(&in_flight).await {
                     Ok(Some(batch)) => {
-                        claimed = batch.rows.len();
-                        in_flight.push_back(batch);
+                        // Rows of keys still in flight are not sent; claiming
+                        // again before a batch settles would mostly find the
+                        // same rows (with few keys, only them), so wait.
+                        self.claim_blocked = batch.pending.held_behind_in_flight() > 0;
+                        if batch.pending.needs_settling() {
+                            claimed = batch.rows.len();
+                            in_flight.push_back(batch);
+                        }
                     }
                     Ok(None) => {}
                     Err(error) => {
@@ -147,7 +184,7 @@ impl Worker {
             if claimed >= self.config.batch_size && in_flight.len() < 2 {
                 continue; // a backlog: fill the pipeline first
             }
-            let room = self.has_room(&in_flight);
+            let room = self.has_room(&in_flight) && !self.claim_blocked;
             let oldest = in_flight.front_mut().expect("not empty");
             let woken = tokio::select! {
                 () = oldest.pending.delivered() => false,
@@ -276,6 +313,8 @@ impl Worker {
     }
 
     async fn settle_inner(&mut self, batch: InFlight) -> Result<Settled, BatchError> {
+        // Whatever this batch held back may go out now.
+        self.claim_blocked = false;
         let InFlight {
             rows,
             pending,

@@ -8,6 +8,7 @@ mod db;
 mod dead_letters;
 mod error;
 mod migrate;
+mod notify;
 mod output;
 mod progress;
 mod replay;
@@ -73,6 +74,9 @@ enum Command {
     DeadLetters(dead_letters::DeadLettersCommand),
     /// Re-publish published events to Kafka, e.g. to rebuild a projection.
     Replay(replay::ReplayArgs),
+    /// Cross-process relay wake-ups through LISTEN/NOTIFY (off by default).
+    #[command(subcommand)]
+    Notify(notify::NotifyCommand),
     /// Export or check event schemas (runs your service's exporter).
     Schemas(schemas::SchemasArgs),
 }
@@ -105,6 +109,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Cleanup(args) => cleanup::run(&pool, args, json).await,
         Command::DeadLetters(command) => dead_letters::run(&pool, command, json).await,
         Command::Replay(args) => replay::run(&pool, args, json).await,
+        Command::Notify(command) => notify::run(&pool, command, json).await,
         Command::Schemas(_) => unreachable!("handled before connecting"),
     }
 }

@@ -1,0 +1,47 @@
+//! `outbox notify`: the optional LISTEN/NOTIFY wake-up trigger.
+
+use std::process::ExitCode;
+
+use outbox_runtime::relay::notify;
+use sqlx::PgPool;
+
+use crate::error::CliError;
+use crate::output;
+
+/// Install, remove or show the trigger that wakes relays in other processes.
+#[derive(Debug, clap::Subcommand)]
+pub enum NotifyCommand {
+    /// Install the trigger: every commit that inserts outbox rows sends
+    /// `NOTIFY outbox_event`, waking relays started with `listen_notify`.
+    Enable,
+    /// Remove the trigger; listening relays fall back to polling.
+    Disable,
+    /// Show whether the trigger is installed.
+    Status,
+}
+
+pub async fn run(pool: &PgPool, command: NotifyCommand, json: bool) -> Result<ExitCode, CliError> {
+    let failed = |e: sqlx::Error| CliError::Failed(e.to_string());
+    match command {
+        NotifyCommand::Enable => notify::enable(pool).await.map_err(failed)?,
+        NotifyCommand::Disable => notify::disable(pool).await.map_err(failed)?,
+        NotifyCommand::Status => {}
+    }
+    let enabled = notify::is_enabled(pool).await.map_err(failed)?;
+    if json {
+        output::json(&serde_json::json!({
+            "enabled": enabled,
+            "trigger": notify::TRIGGER,
+            "channel": notify::CHANNEL,
+        }))?;
+    } else if enabled {
+        println!(
+            "notifications on: trigger {} sends NOTIFY {} on new outbox rows",
+            notify::TRIGGER,
+            notify::CHANNEL
+        );
+    } else {
+        println!("notifications off: relays in other processes poll");
+    }
+    Ok(ExitCode::SUCCESS)
+}
