@@ -22,6 +22,15 @@ const LANE_LOCK: i32 = 0x6f62_786c;
 /// Advisory lock class of relay membership locks ("obxm").
 const MEMBER_LOCK: i32 = 0x6f62_786d;
 
+/// What [`Lanes::rebalance`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Rebalanced {
+    /// Lanes taken as needed; the relay owns its share (or all it could get).
+    Done,
+    /// Above its share, but releasing was not allowed: settle, then call again.
+    MustRelease,
+}
+
 /// The dedicated connection and the lanes locked on it.
 #[derive(Debug)]
 pub(crate) struct Lanes {
@@ -62,23 +71,33 @@ impl Lanes {
     }
 
     /// Connects if needed, then takes or releases lanes towards a fair share.
-    pub(crate) async fn rebalance(&mut self, pool: &PgPool) -> sqlx::Result<()> {
+    ///
+    /// Releasing a lane is only safe while none of this relay's batches is in
+    /// flight (its next owner could overtake them): with `may_release` false,
+    /// a relay above its share keeps its lanes and `Ok(Rebalanced::MustRelease)`
+    /// asks the caller to settle its batches and call again.
+    pub(crate) async fn rebalance(
+        &mut self,
+        pool: &PgPool,
+        may_release: bool,
+    ) -> sqlx::Result<Rebalanced> {
         if self.conn.is_none() {
             let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
+            super::store::configure_connection(&mut conn).await?;
             sqlx::query("SELECT pg_advisory_lock($1, pg_backend_pid())")
                 .bind(MEMBER_LOCK)
                 .execute(&mut conn)
                 .await?;
             self.conn = Some(conn);
         }
-        let result = self.rebalance_on_connection().await;
+        let result = self.rebalance_on_connection(may_release).await;
         if result.is_err() {
             self.reset();
         }
         result
     }
 
-    async fn rebalance_on_connection(&mut self) -> sqlx::Result<()> {
+    async fn rebalance_on_connection(&mut self, may_release: bool) -> sqlx::Result<Rebalanced> {
         let conn = self.conn.as_mut().expect("connected above");
         let (members, me): (i64, i32) = sqlx::query_as(
             "SELECT count(*), pg_backend_pid() FROM pg_locks
@@ -92,6 +111,9 @@ impl Lanes {
         let members = members.max(1) as u32;
         let target = self.lane_count.div_ceil(members) as usize;
 
+        if self.owned.len() > target && !may_release {
+            return Ok(Rebalanced::MustRelease);
+        }
         while self.owned.len() > target {
             let lane = *self.owned.last().expect("non-empty");
             sqlx::query("SELECT pg_advisory_unlock($1, $2)")
@@ -123,7 +145,7 @@ impl Lanes {
                 }
             }
         }
-        Ok(())
+        Ok(Rebalanced::Done)
     }
 
     /// Releases every lane and the membership (graceful shutdown), so other

@@ -44,9 +44,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{RelayBuilder, RelayConfig};
-#[doc(hidden)]
-pub use store::claim_and_mark_without_publishing;
 pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
+#[doc(hidden)]
+pub use store::{claim_and_mark_without_publishing, configure_connection};
 
 use publish::Publisher;
 pub(crate) use publish::{WireRow, wire_headers};

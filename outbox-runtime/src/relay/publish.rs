@@ -84,15 +84,10 @@ impl Publisher {
         let mut outcomes = vec![Outcome::Held; rows.len()];
         let mut failed_keys: HashSet<&str> = HashSet::new();
         let mut pending = Vec::with_capacity(rows.len());
-        let mut held_behind_in_flight = 0;
         let mut failed = 0;
         for (index, row) in rows.iter().enumerate() {
             let key = row.partition_key.as_str();
-            if held_keys.contains(key) {
-                held_behind_in_flight += 1;
-                continue;
-            }
-            if failed_keys.contains(key) {
+            if held_keys.contains(key) || failed_keys.contains(key) {
                 continue;
             }
             let mut record = FutureRecord::to(&row.topic)
@@ -127,7 +122,6 @@ impl Publisher {
         let wait_at_most = self.delivery_timeout + Duration::from_secs(5);
         PendingBatch {
             outcomes,
-            held_behind_in_flight,
             needs_settling: !indices.is_empty() || failed > 0,
             indices,
             reports: Some(Box::pin(tokio::time::timeout(
@@ -143,8 +137,6 @@ type Reports = Pin<Box<Timeout<JoinAll<DeliveryFuture>>>>;
 /// A batch handed to the producer, its delivery reports still to come.
 pub(crate) struct PendingBatch {
     outcomes: Vec<Outcome>,
-    /// Rows not sent because their key is in a batch still in flight.
-    held_behind_in_flight: usize,
     /// Whether anything was sent or failed, i.e. there is anything to record.
     needs_settling: bool,
     indices: Vec<usize>,
@@ -153,11 +145,6 @@ pub(crate) struct PendingBatch {
 }
 
 impl PendingBatch {
-    /// Rows held back because an earlier batch still in flight has their key.
-    pub(crate) fn held_behind_in_flight(&self) -> usize {
-        self.held_behind_in_flight
-    }
-
     /// `false` when every row was held back: nothing to await or record.
     pub(crate) fn needs_settling(&self) -> bool {
         self.needs_settling

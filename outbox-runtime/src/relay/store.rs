@@ -67,9 +67,26 @@ pub(crate) async fn claim(
     .await
 }
 
+/// Session settings of the relay's own connection (the one its lane locks,
+/// claims and marks use).
+///
+/// The relay's statements need not wait for the WAL flush at commit: a claim
+/// only takes row locks, and a mark lost in a crash right after commit makes
+/// its rows publish again, which receivers dedup anyway (delivery is
+/// at-least-once). That wait is most of a small statement's cost. Only this
+/// connection is set; the service's transactions keep their own setting.
+#[doc(hidden)]
+pub async fn configure_connection(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query("SET synchronous_commit = off")
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
 /// The relay's database work for one batch without the publishing: the same
-/// claim and the same settling transaction, every claimed row marked. Used by
-/// the benchmark to measure the database's share of the relay's cost.
+/// claim and the same settling statement, every claimed row marked. Used by
+/// the benchmark (on a connection set up by [`configure_connection`]) to
+/// measure the database's share of the relay's cost.
 #[doc(hidden)]
 pub async fn claim_and_mark_without_publishing(
     conn: &mut PgConnection,
@@ -85,20 +102,22 @@ pub async fn claim_and_mark_without_publishing(
 
 /// Records a batch's outcome in one transaction: marks the delivered rows and
 /// counts the rejected ones. Returns how many rows were parked.
+///
+/// Runs on the relay's own connection, which does not wait for the WAL flush
+/// at commit (`synchronous_commit = off`, see `lanes`): a mark lost in a crash
+/// right after commit only makes its rows publish again.
 pub(crate) async fn settle(
     conn: &mut PgConnection,
     delivered: &[i64],
     rejections: &[Rejection],
     max_attempts: u32,
 ) -> sqlx::Result<u64> {
+    if rejections.is_empty() {
+        // The common case: one statement, one round trip.
+        mark_published(conn, delivered).await?;
+        return Ok(0);
+    }
     let mut tx = conn.begin().await?;
-    // This transaction only records deliveries. A mark lost in a crash right
-    // after commit makes the row publish again, which receivers dedup anyway
-    // (delivery is at-least-once), so it need not wait for the WAL flush:
-    // that wait is most of a small transaction's cost.
-    sqlx::query("SET LOCAL synchronous_commit = off")
-        .execute(&mut *tx)
-        .await?;
     mark_published(&mut tx, delivered).await?;
     let parked = record_rejections(&mut tx, rejections, max_attempts).await?;
     tx.commit().await?;

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
 
 use super::config::RelayConfig;
-use super::lanes::Lanes;
+use super::lanes::{Lanes, Rebalanced};
 use super::publish::{Outcome, PendingBatch, Publisher};
 use super::store::{self, ClaimedRow, Rejection};
 use super::telemetry::{self as metric, Totals};
@@ -36,8 +36,8 @@ pub(crate) struct Worker {
     pub totals: Arc<Totals>,
     pub cancel: CancellationToken,
     pub wakeup: Wakeups,
-    /// Set when a claimed batch held rows back behind a batch in flight:
-    /// no further claim until a batch settles.
+    /// Set when every row of a claimed batch was held back behind a batch in
+    /// flight: no further claim until a batch settles.
     pub claim_blocked: bool,
 }
 
@@ -121,14 +121,20 @@ impl Worker {
         while !self.cancel.is_cancelled() {
             let now = Instant::now();
             if now >= next_rebalance {
-                // Lanes move only while nothing of ours is in flight, so a
-                // lane's next owner cannot overtake our deliveries.
-                if let Err(error) = self.settle_all(&mut in_flight).await {
-                    self.failed(error, &mut failures, &mut next_rebalance).await;
-                    continue;
-                }
                 next_rebalance = now + self.config.rebalance_interval;
-                if let Err(error) = self.lanes.rebalance(&self.pool).await {
+                let mut result = self.lanes.rebalance(&self.pool, in_flight.is_empty()).await;
+                if let Ok(Rebalanced::MustRelease) = result {
+                    // Lanes are released only while nothing of ours is in
+                    // flight, so a lane's next owner cannot overtake our
+                    // deliveries. Taking lanes needs no such pause.
+                    if let Err(error) = self.settle_all(&mut in_flight).await {
+                        self.failed(error, &mut failures, &mut next_rebalance).await;
+                        continue;
+                    }
+                    result = self.lanes.rebalance(&self.pool, true).await;
+                }
+                if let Err(error) = result {
+                    in_flight.clear(); // the lane connection is gone: they cannot be marked
                     tracing::warn!(%error, "outbox relay could not take its lanes");
                     self.count_error("database");
                     failures += 1;
@@ -155,10 +161,11 @@ impl Worker {
             if self.has_room(&in_flight) && !self.claim_blocked {
                 match self.claim_and_enqueue(&in_flight).await {
                     Ok(Some(batch)) => {
-                        // Rows of keys still in flight are not sent; claiming
-                        // again before a batch settles would mostly find the
-                        // same rows (with few keys, only them), so wait.
-                        self.claim_blocked = batch.pending.held_behind_in_flight() > 0;
+                        // Rows of keys still in flight are not sent. If that
+                        // was all of them, claiming again before a batch
+                        // settles would find the same rows (with few keys, a
+                        // backlog spins on them), so wait for a settle.
+                        self.claim_blocked = !batch.pending.needs_settling();
                         if batch.pending.needs_settling() {
                             claimed = batch.rows.len();
                             in_flight.push_back(batch);
@@ -187,6 +194,9 @@ impl Worker {
             let room = self.has_room(&in_flight) && !self.claim_blocked;
             let oldest = in_flight.front_mut().expect("not empty");
             let woken = tokio::select! {
+                // Settle a delivered batch first: its rows are published only
+                // once marked, and settling unblocks the keys it holds.
+                biased;
                 () = oldest.pending.delivered() => false,
                 () = self.wakeup.committed(), if room => true,
             };
