@@ -1,6 +1,8 @@
 //! The Kafka client context: consumer lag from librdkafka's statistics, and
 //! rebalance logging.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
 use rdkafka::statistics::Statistics;
@@ -9,6 +11,22 @@ use super::metric_names as m;
 
 pub(crate) struct KafkaContext {
     pub(crate) group: String,
+    /// Counts assignments and revocations, so the receive loop knows when the
+    /// offsets it expects next are no longer its own.
+    pub(crate) rebalances: AtomicU64,
+}
+
+impl KafkaContext {
+    pub(crate) fn new(group: String) -> Self {
+        Self {
+            group,
+            rebalances: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn rebalance_generation(&self) -> u64 {
+        self.rebalances.load(Ordering::Acquire)
+    }
 }
 
 impl ClientContext for KafkaContext {
@@ -43,6 +61,7 @@ impl ConsumerContext for KafkaContext {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        self.rebalances.fetch_add(1, Ordering::AcqRel);
         match rebalance {
             Rebalance::Assign(tpl) => {
                 tracing::info!(group = %self.group, partitions = %describe(tpl), "partitions assigned")

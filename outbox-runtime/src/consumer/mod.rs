@@ -99,6 +99,14 @@ pub mod metric_names {
     pub const LAG: &str = "outbox_consumer_lag";
     /// Gauge: parked rows in `inbox_event`.
     pub const INBOX_PARKED_ROWS: &str = "outbox_inbox_parked_rows";
+    /// Counter: times a partition's next message had a higher offset than the
+    /// one after the previous message (labels `topic`, `partition`). A
+    /// diagnostic, not an error: transaction markers, compaction and aborted
+    /// records leave such gaps on Kafka; on a topic written only by
+    /// idempotent producers it means the broker served records out of order.
+    /// Each gap is also logged at debug level, target
+    /// `outbox_runtime::consumer::offsets`.
+    pub const OFFSET_GAPS: &str = "outbox_consumer_offset_gaps_total";
 }
 
 /// A consumer could not be built.

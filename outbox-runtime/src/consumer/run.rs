@@ -114,9 +114,8 @@ impl Consumer {
             // Feeds the lag gauge (see `context.rs`).
             kafka.set("statistics.interval.ms", "10000");
         }
-        let kafka: StreamConsumer<KafkaContext> = kafka.create_with_context(KafkaContext {
-            group: settings.group_id.clone(),
-        })?;
+        let kafka: StreamConsumer<KafkaContext> =
+            kafka.create_with_context(KafkaContext::new(settings.group_id.clone()))?;
         Ok(Self {
             ctx: Arc::new(Ctx {
                 pool,
@@ -183,6 +182,7 @@ impl Consumer {
             })?;
         tracing::info!(group = %ctx.settings.group_id, ?topics, mode = ?ctx.settings.mode, "consumer started");
         let group = ctx.settings.group_id.clone();
+        let mut positions = Positions::default();
         loop {
             let first = tokio::select! {
                 biased;
@@ -205,9 +205,11 @@ impl Consumer {
                     None => break,
                 }
             }
+            positions.follow(self.kafka.context().rebalance_generation());
             for message in &batch {
                 metrics::counter!(m::CONSUMED, "group" => group.clone(), "topic" => message.topic().to_owned())
                     .increment(1);
+                positions.observe(&group, message);
             }
             let span =
                 tracing::info_span!("outbox.consume_batch", group = %group, size = batch.len());
@@ -253,6 +255,55 @@ impl Consumer {
         }
         self.kafka.unsubscribe();
         tracing::info!(group = %self.ctx.settings.group_id, "consumer stopped");
+    }
+}
+
+/// The offset expected next in each partition, to notice gaps (see
+/// [`m::OFFSET_GAPS`]). Forgotten at every rebalance: a partition assigned
+/// again starts wherever its group committed.
+#[derive(Default)]
+struct Positions {
+    generation: u64,
+    next: HashMap<(String, i32), i64>,
+}
+
+impl Positions {
+    fn follow(&mut self, generation: u64) {
+        if generation != self.generation {
+            self.generation = generation;
+            self.next.clear();
+        }
+    }
+
+    /// Notes a received message; returns how many offsets it skipped.
+    fn observe(&mut self, group: &str, message: &OwnedMessage) -> i64 {
+        let key = (message.topic().to_owned(), message.partition());
+        let offset = message.offset();
+        let mut skipped = 0;
+        if let Some(&expected) = self.next.get(&key)
+            && offset > expected
+        {
+            skipped = offset - expected;
+            metrics::counter!(
+                m::OFFSET_GAPS,
+                "group" => group.to_owned(),
+                "topic" => key.0.clone(),
+                "partition" => key.1.to_string()
+            )
+            .increment(1);
+            tracing::debug!(
+                target: "outbox_runtime::consumer::offsets",
+                group,
+                topic = %key.0,
+                partition = key.1,
+                expected,
+                offset,
+                "offset gap: the broker served offset {offset} after {}",
+                expected - 1
+            );
+        }
+        self.next.insert(key, offset + 1);
+        skipped
     }
 }
 
@@ -460,6 +511,30 @@ mod tests {
             offset,
             None,
         )
+    }
+
+    #[test]
+    fn offset_gaps_are_noticed_per_partition_and_forgotten_at_a_rebalance() {
+        let mut positions = Positions::default();
+        positions.follow(0);
+        let seen: Vec<i64> = [
+            ("a", 0, 10),
+            ("a", 0, 11),
+            ("a", 1, 3),
+            ("a", 0, 14),
+            ("a", 1, 4),
+        ]
+        .iter()
+        .map(|&(t, p, o)| positions.observe("g", &message(t, p, o)))
+        .collect();
+        assert_eq!(seen, [0, 0, 0, 2, 0], "12 and 13 were skipped in a/0");
+        // A redelivery (offset below the expected one) is not a gap.
+        assert_eq!(positions.observe("g", &message("a", 0, 12)), 0);
+        assert_eq!(positions.observe("g", &message("a", 0, 13)), 0);
+        // After a rebalance the partition may resume anywhere.
+        positions.follow(1);
+        assert_eq!(positions.observe("g", &message("a", 0, 40)), 0);
+        assert_eq!(positions.observe("g", &message("a", 0, 42)), 1);
     }
 
     #[test]

@@ -98,6 +98,12 @@ pub struct Figures {
     pub crashes: u32,
     /// Whether everything was published and applied within the settle timeout.
     pub converged: bool,
+    /// Offset gaps the consumers saw while reading (their `offset gap` log
+    /// lines): on these topics, written only by idempotent producers, a gap
+    /// means the broker served a later record before an earlier one.
+    pub consumer_offset_gaps: usize,
+    /// Partition assignments the consumers logged (each start counts one).
+    pub consumer_rebalances: usize,
     /// From the end of the last fault (and of the load) until everything was
     /// published and applied.
     pub recovery: Duration,
@@ -116,6 +122,11 @@ impl fmt::Display for Figures {
             self.crashes,
             self.converged,
             self.recovery.as_secs_f64()
+        )?;
+        writeln!(
+            f,
+            "[faults] {}: consumer offset gaps seen={} partition assignments={}",
+            self.scenario, self.consumer_offset_gaps, self.consumer_rebalances
         )?;
         writeln!(
             f,

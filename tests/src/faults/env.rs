@@ -65,8 +65,13 @@ pub fn millis(name: &str, default_ms: u64) -> Duration {
 
 /// Initializes logging to stderr (the harness redirects it to a file).
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FAULTS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FAULTS_LOG").unwrap_or_else(|_| {
+        // Warnings, plus what tells a broker's skipped record from ours:
+        // the consumers' assignments and the offset gaps they saw.
+        tracing_subscriber::EnvFilter::new(
+            "warn,outbox_runtime::consumer::context=info,outbox_runtime::consumer::offsets=debug",
+        )
+    });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -504,6 +504,8 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         + u32::from(broker_lost_before.is_some())
         + u32::from(matches!(scenario.fault, Fault::PostgresRestart { .. }));
     figures.converged = converged_at.is_some();
+    figures.consumer_offset_gaps = count_log_lines(&logs, "consumer", "offset gap");
+    figures.consumer_rebalances = count_log_lines(&logs, "consumer", "partitions assigned");
     println!(
         "{figures}[faults] {}: logs in {}",
         scenario.name,
@@ -511,6 +513,20 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
     );
     drop(broker);
     (figures, expect, Leftovers { dbs, logs })
+}
+
+/// Lines containing `needle` in the logs of the processes whose name starts
+/// with `process` (e.g. every consumer's `offset gap` lines).
+fn count_log_lines(logs: &std::path::Path, process: &str, needle: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(logs) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(process))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|text| text.lines().filter(|l| l.contains(needle)).count())
+        .sum()
 }
 
 /// The databases and process logs of a finished scenario: kept for a look
