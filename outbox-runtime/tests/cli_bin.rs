@@ -384,6 +384,8 @@ fn schemas_points_to_the_exporter_or_runs_it() {
 
 #[sqlx::test(migrations = false)]
 async fn notify_enable_status_disable(pool: PgPool) {
+    let unmigrated = outbox(Some(&pool), &["notify", "enable"]);
+    assert_usage_error(&unmigrated, "run `outbox migrate` first");
     assert!(outbox(Some(&pool), &["migrate"]).status.success());
     let off = outbox(Some(&pool), &["notify", "status", "--json"]);
     assert!(off.status.success(), "{}", stderr(&off));

@@ -53,6 +53,19 @@ fn reader(topic: &str, from: Offset) -> BaseConsumer {
     consumer
 }
 
+/// The offsets of partition 0 read from its beginning, until `total` or `timeout`.
+fn read_offsets(topic: &str, total: usize, timeout: Duration) -> Vec<i64> {
+    let consumer = reader(topic, Offset::Beginning);
+    let mut offsets = Vec::with_capacity(total);
+    let deadline = Instant::now() + timeout;
+    while offsets.len() < total && Instant::now() < deadline {
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            offsets.push(message.unwrap().offset());
+        }
+    }
+    offsets
+}
+
 #[tokio::test]
 async fn a_fetch_from_the_middle_of_a_batch_returns_the_rest_of_it() {
     let topic = new_topic("mid-batch").await;
@@ -110,17 +123,7 @@ async fn a_tailing_consumer_sees_every_record_of_concurrent_producers() {
     let topic = new_topic("tail").await;
     let tail = {
         let topic = topic.clone();
-        tokio::task::spawn_blocking(move || {
-            let consumer = reader(&topic, Offset::Beginning);
-            let mut offsets = Vec::with_capacity(total);
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while offsets.len() < total && Instant::now() < deadline {
-                if let Some(message) = consumer.poll(Duration::from_millis(100)) {
-                    offsets.push(message.unwrap().offset());
-                }
-            }
-            offsets
-        })
+        tokio::task::spawn_blocking(move || read_offsets(&topic, total, Duration::from_secs(120)))
     };
     let producers: Vec<_> = (0..PRODUCERS)
         .map(|p| {
@@ -159,19 +162,10 @@ async fn a_tailing_consumer_sees_every_record_of_concurrent_producers() {
     }
     let tailed = tail.await.unwrap();
     // The full read, once everything is acknowledged.
-    let full = tokio::task::spawn_blocking(move || {
-        let consumer = reader(&topic, Offset::Beginning);
-        let mut offsets = Vec::with_capacity(total);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while offsets.len() < total && Instant::now() < deadline {
-            if let Some(message) = consumer.poll(Duration::from_millis(100)) {
-                offsets.push(message.unwrap().offset());
-            }
-        }
-        offsets
-    })
-    .await
-    .unwrap();
+    let full =
+        tokio::task::spawn_blocking(move || read_offsets(&topic, total, Duration::from_secs(60)))
+            .await
+            .unwrap();
     let seen: std::collections::HashSet<i64> = tailed.iter().copied().collect();
     let skipped: Vec<i64> = full.iter().copied().filter(|o| !seen.contains(o)).collect();
     let gaps = tailed.windows(2).filter(|w| w[1] > w[0] + 1).count();

@@ -12,7 +12,7 @@
 //! `attempts` grows, `next_attempt_at` backs off, and after the last attempt it
 //! is parked (`parked_at`) for an operator to look at and retry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -125,14 +125,25 @@ pub(crate) async fn process(ctx: Arc<Ctx>, index: usize) {
                     () = tokio::time::sleep(ctx.settings.processor_poll_interval) => {}
                 }
             }
-            Ok(Claimed::HandlerFailed(ids)) => {
-                for id in ids {
+            Ok(Claimed::HandlerFailed(rows)) => {
+                // One by one, in order. Once a row of a key was not handled
+                // here (it failed and backs off, or another processor has
+                // it), the key's later rows wait for the next claim.
+                let mut held_keys: HashSet<OrderKey> = HashSet::new();
+                for (id, key) in rows {
                     if ctx.token.is_cancelled() {
                         break;
                     }
-                    if let Err(error) = process_one(&ctx, id).await {
-                        ctx.db_failed(&error, &mut db_retry).await;
-                        break;
+                    if key.as_ref().is_some_and(|key| held_keys.contains(key)) {
+                        continue;
+                    }
+                    match process_one(&ctx, id).await {
+                        Ok(One::Handled | One::Parked) => {}
+                        Ok(One::Failed | One::Gone) => held_keys.extend(key),
+                        Err(error) => {
+                            ctx.db_failed(&error, &mut db_retry).await;
+                            break;
+                        }
                     }
                 }
             }
@@ -148,8 +159,23 @@ enum Claimed {
     Full,
     /// Fewer rows than a batch were due.
     Drained,
-    /// A handler failed; these rows must be retried one by one.
-    HandlerFailed(Vec<Uuid>),
+    /// A handler failed; these rows (in claim order, with their ordering
+    /// key) must be retried one by one.
+    HandlerFailed(Vec<(Uuid, Option<OrderKey>)>),
+}
+
+/// What orders inbox rows: their topic and partition key (rows without a key
+/// have no order).
+type OrderKey = (String, String);
+
+/// What became of a row handled on its own.
+enum One {
+    Handled,
+    Parked,
+    /// The handler failed; the row backs off (or was parked at the bound).
+    Failed,
+    /// Not due any more: handled, parked or claimed by another processor.
+    Gone,
 }
 
 enum Prepared {
@@ -252,6 +278,12 @@ async fn claim_batch(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
     // window, not the backlog. (A grouped pass over the whole backlog cost
     // 36 ms per claim at 100,000 pending rows; an anti-join per candidate
     // row 250 ms at 20,000 rows over 8 hot keys.)
+    //
+    // A processor that locks a key's head also takes the key's next pending
+    // rows of the window (its run) and handles them in order in the same
+    // transaction: nobody else can take them, since claiming a key starts
+    // with its head. Heads alone would cap a claim at one row per key (a
+    // handful of hot keys drained at a few rows per transaction).
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH oldest AS (
              SELECT seq, topic, partition_key FROM inbox_event
@@ -261,10 +293,21 @@ async fn claim_batch(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
              SELECT min(seq) AS seq FROM oldest WHERE partition_key IS NOT NULL
              GROUP BY topic, partition_key
              UNION ALL
-             SELECT seq FROM oldest WHERE partition_key IS NULL)
+             SELECT seq FROM oldest WHERE partition_key IS NULL),
+         owned AS (
+             SELECT i.seq, i.topic, i.partition_key FROM inbox_event i
+             WHERE i.seq = ANY(ARRAY(SELECT seq FROM heads)) AND {DUE_ROWS}
+             ORDER BY i.seq LIMIT $1
+             FOR UPDATE OF i SKIP LOCKED),
+         runs AS (
+             SELECT seq FROM owned
+             UNION ALL
+             SELECT o.seq FROM oldest o JOIN owned h
+               ON o.topic = h.topic AND o.partition_key = h.partition_key AND o.seq > h.seq)
          SELECT {COLUMNS} FROM inbox_event i
-         WHERE i.seq = ANY(ARRAY(SELECT seq FROM heads)) AND {DUE_ROWS}
-         ORDER BY seq LIMIT $1 FOR UPDATE OF i SKIP LOCKED"
+         WHERE i.seq = ANY(ARRAY(SELECT seq FROM runs)) AND NOT processed AND parked_at IS NULL
+         ORDER BY seq LIMIT $1
+         FOR UPDATE OF i"
     )))
     .bind(limit as i64)
     .bind(claim_window(limit))
@@ -281,12 +324,15 @@ async fn claim_batch(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
             Prepared::Park(reason, error) => park(ctx, &mut tx, id, reason, &error).await?,
             Prepared::Ready(handler, event, meta) => {
                 if ctx.call(&*handler, &mut tx, event, &meta).await.is_err() {
-                    drop(tx);
-                    let ids = rows
+                    // Rolled back now, not when the pool gets to it: until
+                    // then the rows stay locked and the row-by-row retry
+                    // below would find them taken.
+                    tx.rollback().await?;
+                    let rows = rows
                         .iter()
-                        .map(|r| r.try_get("event_id"))
-                        .collect::<Result<_, _>>()?;
-                    return Ok(Claimed::HandlerFailed(ids));
+                        .map(|r| Ok((r.try_get("event_id")?, order_key(r)?)))
+                        .collect::<Result<_, sqlx::Error>>()?;
+                    return Ok(Claimed::HandlerFailed(rows));
                 }
                 *by_type.entry(meta.event_type).or_default() += 1;
                 processed.push(id);
@@ -312,9 +358,15 @@ async fn claim_batch(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
     })
 }
 
+fn order_key(row: &PgRow) -> Result<Option<OrderKey>, sqlx::Error> {
+    let topic: Option<String> = row.try_get("topic")?;
+    let key: Option<String> = row.try_get("partition_key")?;
+    Ok(topic.zip(key))
+}
+
 /// Handles one row in its own transaction; on handler failure records the
-/// attempt (backing off or parking) in a second one.
-async fn process_one(ctx: &Ctx, id: Uuid) -> Result<(), sqlx::Error> {
+/// attempt (backing off or parking) in the same one.
+async fn process_one(ctx: &Ctx, id: Uuid) -> Result<One, sqlx::Error> {
     let mut tx = ctx.pool.begin().await?;
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM inbox_event WHERE event_id = $1 AND {DUE_ROWS}
@@ -324,12 +376,15 @@ async fn process_one(ctx: &Ctx, id: Uuid) -> Result<(), sqlx::Error> {
     .fetch_optional(&mut *tx)
     .await?;
     // Gone meanwhile: handled, parked, or claimed by another processor.
-    let Some(row) = row else { return Ok(()) };
+    let Some(row) = row else {
+        return Ok(One::Gone);
+    };
     let attempts: i32 = row.try_get("attempts")?;
     let (handler, event, meta) = match prepare(ctx, &row)? {
         Prepared::Park(reason, error) => {
             park(ctx, &mut tx, id, reason, &error).await?;
-            return tx.commit().await;
+            tx.commit().await?;
+            return Ok(One::Parked);
         }
         Prepared::Ready(handler, event, meta) => (handler, event, meta),
     };
@@ -353,7 +408,7 @@ async fn process_one(ctx: &Ctx, id: Uuid) -> Result<(), sqlx::Error> {
             ctx.committed();
             metrics::counter!(m::HANDLED, "group" => ctx.group(), "event_type" => meta.event_type)
                 .increment(1);
-            Ok(())
+            Ok(One::Handled)
         }
         Err(error) => {
             let undone = sqlx::query("ROLLBACK TO SAVEPOINT outbox_inbox_handler")
@@ -368,7 +423,8 @@ async fn process_one(ctx: &Ctx, id: Uuid) -> Result<(), sqlx::Error> {
             let message = format!("handler `{}` failed: {error}", handler.name());
             if attempt >= ctx.settings.max_attempts {
                 park(ctx, &mut tx, id, "handler_failed", &message).await?;
-                return tx.commit().await;
+                tx.commit().await?;
+                return Ok(One::Parked);
             }
             let delay = ctx.settings.backoff(attempt);
             sqlx::query(
@@ -381,7 +437,8 @@ async fn process_one(ctx: &Ctx, id: Uuid) -> Result<(), sqlx::Error> {
             .bind(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
             .execute(&mut *tx)
             .await?;
-            tx.commit().await
+            tx.commit().await?;
+            Ok(One::Failed)
         }
     }
 }

@@ -21,13 +21,12 @@ pub enum NotifyCommand {
 }
 
 pub async fn run(pool: &PgPool, command: NotifyCommand, json: bool) -> Result<ExitCode, CliError> {
-    let failed = |e: sqlx::Error| CliError::Failed(e.to_string());
     match command {
-        NotifyCommand::Enable => notify::enable(pool).await.map_err(failed)?,
-        NotifyCommand::Disable => notify::disable(pool).await.map_err(failed)?,
+        NotifyCommand::Enable => notify::enable(pool).await?,
+        NotifyCommand::Disable => notify::disable(pool).await?,
         NotifyCommand::Status => {}
     }
-    let enabled = notify::is_enabled(pool).await.map_err(failed)?;
+    let enabled = notify::is_enabled(pool).await?;
     if json {
         output::json(&serde_json::json!({
             "enabled": enabled,
