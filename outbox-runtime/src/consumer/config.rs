@@ -51,6 +51,7 @@ pub(crate) struct Settings {
     pub(crate) processor_batch_size: usize,
     pub(crate) processor_poll_interval: Duration,
     pub(crate) backlog_interval: Duration,
+    pub(crate) refetch_offset_gaps: bool,
 }
 
 impl Settings {
@@ -107,6 +108,7 @@ impl ConsumerBuilder {
                 processor_batch_size: 500,
                 processor_poll_interval: Duration::from_millis(500),
                 backlog_interval: Duration::from_secs(10),
+                refetch_offset_gaps: false,
             },
         }
     }
@@ -183,6 +185,22 @@ impl ConsumerBuilder {
     /// once when this consumer stores rows). Default 500 ms.
     pub fn processor_poll_interval(mut self, interval: Duration) -> Self {
         self.settings.processor_poll_interval = interval;
+        self
+    }
+
+    /// When a partition's next message skips offsets, read the partition again
+    /// from the first missing offset, once, before accepting the gap. Default
+    /// `false`.
+    ///
+    /// A defence against brokers that serve a record before an earlier one is
+    /// readable: tansu 0.6 does so under concurrent producers (see
+    /// `RELIABILITY.md`), and without this the consumer moves past the late
+    /// records for good. Kafka itself never does, but leaves real gaps
+    /// (transaction markers, compaction), each of which then costs one
+    /// re-fetch; leave it off for transactional or compacted topics on Kafka.
+    /// Gaps are counted in `outbox_consumer_offset_gaps_total` either way.
+    pub fn refetch_offset_gaps(mut self, enabled: bool) -> Self {
+        self.settings.refetch_offset_gaps = enabled;
         self
     }
 

@@ -206,10 +206,13 @@ impl Consumer {
                 }
             }
             positions.follow(self.kafka.context().rebalance_generation());
+            let batch = self.check_offsets(&mut positions, batch);
+            if batch.is_empty() {
+                continue;
+            }
             for message in &batch {
                 metrics::counter!(m::CONSUMED, "group" => group.clone(), "topic" => message.topic().to_owned())
                     .increment(1);
-                positions.observe(&group, message);
             }
             let span =
                 tracing::info_span!("outbox.consume_batch", group = %group, size = batch.len());
@@ -229,6 +232,57 @@ impl Consumer {
         }
         self.close();
         Ok(())
+    }
+
+    /// Notes every message's offset. With `refetch_offset_gaps`, a partition
+    /// whose offsets jump is read again from the first missing offset (once
+    /// per gap): its messages from the jump on are dropped from this batch,
+    /// to come again, in order, after the seek.
+    fn check_offsets(
+        &self,
+        positions: &mut Positions,
+        batch: Vec<OwnedMessage>,
+    ) -> Vec<OwnedMessage> {
+        let group = &self.ctx.settings.group_id;
+        let refetch = self.ctx.settings.refetch_offset_gaps;
+        let mut cut: Vec<(String, i32)> = Vec::new();
+        let mut kept = Vec::with_capacity(batch.len());
+        for message in batch {
+            let partition = (message.topic().to_owned(), message.partition());
+            if cut.contains(&partition) {
+                continue;
+            }
+            match positions.observe(group, &message, refetch) {
+                Seen::InOrder | Seen::GapAccepted => kept.push(message),
+                Seen::GapToRefetch { expected } => {
+                    let sought = self.kafka.seek(
+                        &partition.0,
+                        partition.1,
+                        Offset::Offset(expected),
+                        Duration::from_secs(10),
+                    );
+                    match sought {
+                        Ok(()) => {
+                            tracing::warn!(
+                                group = %group,
+                                topic = %partition.0,
+                                partition = partition.1,
+                                expected,
+                                offset = message.offset(),
+                                "offsets skipped by the broker: reading the partition again from {expected}"
+                            );
+                            positions.rewind(&partition, expected);
+                            cut.push(partition);
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, topic = %partition.0, partition = partition.1, "could not seek back over an offset gap; accepting it");
+                            kept.push(message);
+                        }
+                    }
+                }
+            }
+        }
+        kept
     }
 
     fn store(&self, offsets: &HashMap<(String, i32), i64>) {
@@ -265,6 +319,21 @@ impl Consumer {
 struct Positions {
     generation: u64,
     next: HashMap<(String, i32), i64>,
+    /// Per partition, the first missing offset of the gap already read again.
+    refetched: HashMap<(String, i32), i64>,
+}
+
+/// What [`Positions::observe`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    InOrder,
+    /// Offsets were skipped; read the partition again from `expected`.
+    GapToRefetch {
+        expected: i64,
+    },
+    /// Offsets were skipped and stay skipped (already read again, or
+    /// re-fetching is off).
+    GapAccepted,
 }
 
 impl Positions {
@@ -272,18 +341,30 @@ impl Positions {
         if generation != self.generation {
             self.generation = generation;
             self.next.clear();
+            self.refetched.clear();
         }
     }
 
-    /// Notes a received message; returns how many offsets it skipped.
-    fn observe(&mut self, group: &str, message: &OwnedMessage) -> i64 {
+    /// Notes a received message.
+    fn observe(&mut self, group: &str, message: &OwnedMessage, refetch: bool) -> Seen {
         let key = (message.topic().to_owned(), message.partition());
         let offset = message.offset();
-        let mut skipped = 0;
-        if let Some(&expected) = self.next.get(&key)
+        let expected = self.next.get(&key).copied();
+        if expected.is_some_and(|expected| offset == expected)
+            && self.refetched.remove(&key).is_some()
+        {
+            tracing::warn!(
+                group,
+                topic = %key.0,
+                partition = key.1,
+                offset,
+                "the re-read found the offsets the broker had skipped"
+            );
+        }
+        let mut seen = Seen::InOrder;
+        if let Some(expected) = expected
             && offset > expected
         {
-            skipped = offset - expected;
             metrics::counter!(
                 m::OFFSET_GAPS,
                 "group" => group.to_owned(),
@@ -301,9 +382,21 @@ impl Positions {
                 "offset gap: the broker served offset {offset} after {}",
                 expected - 1
             );
+            seen = if refetch && self.refetched.get(&key) != Some(&expected) {
+                self.refetched.insert(key.clone(), expected);
+                return Seen::GapToRefetch { expected };
+            } else {
+                self.refetched.remove(&key);
+                Seen::GapAccepted
+            };
         }
         self.next.insert(key, offset + 1);
-        skipped
+        seen
+    }
+
+    /// After a seek back to `expected`: the next message should be that one.
+    fn rewind(&mut self, key: &(String, i32), expected: i64) {
+        self.next.insert(key.clone(), expected);
     }
 }
 
@@ -517,7 +610,7 @@ mod tests {
     fn offset_gaps_are_noticed_per_partition_and_forgotten_at_a_rebalance() {
         let mut positions = Positions::default();
         positions.follow(0);
-        let seen: Vec<i64> = [
+        let seen: Vec<Seen> = [
             ("a", 0, 10),
             ("a", 0, 11),
             ("a", 1, 3),
@@ -525,16 +618,62 @@ mod tests {
             ("a", 1, 4),
         ]
         .iter()
-        .map(|&(t, p, o)| positions.observe("g", &message(t, p, o)))
+        .map(|&(t, p, o)| positions.observe("g", &message(t, p, o), false))
         .collect();
-        assert_eq!(seen, [0, 0, 0, 2, 0], "12 and 13 were skipped in a/0");
+        use Seen::*;
+        assert_eq!(seen, [InOrder, InOrder, InOrder, GapAccepted, InOrder]);
         // A redelivery (offset below the expected one) is not a gap.
-        assert_eq!(positions.observe("g", &message("a", 0, 12)), 0);
-        assert_eq!(positions.observe("g", &message("a", 0, 13)), 0);
+        assert_eq!(positions.observe("g", &message("a", 0, 12), false), InOrder);
+        assert_eq!(positions.observe("g", &message("a", 0, 13), false), InOrder);
         // After a rebalance the partition may resume anywhere.
         positions.follow(1);
-        assert_eq!(positions.observe("g", &message("a", 0, 40)), 0);
-        assert_eq!(positions.observe("g", &message("a", 0, 42)), 1);
+        assert_eq!(positions.observe("g", &message("a", 0, 40), false), InOrder);
+        assert_eq!(
+            positions.observe("g", &message("a", 0, 42), false),
+            GapAccepted
+        );
+    }
+
+    #[test]
+    fn a_gap_is_read_again_once_then_accepted() {
+        let key = ("a".to_owned(), 0);
+        let mut positions = Positions::default();
+        assert_eq!(
+            positions.observe("g", &message("a", 0, 5), true),
+            Seen::InOrder
+        );
+        // 6 and 7 skipped: read again from 6.
+        assert_eq!(
+            positions.observe("g", &message("a", 0, 8), true),
+            Seen::GapToRefetch { expected: 6 }
+        );
+        positions.rewind(&key, 6);
+        // The re-read brings them (the broker was late): in order, the gap closed.
+        for offset in 6..=8 {
+            assert_eq!(
+                positions.observe("g", &message("a", 0, offset), true),
+                Seen::InOrder
+            );
+        }
+        // A real gap (a transaction marker at 9): re-read once, then accepted.
+        assert_eq!(
+            positions.observe("g", &message("a", 0, 10), true),
+            Seen::GapToRefetch { expected: 9 }
+        );
+        positions.rewind(&key, 9);
+        assert_eq!(
+            positions.observe("g", &message("a", 0, 10), true),
+            Seen::GapAccepted
+        );
+        assert_eq!(
+            positions.observe("g", &message("a", 0, 11), true),
+            Seen::InOrder
+        );
+        // The next gap is read again as well.
+        assert_eq!(
+            positions.observe("g", &message("a", 0, 13), true),
+            Seen::GapToRefetch { expected: 12 }
+        );
     }
 
     #[test]

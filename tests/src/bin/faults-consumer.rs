@@ -51,6 +51,9 @@ async fn main() {
         .backoff(Duration::from_millis(50), Duration::from_secs(1))
         .batch_size(200)
         .processor_poll_interval(Duration::from_millis(100))
+        // tansu can serve a record before an earlier one is readable
+        // (RELIABILITY.md); FAULTS_REFETCH_GAPS=0 shows what happens without.
+        .refetch_offset_gaps(env::get("FAULTS_REFETCH_GAPS", 1u8) == 1)
         .build()
         .expect("consumer builds");
     let running = consumer.spawn();
