@@ -7,6 +7,7 @@
 //! cargo bench -p outbox-runtime --bench consumer            # 100,000 events
 //! OUTBOX_BENCH_EVENTS=20000 cargo bench -p outbox-runtime --bench consumer
 //! OUTBOX_BENCH_PROCESSORS=4 OUTBOX_BENCH_PROCESSOR_BATCH=500 cargo bench ...  # inbox tuning
+//! OUTBOX_BENCH_KEYS=16 cargo bench ...  # 16 partition keys instead of one per event
 //! ```
 //!
 //! Needs `DATABASE_URL` (a database the bench may create scratch databases
@@ -157,10 +158,19 @@ async fn produce(n: usize) {
         .create()
         .unwrap();
     let mut pending = Vec::with_capacity(n);
+    // One key per event by default; a few hot keys with OUTBOX_BENCH_KEYS
+    // (the inbox keeps per-key order, so this is its harder case).
+    let keys: Vec<Uuid> = (0..env_or("OUTBOX_BENCH_KEYS", 0))
+        .map(|_| Uuid::new_v4())
+        .collect();
     for i in 0..n {
         let event = BenchPaid {
             event_id: Uuid::new_v4(),
-            order_id: Uuid::new_v4(),
+            order_id: if keys.is_empty() {
+                Uuid::new_v4()
+            } else {
+                keys[i % keys.len()]
+            },
             amount: i as i64,
         };
         let value = serde_json::to_vec(&event).unwrap();

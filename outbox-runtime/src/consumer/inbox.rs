@@ -116,7 +116,7 @@ pub(crate) async fn process(ctx: Arc<Ctx>, index: usize) {
         tokio::pin!(stored);
         stored.as_mut().enable();
         match claim_batch(&ctx).await {
-            Ok(Claimed::Full) => db_retry = 0,
+            Ok(Claimed::Handled) => db_retry = 0,
             Ok(Claimed::Drained) => {
                 db_retry = 0;
                 tokio::select! {
@@ -155,9 +155,9 @@ pub(crate) async fn process(ctx: Arc<Ctx>, index: usize) {
 }
 
 enum Claimed {
-    /// A full batch was handled; there may be more.
-    Full,
-    /// Fewer rows than a batch were due.
+    /// Rows were handled; there may be more.
+    Handled,
+    /// Nothing was due.
     Drained,
     /// A handler failed; these rows (in claim order, with their ordering
     /// key) must be retried one by one.
@@ -351,11 +351,10 @@ async fn claim_batch(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
         metrics::counter!(m::HANDLED, "group" => ctx.group(), "event_type" => event_type)
             .increment(count);
     }
-    Ok(if rows.len() >= limit {
-        Claimed::Full
-    } else {
-        Claimed::Drained
-    })
+    // Fewer rows than a batch does not mean nothing else is due: the other
+    // keys' heads may have been locked by another processor a moment ago.
+    // Only an empty claim waits.
+    Ok(Claimed::Handled)
 }
 
 fn order_key(row: &PgRow) -> Result<Option<OrderKey>, sqlx::Error> {

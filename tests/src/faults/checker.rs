@@ -102,6 +102,9 @@ pub struct Figures {
     /// lines): on these topics, written only by idempotent producers, a gap
     /// means the broker served a later record before an earlier one.
     pub consumer_offset_gaps: usize,
+    /// Gaps whose records a re-read found (`refetch_offset_gaps`): records the
+    /// broker served late, which a consumer would otherwise have skipped.
+    pub consumer_gaps_recovered: usize,
     /// Partition assignments the consumers logged (each start counts one).
     pub consumer_rebalances: usize,
     /// From the end of the last fault (and of the load) until everything was
@@ -125,8 +128,11 @@ impl fmt::Display for Figures {
         )?;
         writeln!(
             f,
-            "[faults] {}: consumer offset gaps seen={} partition assignments={}",
-            self.scenario, self.consumer_offset_gaps, self.consumer_rebalances
+            "[faults] {}: consumer offset gaps seen={} recovered by a re-read={} partition assignments={}",
+            self.scenario,
+            self.consumer_offset_gaps,
+            self.consumer_gaps_recovered,
+            self.consumer_rebalances
         )?;
         writeln!(
             f,

@@ -507,6 +507,8 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         + u32::from(matches!(scenario.fault, Fault::PostgresRestart { .. }));
     figures.converged = converged_at.is_some();
     figures.consumer_offset_gaps = count_log_lines(&logs, "consumer", "offset gap");
+    figures.consumer_gaps_recovered =
+        count_log_lines(&logs, "consumer", "the re-read found the offsets");
     figures.consumer_rebalances = count_log_lines(&logs, "consumer", "partitions assigned");
     println!(
         "{figures}[faults] {}: logs in {}",
