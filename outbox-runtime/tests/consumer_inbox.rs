@@ -177,6 +177,45 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
     );
 }
 
+/// Produces `per_key` events for each of `keys` new keys, interleaved, the
+/// amount numbering each key's events 0, 1, 2, ...; returns the keys.
+async fn produce_numbered<E: outbox_core::DomainEvent>(
+    keys: usize,
+    per_key: i64,
+    event: impl Fn(uuid::Uuid, i64) -> E,
+) -> Vec<uuid::Uuid> {
+    let producer = producer();
+    let keys: Vec<uuid::Uuid> = (0..keys).map(|_| uuid::Uuid::new_v4()).collect();
+    for sequence in 0..per_key {
+        for key in &keys {
+            produce_event(&producer, &event(*key, sequence)).await;
+        }
+    }
+    keys
+}
+
+/// Every key's effects were applied once each, in order 0..per_key.
+async fn assert_applied_in_order(pool: &PgPool, keys: &[uuid::Uuid], per_key: i64) {
+    let applied: Vec<(String, i64)> =
+        sqlx::query_as("SELECT note, amount FROM effect ORDER BY at, amount")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(applied.len() as i64, keys.len() as i64 * per_key);
+    for key in keys {
+        let sequence: Vec<i64> = applied
+            .iter()
+            .filter(|(note, _)| *note == key.to_string())
+            .map(|(_, amount)| *amount)
+            .collect();
+        assert_eq!(
+            sequence,
+            (0..per_key).collect::<Vec<_>>(),
+            "order of key {key}"
+        );
+    }
+}
+
 test_event!(InboxOrdered, "consumer-test.inbox.ordered", "InboxOrdered");
 
 /// Records the key and the per-key sequence number (the amount), slowly, so
@@ -202,19 +241,12 @@ async fn parallel_processors_keep_per_key_order(pool: PgPool) {
     create_topic(InboxOrdered::TOPIC, 1).await;
     let group = unique_group("inbox-ordered");
     start_group_at(&group, InboxOrdered::TOPIC, 1, true).await;
-    let producer = producer();
-    let keys: Vec<uuid::Uuid> = (0..5).map(|_| uuid::Uuid::new_v4()).collect();
-    // 30 events per key, interleaved, numbered per key.
-    for sequence in 0..30 {
-        for key in &keys {
-            let event = InboxOrdered {
-                event_id: uuid::Uuid::new_v4(),
-                order_id: *key,
-                amount: sequence,
-            };
-            produce_event(&producer, &event).await;
-        }
-    }
+    let keys = produce_numbered(5, 30, |order_id, amount| InboxOrdered {
+        event_id: uuid::Uuid::new_v4(),
+        order_id,
+        amount,
+    })
+    .await;
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_inbox_ordered)
         .mode(Mode::Inbox)
@@ -229,21 +261,7 @@ async fn parallel_processors_keep_per_key_order(pool: PgPool) {
     })
     .await;
     running.shutdown().await.unwrap();
-
-    let applied: Vec<(String, i64)> =
-        sqlx::query_as("SELECT note, amount FROM effect ORDER BY at, amount")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(applied.len(), 150);
-    for key in &keys {
-        let sequence: Vec<i64> = applied
-            .iter()
-            .filter(|(note, _)| *note == key.to_string())
-            .map(|(_, amount)| *amount)
-            .collect();
-        assert_eq!(sequence, (0..30).collect::<Vec<_>>(), "order of key {key}");
-    }
+    assert_applied_in_order(&pool, &keys, 30).await;
 }
 
 test_event!(InboxRun, "consumer-test.inbox.runs", "InboxRun");
@@ -277,18 +295,12 @@ async fn hot_keys_are_drained_in_runs_and_a_failure_holds_back_the_rest_of_its_r
     create_topic(InboxRun::TOPIC, 1).await;
     let group = unique_group("inbox-runs");
     start_group_at(&group, InboxRun::TOPIC, 1, true).await;
-    let producer = producer();
-    let keys: Vec<uuid::Uuid> = (0..2).map(|_| uuid::Uuid::new_v4()).collect();
-    for sequence in 0..150 {
-        for key in &keys {
-            let event = InboxRun {
-                event_id: uuid::Uuid::new_v4(),
-                order_id: *key,
-                amount: sequence,
-            };
-            produce_event(&producer, &event).await;
-        }
-    }
+    let keys = produce_numbered(2, 150, |order_id, amount| InboxRun {
+        event_id: uuid::Uuid::new_v4(),
+        order_id,
+        amount,
+    })
+    .await;
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_inbox_run)
         .mode(Mode::Inbox)
@@ -307,22 +319,9 @@ async fn hot_keys_are_drained_in_runs_and_a_failure_holds_back_the_rest_of_its_r
     .await;
     running.shutdown().await.unwrap();
 
-    // Per key, effects in sequence order although 7 failed once: the rows
-    // after it in its run waited for its retry.
-    let applied: Vec<(String, i64)> =
-        sqlx::query_as("SELECT note, amount FROM effect ORDER BY at, amount")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(applied.len(), 300);
-    for key in &keys {
-        let sequence: Vec<i64> = applied
-            .iter()
-            .filter(|(note, _)| *note == key.to_string())
-            .map(|(_, amount)| *amount)
-            .collect();
-        assert_eq!(sequence, (0..150).collect::<Vec<_>>(), "order of key {key}");
-    }
+    // Per key, effects in sequence order although 7 failed: the rows after it
+    // in its run waited for its retry.
+    assert_applied_in_order(&pool, &keys, 150).await;
     // Two keys, 300 rows: whole runs per transaction. A row per key and
     // transaction would take at least 150; how many fewer depends on how the
     // rows trickle in from the topic (10 to 45 seen).

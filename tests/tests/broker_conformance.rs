@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 fn config() -> ClientConfig {
@@ -53,6 +53,26 @@ fn reader(topic: &str, from: Offset) -> BaseConsumer {
     consumer
 }
 
+fn idempotent_producer(linger_ms: &str) -> FutureProducer {
+    config()
+        .set("enable.idempotence", "true")
+        .set("linger.ms", linger_ms)
+        .create()
+        .unwrap()
+}
+
+/// Enqueues one record for partition 0.
+fn send(producer: &FutureProducer, topic: &str, payload: &str) -> DeliveryFuture {
+    producer
+        .send_result(
+            FutureRecord::<(), _>::to(topic)
+                .payload(payload)
+                .partition(0),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap()
+}
+
 /// The offsets of partition 0 read from its beginning, until `total` or `timeout`.
 fn read_offsets(topic: &str, total: usize, timeout: Duration) -> Vec<i64> {
     let consumer = reader(topic, Offset::Beginning);
@@ -71,23 +91,9 @@ async fn a_fetch_from_the_middle_of_a_batch_returns_the_rest_of_it() {
     let topic = new_topic("mid-batch").await;
 
     // Three records sent together with a long linger: one batch.
-    let producer: FutureProducer = config()
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "200")
-        .create()
-        .unwrap();
+    let producer = idempotent_producer("200");
     let sends: Vec<_> = (0..3)
-        .map(|i| {
-            let payload = format!("record-{i}");
-            producer
-                .send_result(
-                    FutureRecord::<(), _>::to(&topic)
-                        .payload(&payload)
-                        .partition(0),
-                )
-                .map_err(|(e, _)| e)
-                .unwrap()
-        })
+        .map(|i| send(&producer, &topic, &format!("record-{i}")))
         .collect();
     let mut offsets = Vec::new();
     for send in sends {
@@ -129,24 +135,10 @@ async fn a_tailing_consumer_sees_every_record_of_concurrent_producers() {
         .map(|p| {
             let topic = topic.clone();
             tokio::spawn(async move {
-                let producer: FutureProducer = config()
-                    .set("enable.idempotence", "true")
-                    .set("linger.ms", "0")
-                    .create()
-                    .unwrap();
+                let producer = idempotent_producer("0");
                 let mut pending = Vec::new();
                 for i in 0..PER_PRODUCER {
-                    let payload = format!("{p}-{i}");
-                    pending.push(
-                        producer
-                            .send_result(
-                                FutureRecord::<(), _>::to(&topic)
-                                    .payload(&payload)
-                                    .partition(0),
-                            )
-                            .map_err(|(e, _)| e)
-                            .unwrap(),
-                    );
+                    pending.push(send(&producer, &topic, &format!("{p}-{i}")));
                     if i % 50 == 0 {
                         tokio::task::yield_now().await;
                     }
