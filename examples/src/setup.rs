@@ -25,6 +25,11 @@ pub fn database_url_from_env() -> String {
 /// Why the example could not set up its infrastructure; printed as one line.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
+    /// A binary that needs a real Kafka cluster was started without one.
+    #[error(
+        "set KAFKA_BROKERS (e.g. 127.0.0.1:9092); the `demo` binary runs both services on a mock cluster"
+    )]
+    NoBrokers,
     /// The database URL does not parse.
     #[error("DATABASE_URL `{url}` is not a valid PostgreSQL URL: {reason}")]
     BadDatabaseUrl {
@@ -150,6 +155,15 @@ impl Broker {
             _ => MockCluster::new(1)
                 .map(Self::Mock)
                 .map_err(SetupError::MockCluster),
+        }
+    }
+
+    /// `KAFKA_BROKERS` for the binaries that need a real cluster; an error
+    /// naming the variable (and the `demo` alternative) if it is unset.
+    pub fn external_from_env() -> Result<String, SetupError> {
+        match std::env::var("KAFKA_BROKERS") {
+            Ok(servers) if !servers.trim().is_empty() => Ok(servers),
+            _ => Err(SetupError::NoBrokers),
         }
     }
 

@@ -17,9 +17,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let Broker::External(servers) = Broker::from_env()? else {
-        return Err("set KAFKA_BROKERS (e.g. 127.0.0.1:9092); the `demo` binary runs both services on a mock cluster".into());
-    };
+    let servers = Broker::external_from_env()?;
     let addr = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
     let pool = connect_database(&database_url_from_env(), "_orders").await?;
     orders::migrate(&pool).await?;

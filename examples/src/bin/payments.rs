@@ -16,9 +16,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let Broker::External(servers) = Broker::from_env()? else {
-        return Err("set KAFKA_BROKERS (e.g. 127.0.0.1:9092); the `demo` binary runs both services on a mock cluster".into());
-    };
+    let servers = Broker::external_from_env()?;
     let pool = connect_database(&database_url_from_env(), "_payments").await?;
     payments::migrate(&pool).await?;
     create_topics(&Broker::External(servers.clone()), 3).await?;

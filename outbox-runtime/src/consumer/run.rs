@@ -252,7 +252,7 @@ impl Consumer {
             if cut.contains(&partition) {
                 continue;
             }
-            match positions.observe(group, &message, refetch) {
+            match positions.observe(group, &partition, message.offset(), refetch) {
                 Seen::InOrder | Seen::GapAccepted => kept.push(message),
                 Seen::GapToRefetch { expected } => {
                     let sought = self.kafka.seek(
@@ -345,59 +345,75 @@ impl Positions {
         }
     }
 
-    /// Notes a received message.
-    fn observe(&mut self, group: &str, message: &OwnedMessage, refetch: bool) -> Seen {
-        let key = (message.topic().to_owned(), message.partition());
-        let offset = message.offset();
-        let expected = self.next.get(&key).copied();
-        if expected.is_some_and(|expected| offset == expected)
-            && self.refetched.remove(&key).is_some()
-        {
-            tracing::warn!(
-                group,
-                topic = %key.0,
-                partition = key.1,
-                offset,
-                "the re-read found the offsets the broker had skipped"
-            );
-        }
-        let mut seen = Seen::InOrder;
-        if let Some(expected) = expected
-            && offset > expected
-        {
-            metrics::counter!(
-                m::OFFSET_GAPS,
-                "group" => group.to_owned(),
-                "topic" => key.0.clone(),
-                "partition" => key.1.to_string()
-            )
-            .increment(1);
-            tracing::debug!(
-                target: "outbox_runtime::consumer::offsets",
-                group,
-                topic = %key.0,
-                partition = key.1,
-                expected,
-                offset,
-                "offset gap: the broker served offset {offset} after {}",
-                expected - 1
-            );
-            seen = if refetch && self.refetched.get(&key) != Some(&expected) {
-                self.refetched.insert(key.clone(), expected);
-                return Seen::GapToRefetch { expected };
-            } else {
-                self.refetched.remove(&key);
+    /// Notes the offset of a message received from `partition` (topic,
+    /// partition number).
+    fn observe(
+        &mut self,
+        group: &str,
+        partition: &(String, i32),
+        offset: i64,
+        refetch: bool,
+    ) -> Seen {
+        let expected = self.next.get(partition).copied();
+        let seen = match expected {
+            Some(expected) if offset > expected => {
+                record_gap(group, partition, expected, offset);
+                if refetch && self.refetched.get(partition) != Some(&expected) {
+                    // Read again from `expected` (the caller seeks and rewinds).
+                    self.refetched.insert(partition.clone(), expected);
+                    return Seen::GapToRefetch { expected };
+                }
+                self.refetched.remove(partition);
                 Seen::GapAccepted
-            };
-        }
-        self.next.insert(key, offset + 1);
+            }
+            Some(expected) if offset == expected => {
+                if self.refetched.remove(partition).is_some() {
+                    tracing::warn!(
+                        group,
+                        topic = %partition.0,
+                        partition = partition.1,
+                        offset,
+                        "the re-read found the offsets the broker had skipped"
+                    );
+                }
+                Seen::InOrder
+            }
+            _ => Seen::InOrder,
+        };
+        self.rewind(partition, offset + 1);
         seen
     }
 
-    /// After a seek back to `expected`: the next message should be that one.
-    fn rewind(&mut self, key: &(String, i32), expected: i64) {
-        self.next.insert(key.clone(), expected);
+    /// Sets the offset expected next (also after a seek back to `expected`).
+    fn rewind(&mut self, partition: &(String, i32), expected: i64) {
+        match self.next.get_mut(partition) {
+            Some(next) => *next = expected,
+            None => {
+                self.next.insert(partition.clone(), expected);
+            }
+        }
     }
+}
+
+/// Counts a gap and logs it at debug level (target `…::consumer::offsets`).
+fn record_gap(group: &str, partition: &(String, i32), expected: i64, offset: i64) {
+    metrics::counter!(
+        m::OFFSET_GAPS,
+        "group" => group.to_owned(),
+        "topic" => partition.0.clone(),
+        "partition" => partition.1.to_string()
+    )
+    .increment(1);
+    tracing::debug!(
+        target: "outbox_runtime::consumer::offsets",
+        group,
+        topic = %partition.0,
+        partition = partition.1,
+        expected,
+        offset,
+        "offset gap: the broker served offset {offset} after {}",
+        expected - 1
+    );
 }
 
 /// A message that does not reach a handler.
@@ -608,6 +624,7 @@ mod tests {
 
     #[test]
     fn offset_gaps_are_noticed_per_partition_and_forgotten_at_a_rebalance() {
+        let key = ("a".to_owned(), 0);
         let mut positions = Positions::default();
         positions.follow(0);
         let seen: Vec<Seen> = [
@@ -618,60 +635,45 @@ mod tests {
             ("a", 1, 4),
         ]
         .iter()
-        .map(|&(t, p, o)| positions.observe("g", &message(t, p, o), false))
+        .map(|&(t, p, o)| positions.observe("g", &(t.to_owned(), p), o, false))
         .collect();
         use Seen::*;
         assert_eq!(seen, [InOrder, InOrder, InOrder, GapAccepted, InOrder]);
         // A redelivery (offset below the expected one) is not a gap.
-        assert_eq!(positions.observe("g", &message("a", 0, 12), false), InOrder);
-        assert_eq!(positions.observe("g", &message("a", 0, 13), false), InOrder);
+        assert_eq!(positions.observe("g", &key, 12, false), InOrder);
+        assert_eq!(positions.observe("g", &key, 13, false), InOrder);
         // After a rebalance the partition may resume anywhere.
         positions.follow(1);
-        assert_eq!(positions.observe("g", &message("a", 0, 40), false), InOrder);
-        assert_eq!(
-            positions.observe("g", &message("a", 0, 42), false),
-            GapAccepted
-        );
+        assert_eq!(positions.observe("g", &key, 40, false), InOrder);
+        assert_eq!(positions.observe("g", &key, 42, false), GapAccepted);
     }
 
     #[test]
     fn a_gap_is_read_again_once_then_accepted() {
         let key = ("a".to_owned(), 0);
         let mut positions = Positions::default();
-        assert_eq!(
-            positions.observe("g", &message("a", 0, 5), true),
-            Seen::InOrder
-        );
+        assert_eq!(positions.observe("g", &key, 5, true), Seen::InOrder);
         // 6 and 7 skipped: read again from 6.
         assert_eq!(
-            positions.observe("g", &message("a", 0, 8), true),
+            positions.observe("g", &key, 8, true),
             Seen::GapToRefetch { expected: 6 }
         );
         positions.rewind(&key, 6);
         // The re-read brings them (the broker was late): in order, the gap closed.
         for offset in 6..=8 {
-            assert_eq!(
-                positions.observe("g", &message("a", 0, offset), true),
-                Seen::InOrder
-            );
+            assert_eq!(positions.observe("g", &key, offset, true), Seen::InOrder);
         }
         // A real gap (a transaction marker at 9): re-read once, then accepted.
         assert_eq!(
-            positions.observe("g", &message("a", 0, 10), true),
+            positions.observe("g", &key, 10, true),
             Seen::GapToRefetch { expected: 9 }
         );
         positions.rewind(&key, 9);
-        assert_eq!(
-            positions.observe("g", &message("a", 0, 10), true),
-            Seen::GapAccepted
-        );
-        assert_eq!(
-            positions.observe("g", &message("a", 0, 11), true),
-            Seen::InOrder
-        );
+        assert_eq!(positions.observe("g", &key, 10, true), Seen::GapAccepted);
+        assert_eq!(positions.observe("g", &key, 11, true), Seen::InOrder);
         // The next gap is read again as well.
         assert_eq!(
-            positions.observe("g", &message("a", 0, 13), true),
+            positions.observe("g", &key, 13, true),
             Seen::GapToRefetch { expected: 12 }
         );
     }

@@ -34,6 +34,8 @@ use sqlx::{Connection, PgPool};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::worker::jittered_exponential;
+
 /// The channel the trigger notifies and relays listen on.
 pub const CHANNEL: &str = "outbox_event";
 
@@ -97,7 +99,8 @@ pub async fn is_enabled(pool: &PgPool) -> sqlx::Result<bool> {
     .await
 }
 
-/// Longest pause between two attempts to (re)connect the listener.
+/// First and longest pause between two attempts to (re)connect the listener.
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 /// Starts the listener task of one relay: it holds its own connection (not
@@ -130,7 +133,9 @@ async fn listen_forever(pool: &PgPool, wake: &Notify) {
         ),
         Err(error) => tracing::debug!(%error, "outbox relay could not check the notify trigger"),
     }
-    let mut pause = Duration::from_millis(100);
+    // Failed (re)connections in a row, for the backoff; a listener that ran
+    // for a while starts again from the shortest pause.
+    let mut failures = 0u32;
     loop {
         let started = std::time::Instant::now();
         match listen_until_error(pool, wake).await {
@@ -140,10 +145,11 @@ async fn listen_forever(pool: &PgPool, wake: &Notify) {
                 // Whatever was notified while reconnecting is lost: look.
                 wake.notify_one();
                 if started.elapsed() > RECONNECT_MAX * 2 {
-                    pause = Duration::from_millis(100);
+                    failures = 0;
                 }
+                let pause = jittered_exponential(RECONNECT_FIRST, RECONNECT_MAX, failures);
+                failures = failures.saturating_add(1);
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RECONNECT_MAX);
             }
         }
     }

@@ -84,7 +84,6 @@ impl Publisher {
         let mut outcomes = vec![Outcome::Held; rows.len()];
         let mut failed_keys: HashSet<&str> = HashSet::new();
         let mut pending = Vec::with_capacity(rows.len());
-        let mut failed = 0;
         for (index, row) in rows.iter().enumerate() {
             let key = row.partition_key.as_str();
             if held_keys.contains(key) || failed_keys.contains(key) {
@@ -110,7 +109,6 @@ impl Publisher {
                     Err((error, _)) => {
                         outcomes[index] = classify(&error);
                         failed_keys.insert(key);
-                        failed += 1;
                         break;
                     }
                 }
@@ -122,7 +120,6 @@ impl Publisher {
         let wait_at_most = self.delivery_timeout + Duration::from_secs(5);
         PendingBatch {
             outcomes,
-            needs_settling: !indices.is_empty() || failed > 0,
             indices,
             reports: Some(Box::pin(tokio::time::timeout(
                 wait_at_most,
@@ -137,17 +134,16 @@ type Reports = Pin<Box<Timeout<JoinAll<DeliveryFuture>>>>;
 /// A batch handed to the producer, its delivery reports still to come.
 pub(crate) struct PendingBatch {
     outcomes: Vec<Outcome>,
-    /// Whether anything was sent or failed, i.e. there is anything to record.
-    needs_settling: bool,
     indices: Vec<usize>,
     /// `None` once every report is in (and copied into `outcomes`).
     reports: Option<Reports>,
 }
 
 impl PendingBatch {
-    /// `false` when every row was held back: nothing to await or record.
+    /// `false` when every row was held back: nothing was sent or refused, so
+    /// there is nothing to await or record.
     pub(crate) fn needs_settling(&self) -> bool {
-        self.needs_settling
+        !self.indices.is_empty() || self.outcomes.iter().any(|o| *o != Outcome::Held)
     }
 
     /// Returns when every delivery report is in. Cancel-safe: the reports

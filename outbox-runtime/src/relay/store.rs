@@ -105,12 +105,13 @@ pub async fn claim_and_mark_without_publishing(
     Ok(ids.len())
 }
 
-/// Records a batch's outcome in one transaction: marks the delivered rows and
-/// counts the rejected ones. Returns how many rows were parked.
+/// Records a batch's outcome: marks the delivered rows (one statement) and,
+/// if any were refused, counts those in the same transaction. Returns how
+/// many rows were parked.
 ///
 /// Runs on the relay's own connection, which does not wait for the WAL flush
-/// at commit (`synchronous_commit = off`, see `lanes`): a mark lost in a crash
-/// right after commit only makes its rows publish again.
+/// at commit (see [`configure_connection`]): a mark lost in a crash right
+/// after commit only makes its rows publish again.
 pub(crate) async fn settle(
     conn: &mut PgConnection,
     delivered: &[i64],

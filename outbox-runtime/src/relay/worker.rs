@@ -158,7 +158,7 @@ impl Worker {
             if in_flight.is_empty() {
                 self.claim_blocked = false; // also after batches were dropped on errors
             }
-            if self.has_room(&in_flight) && !self.claim_blocked {
+            if self.has_room(&in_flight) {
                 match self.claim_and_enqueue(&in_flight).await {
                     Ok(Some(batch)) => {
                         // Rows of keys still in flight are not sent. If that
@@ -191,7 +191,7 @@ impl Worker {
             if claimed >= self.config.batch_size && in_flight.len() < 2 {
                 continue; // a backlog: fill the pipeline first
             }
-            let room = self.has_room(&in_flight) && !self.claim_blocked;
+            let room = self.has_room(&in_flight);
             let oldest = in_flight.front_mut().expect("not empty");
             let woken = tokio::select! {
                 // Settle a delivered batch first: its rows are published only
@@ -237,9 +237,13 @@ impl Worker {
         self.lanes.release().await;
     }
 
-    /// Whether another batch may be claimed: always up to two batches (claim
-    /// overlapping delivery), more only while they are small.
+    /// Whether another batch may be claimed: not while a claim found only
+    /// rows held back (until a batch settles); otherwise always up to two
+    /// batches (claim overlapping delivery), more only while they are small.
     fn has_room(&self, in_flight: &VecDeque<InFlight>) -> bool {
+        if self.claim_blocked {
+            return false;
+        }
         let rows: usize = in_flight.iter().map(|batch| batch.rows.len()).sum();
         in_flight.len() < 2 || (in_flight.len() < MAX_IN_FLIGHT && rows < self.config.batch_size)
     }
@@ -453,7 +457,7 @@ impl Worker {
 
 /// Exponential backoff with "equal jitter": half the delay fixed, half random,
 /// so relays that failed together do not retry together.
-fn jittered_exponential(initial: Duration, max: Duration, exponent: u32) -> Duration {
+pub(super) fn jittered_exponential(initial: Duration, max: Duration, exponent: u32) -> Duration {
     let delay = initial.saturating_mul(1u32 << exponent.min(20)).min(max);
     let half = delay / 2;
     half + half.mul_f64(rand::rng().random::<f64>())

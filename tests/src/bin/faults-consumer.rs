@@ -53,7 +53,7 @@ async fn main() {
         .processor_poll_interval(Duration::from_millis(100))
         // tansu can serve a record before an earlier one is readable
         // (RELIABILITY.md); FAULTS_REFETCH_GAPS=0 shows what happens without.
-        .refetch_offset_gaps(env::get("FAULTS_REFETCH_GAPS", 1u8) == 1)
+        .refetch_offset_gaps(env::get(env::REFETCH_GAPS, 1u8) == 1)
         .build()
         .expect("consumer builds");
     let running = consumer.spawn();

@@ -120,9 +120,9 @@ impl Scenario {
             partitions: 4,
             relays: 2,
             batch: 50,
-            // FAULTS_RELAY_TIMEOUT_MS overrides it for runs by hand (the 5 s
-            // of the first long runs, to chase the skipped record).
-            delivery_timeout: env::millis("FAULTS_RELAY_TIMEOUT_MS", 30_000),
+            // Overridable for runs by hand (the 5 s of the first long runs,
+            // to chase the skipped record).
+            delivery_timeout: env::millis(env::RELAY_TIMEOUT_OVERRIDE_MS, 30_000),
             dedup_consumers: 1,
             inbox_consumers: 1,
             load,
