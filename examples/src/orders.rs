@@ -250,6 +250,12 @@ impl OrdersService {
         })
     }
 
+    /// Resolves when the relay or the consumer stopped on its own; see
+    /// [`crate::service::failure`].
+    pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
+        crate::service::failure(&self.relay, &self.consumer)
+    }
+
     /// Stops accepting requests, then stops the consumer and the relay, each
     /// finishing what it has in flight.
     pub async fn shutdown(self) -> Result<(), ServiceError> {

@@ -93,6 +93,12 @@ impl PaymentsService {
         Ok(Self { relay, consumer })
     }
 
+    /// Resolves when the relay or the consumer stopped on its own; see
+    /// [`crate::service::failure`].
+    pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
+        crate::service::failure(&self.relay, &self.consumer)
+    }
+
     /// Stops the consumer, then the relay, each finishing what it has in flight.
     pub async fn shutdown(self) -> Result<(), ServiceError> {
         let consumer = self.consumer.shutdown().await;

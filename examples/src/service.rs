@@ -1,7 +1,12 @@
 //! What both example services share: errors, tuning, Kafka settings, topics
 //! and the shutdown signal.
 
+use std::future::Future;
 use std::time::Duration;
+
+use outbox_runtime::consumer::ConsumerHandle;
+use outbox_runtime::lifecycle::Stopped;
+use outbox_runtime::relay::RelayHandle;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -48,6 +53,37 @@ pub enum ServiceError {
     /// A service task panicked or was cancelled.
     #[error("service task failed: {0}")]
     Task(String),
+    /// The relay or a consumer stopped although nobody asked it to: the
+    /// service no longer does its job and exits so that it is restarted.
+    #[error("the {task} stopped on its own: {reason}")]
+    Stopped {
+        /// `relay` or `consumer`.
+        task: &'static str,
+        /// Why, as its handle reported it.
+        reason: String,
+    },
+}
+
+/// Resolves when the relay or the consumer stops on its own (never after a
+/// requested stop), with which one and why. Services select on it next to
+/// their shutdown signal and exit non-zero when it fires.
+pub fn failure(
+    relay: &RelayHandle,
+    consumer: &ConsumerHandle,
+) -> impl Future<Output = ServiceError> + Send + 'static {
+    async fn failed(task: &'static str, stopped: impl Future<Output = Stopped>) -> ServiceError {
+        match stopped.await {
+            Stopped::Failed(reason) => ServiceError::Stopped { task, reason },
+            _ => std::future::pending().await,
+        }
+    }
+    let (relay, consumer) = (relay.stopped(), consumer.stopped());
+    async move {
+        tokio::select! {
+            error = failed("relay", relay) => error,
+            error = failed("consumer", consumer) => error,
+        }
+    }
 }
 
 /// Knobs the demo and the tests turn.

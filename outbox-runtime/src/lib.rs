@@ -7,6 +7,7 @@
 pub use outbox_core as core;
 
 pub mod consumer;
+pub mod lifecycle;
 pub mod migrations;
 pub mod ops;
 pub mod relay;

@@ -26,7 +26,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let service =
         OrdersService::start(pool, &servers, "orders", listener, &Tuning::default()).await?;
     tracing::info!(addr = %service.addr, "orders service listening; Ctrl-C to stop");
-    shutdown_signal().await;
+    let failure = service.failure();
+    tokio::select! {
+        () = shutdown_signal() => {}
+        error = failure => {
+            // Exit non-zero so that an orchestrator restarts the service.
+            tracing::error!(%error, "stopping the service");
+            let _ = service.shutdown().await;
+            return Err(error.into());
+        }
+    }
     tracing::info!("stopping: finishing in-flight requests and deliveries");
     service.shutdown().await?;
     Ok(())

@@ -22,7 +22,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     create_topics(&Broker::External(servers.clone()), 3).await?;
     let service = PaymentsService::start(pool, &servers, "payments", &Tuning::default())?;
     tracing::info!("payments service running; Ctrl-C to stop");
-    shutdown_signal().await;
+    let failure = service.failure();
+    tokio::select! {
+        () = shutdown_signal() => {}
+        error = failure => {
+            // Exit non-zero so that an orchestrator restarts the service.
+            tracing::error!(%error, "stopping the service");
+            let _ = service.shutdown().await;
+            return Err(error.into());
+        }
+    }
     tracing::info!("stopping: finishing in-flight events");
     service.shutdown().await?;
     Ok(())

@@ -142,7 +142,9 @@ pub(crate) type Decoded = Box<dyn Any + Send>;
 /// [`EventHandler`] with the event type erased, so one table holds them all.
 pub(crate) trait ErasedHandler: Send + Sync {
     fn name(&self) -> &'static str;
-    fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, serde_json::Error>;
+    /// Deserializes the payload into the handler's event type; a panic in a
+    /// `Deserialize` implementation is caught and reported as an error.
+    fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, String>;
     fn call<'a>(
         &'a self,
         tx: &'a mut Transaction<'static, Postgres>,
@@ -159,8 +161,16 @@ impl<H: EventHandler> ErasedHandler for Erased<H> {
         H::NAME
     }
 
-    fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, serde_json::Error> {
-        H::Event::deserialize(payload).map(|event| Box::new(event) as Decoded)
+    fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, String> {
+        let decoded = std::panic::catch_unwind(|| H::Event::deserialize(payload));
+        match decoded {
+            Ok(Ok(event)) => Ok(Box::new(event) as Decoded),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(panic) => Err(format!(
+                "deserializing panicked: {}",
+                crate::lifecycle::panic_message(&*panic)
+            )),
+        }
     }
 
     fn call<'a>(

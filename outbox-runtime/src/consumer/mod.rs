@@ -140,6 +140,14 @@ pub enum ConsumerError {
         #[source]
         source: rdkafka::error::KafkaError,
     },
+    /// An inbox processor ended on its own (a panic outside a handler, or
+    /// any end that was not a shutdown); the consumer stopped with it.
+    #[error("{0}")]
+    Processor(String),
+    /// The consumer panicked outside a handler (handler panics are caught
+    /// and count as failed attempts).
+    #[error("the consumer panicked: {0}")]
+    Panicked(String),
     /// A consumer task panicked or was aborted.
     #[error("consumer task failed: {0}")]
     Task(#[from] tokio::task::JoinError),

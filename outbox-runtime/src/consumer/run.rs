@@ -1,6 +1,7 @@
 //! The polling loop shared by both modes, offsets, and lifecycle.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,6 +23,7 @@ use super::dlq::DeadLetters;
 use super::handler::{Dispatch, ErasedHandler, EventMeta, HandlerError};
 use super::message::DeadLetterReason;
 use super::{BuildError, ConsumerError, dedup, inbox, metric_names as m};
+use crate::lifecycle::{Lifecycle, Stopped, panic_message};
 
 /// A Kafka consumer that runs [`EventHandler`](super::EventHandler)s
 /// idempotently. Build it with [`Consumer::builder`], run it with
@@ -45,10 +47,12 @@ pub(crate) struct Ctx {
 }
 
 /// A spawned consumer. Dropping it leaves the consumer running; call
-/// [`shutdown`](Self::shutdown) to stop it gracefully.
+/// [`shutdown`](Self::shutdown) to stop it gracefully, and watch
+/// [`stopped`](Self::stopped) to learn if it ends on its own.
 pub struct ConsumerHandle {
     token: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
+    lifecycle: Lifecycle,
 }
 
 impl ConsumerHandle {
@@ -68,6 +72,33 @@ impl ConsumerHandle {
     /// Waits until the consumer stops (after its token is cancelled or on a fatal error).
     pub async fn join(self) -> Result<(), ConsumerError> {
         self.task.await?
+    }
+
+    /// Resolves when the consumer's task has ended: [`Stopped::Requested`]
+    /// after [`shutdown`](Self::shutdown) or its token was cancelled,
+    /// [`Stopped::Failed`] if it ended on its own (its subscription failed,
+    /// an inbox processor died, a panic outside a handler). A service should
+    /// then exit so that it is restarted (see [`crate::lifecycle`]). Handler
+    /// panics never end the consumer: they count as failed attempts of their
+    /// event. Can be awaited any number of times, from any task.
+    ///
+    /// ```no_run
+    /// # async fn run(consumer: outbox_runtime::consumer::ConsumerHandle) {
+    /// let stopped = consumer.stopped().await;
+    /// if stopped.is_failure() {
+    ///     eprintln!("consumer {stopped}");
+    ///     std::process::exit(1);
+    /// }
+    /// # }
+    /// ```
+    pub fn stopped(&self) -> impl std::future::Future<Output = Stopped> + Send + 'static {
+        self.lifecycle.stopped()
+    }
+
+    /// Whether the consumer's task (its receive loop and, in inbox mode, its
+    /// processors) is still running.
+    pub fn is_running(&self) -> bool {
+        self.lifecycle.current().is_none()
     }
 }
 
@@ -138,13 +169,44 @@ impl Consumer {
     /// Runs the consumer on a new task.
     pub fn spawn(self) -> ConsumerHandle {
         let token = self.ctx.token.clone();
+        let lifecycle = Lifecycle::new();
+        let labels = [("task", "consumer".to_owned()), ("group", self.ctx.group())];
+        let task = tokio::spawn({
+            let (lifecycle, token) = (lifecycle.clone(), token.clone());
+            async move {
+                let ended = AssertUnwindSafe(self.run(token.clone()))
+                    .catch_unwind()
+                    .await;
+                let (stopped, result) = match ended {
+                    Ok(Ok(())) if token.is_cancelled() => (Stopped::Requested, Ok(())),
+                    Ok(Ok(())) => (
+                        Stopped::Failed("the receive loop ended unexpectedly".into()),
+                        Ok(()),
+                    ),
+                    Ok(Err(error)) => (Stopped::Failed(error.to_string()), Err(error)),
+                    Err(panic) => {
+                        let message = panic_message(&*panic);
+                        (
+                            Stopped::Failed(format!("the consumer panicked: {message}")),
+                            Err(ConsumerError::Panicked(message)),
+                        )
+                    }
+                };
+                lifecycle.finish(stopped, &labels);
+                result
+            }
+        });
         ConsumerHandle {
-            token: token.clone(),
-            task: tokio::spawn(self.run(token)),
+            token,
+            task,
+            lifecycle,
         }
     }
 
-    /// Runs until `token` is cancelled, then shuts down gracefully.
+    /// Runs until `token` is cancelled, then shuts down gracefully. Returns
+    /// an error if the consumer stopped on its own: its subscription failed,
+    /// or an inbox processor ended (then the receive loop is stopped too, so
+    /// that the process can be restarted whole rather than half-working).
     pub async fn run(self, token: CancellationToken) -> Result<(), ConsumerError> {
         let ctx = self.ctx.clone();
         // Our own token also stops the processors and any retry waits.
@@ -159,16 +221,56 @@ impl Consumer {
         let mut processors = JoinSet::new();
         if ctx.settings.mode == Mode::Inbox {
             for index in 0..ctx.settings.processors {
-                processors.spawn(inbox::process(ctx.clone(), index));
+                let ctx = ctx.clone();
+                processors.spawn(async move {
+                    let ended = AssertUnwindSafe(inbox::process(ctx, index))
+                        .catch_unwind()
+                        .await;
+                    (index, ended.map_err(|panic| panic_message(&*panic)))
+                });
             }
         }
-        let result = self.receive().await;
+        let receive = self.receive();
+        tokio::pin!(receive);
+        let mut failure = None;
+        let result = loop {
+            tokio::select! {
+                result = &mut receive => break result,
+                Some(joined) = processors.join_next(), if failure.is_none() => {
+                    if stop.is_cancelled() {
+                        continue;
+                    }
+                    // A processor ended although nobody asked it to: stop the
+                    // whole consumer so that its supervisor notices.
+                    let reason = match joined {
+                        Ok((index, Ok(()))) => format!("inbox processor {index} ended unexpectedly"),
+                        Ok((index, Err(panic))) => format!("inbox processor {index} panicked: {panic}"),
+                        Err(error) => format!("an inbox processor task failed: {error}"),
+                    };
+                    metrics::counter!(
+                        crate::lifecycle::TASKS_FAILED,
+                        "task" => "inbox_processor",
+                        "group" => ctx.group()
+                    )
+                    .increment(1);
+                    tracing::error!(group = %ctx.settings.group_id, %reason, "stopping the consumer");
+                    failure = Some(reason);
+                    stop.cancel();
+                }
+            }
+        };
         stop.cancel();
         forward.abort();
         while let Some(joined) = processors.join_next().await {
-            joined?;
+            if let (Ok((index, Err(panic))), None) = (joined, &failure) {
+                failure = Some(format!("inbox processor {index} panicked: {panic}"));
+            }
         }
-        result
+        result?;
+        match failure {
+            Some(reason) => Err(ConsumerError::Processor(reason)),
+            None => Ok(()),
+        }
     }
 
     async fn receive(self) -> Result<(), ConsumerError> {
@@ -502,7 +604,18 @@ impl Ctx {
         );
         let mut events = Events::new();
         let result = outbox_core::trace::with_traceparent(meta.traceparent.clone(), async {
-            handler.call(tx, event, meta, &mut events).await?;
+            // A panic is this event's failure, not the consumer's: it is
+            // caught, the transaction is rolled back by the caller, and the
+            // attempt counts like any other failed one.
+            AssertUnwindSafe(handler.call(tx, event, meta, &mut events))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    Err(HandlerError::new(format!(
+                        "the handler panicked: {}",
+                        panic_message(&*panic)
+                    )))
+                })?;
             if let Some(failure) = events.failure() {
                 return Err(HandlerError::new(format!(
                     "an event the handler recorded cannot be stored: {failure}"

@@ -36,7 +36,10 @@ mod store;
 pub mod telemetry;
 mod worker;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+
+use futures::FutureExt;
 
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
@@ -48,6 +51,7 @@ pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
 #[doc(hidden)]
 pub use store::{claim_and_mark_without_publishing, configure_connection};
 
+use crate::lifecycle::{Lifecycle, Stopped};
 use publish::Publisher;
 pub(crate) use publish::{WireRow, wire_headers};
 use telemetry::Totals;
@@ -102,12 +106,29 @@ impl Relay {
             wakeup: Wakeups::new(outbox_core::wakeup::listener(), remote),
             claim_blocked: false,
         };
-        let task = tokio::spawn(worker.run());
+        let lifecycle = Lifecycle::new();
+        let task = tokio::spawn({
+            let (lifecycle, cancel) = (lifecycle.clone(), cancel.clone());
+            async move {
+                let ended = AssertUnwindSafe(worker.run()).catch_unwind().await;
+                let stopped = match ended {
+                    Ok(Ok(())) if cancel.is_cancelled() => Stopped::Requested,
+                    Ok(Ok(())) => Stopped::Failed("the relay loop ended unexpectedly".into()),
+                    Ok(Err(error)) => Stopped::Failed(error.to_string()),
+                    Err(panic) => Stopped::Failed(format!(
+                        "the relay panicked: {}",
+                        crate::lifecycle::panic_message(&*panic)
+                    )),
+                };
+                lifecycle.finish(stopped, &[("task", "relay".to_owned())]);
+            }
+        });
         Ok(RelayHandle {
             cancel,
             task: Some(task),
             totals,
             shutdown_timeout,
+            lifecycle,
         })
     }
 }
@@ -120,6 +141,7 @@ pub struct RelayHandle {
     task: Option<JoinHandle<()>>,
     totals: Arc<Totals>,
     shutdown_timeout: std::time::Duration,
+    lifecycle: Lifecycle,
 }
 
 /// What a relay did, returned by [`RelayHandle::shutdown`].
@@ -164,6 +186,7 @@ impl RelayHandle {
                 }
             }
         }
+        self.lifecycle.finish(Stopped::Requested, &[]);
         RelaySummary {
             clean,
             ..self.summary()
@@ -180,6 +203,30 @@ impl RelayHandle {
             producer_rebuilds: Totals::get(&self.totals.producer_rebuilds),
             clean: true,
         }
+    }
+
+    /// Resolves when the relay's task has ended: [`Stopped::Requested`] after
+    /// [`shutdown`](Self::shutdown) or its token was cancelled,
+    /// [`Stopped::Failed`] if it ended on its own (see [`crate::lifecycle`]:
+    /// a service should then exit so that it is restarted). Can be awaited
+    /// any number of times, from any task.
+    ///
+    /// ```no_run
+    /// # async fn run(relay: outbox_runtime::relay::RelayHandle) {
+    /// let stopped = relay.stopped().await;
+    /// if stopped.is_failure() {
+    ///     eprintln!("relay {stopped}");
+    ///     std::process::exit(1);
+    /// }
+    /// # }
+    /// ```
+    pub fn stopped(&self) -> impl std::future::Future<Output = Stopped> + Send + 'static {
+        self.lifecycle.stopped()
+    }
+
+    /// Whether the relay's task is still running.
+    pub fn is_running(&self) -> bool {
+        self.lifecycle.current().is_none()
     }
 
     /// The token that stops the relay, e.g. to tie it to a server's graceful

@@ -112,7 +112,7 @@ impl Worker {
     /// a commit signal claims at once even while small batches are in flight
     /// (up to `MAX_IN_FLIGHT`), so an event does not wait for the previous
     /// batch's round trip.
-    pub(crate) async fn run(mut self) {
+    pub(crate) async fn run(mut self) -> Result<(), super::RelayError> {
         let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         let mut failures = 0u32;
         let mut idle_wait = IDLE_WAIT_FIRST;
@@ -235,6 +235,7 @@ impl Worker {
             tracing::warn!(%error, "outbox relay could not settle its last batches");
         }
         self.lanes.release().await;
+        Ok(())
     }
 
     /// Whether another batch may be claimed: not while a claim found only
