@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "operator_tooling",
         sql: include_str!("../migrations/0004_operator_tooling.sql"),
     },
+    Migration {
+        version: 5,
+        description: "inbox_liveness",
+        sql: include_str!("../migrations/0005_inbox_liveness.sql"),
+    },
 ];
 
 /// Failure to migrate.

@@ -1,14 +1,15 @@
 //! Fuzzing the consumer's inbound decode and dispatch path (issue 8): many
 //! generated records (arbitrary key, value and header bytes, mutated valid
-//! events, the harness's poison kinds) go through `Consumer::__route`, the
-//! exact decision the consumer loop makes. None may panic, and each must end
-//! where an independent oracle says: handled (then deduplicated by event id)
-//! or dead-lettered, never skipped under the dead-letter policy.
+//! events, the harness's poison kinds) go through `Consumer::__route`, which
+//! is the consumer loop's own routing decision, in both modes. None may
+//! panic, and each must end where an independent oracle says: handled (dedup
+//! mode, then deduplicated by event id), stored (inbox mode) or
+//! dead-lettered, never skipped under the dead-letter policy.
 //!
 //! Seeded, so a failure is reproducible: the seed and case are in the panic.
 //! `FAULTS_FUZZ_CASES` sets the number of cases (default 20 000).
 
-use outbox_runtime::consumer::{Consumer, DeadLetterReason, Route, UnknownEventPolicy};
+use outbox_runtime::consumer::{Consumer, DeadLetterReason, Mode, Route, UnknownEventPolicy};
 use outbox_tests::faults::model::{LedgerEntry, TOPIC, apply_entry};
 use outbox_tests::faults::poison::{RawMessage, poison_message};
 use rand::rngs::StdRng;
@@ -141,9 +142,38 @@ fn to_kafka(message: &RawMessage, offset: i64) -> OwnedMessage {
     )
 }
 
-/// What the consumer must do with `message`, derived from the wire format
-/// (docs/wire-format.md) independently of the consumer's code.
-fn oracle(message: &RawMessage) -> Route {
+/// Whether PostgreSQL could not store `message` in the inbox: a NUL
+/// character in its key, a UTF-8 header value, or a string of its JSON
+/// payload.
+fn holds_nul(message: &RawMessage, payload: &serde_json::Value) -> bool {
+    fn in_json(value: &serde_json::Value) -> bool {
+        match value {
+            serde_json::Value::String(s) => s.contains('\0'),
+            serde_json::Value::Array(items) => items.iter().any(in_json),
+            serde_json::Value::Object(map) => {
+                map.iter().any(|(k, v)| k.contains('\0') || in_json(v))
+            }
+            _ => false,
+        }
+    }
+    let key = message
+        .key
+        .as_deref()
+        .is_some_and(|k| String::from_utf8_lossy(k).contains('\0'));
+    // Header names travel as C strings (cut at a NUL); values are kept
+    // when they are UTF-8.
+    let header = message.headers.iter().any(|(_, value)| {
+        value
+            .as_deref()
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .is_some_and(|v| v.contains('\0'))
+    });
+    key || header || in_json(payload)
+}
+
+/// What the consumer must do with `message` in `mode`, derived from the wire
+/// format (docs/wire-format.md) independently of the consumer's code.
+fn oracle(message: &RawMessage, mode: Mode) -> Route {
     let value = message.value.as_deref().unwrap_or_default();
     if value.len() + message.key.as_ref().map_or(0, Vec::len) > MAX_BYTES {
         return Route::DeadLetter(DeadLetterReason::Oversized);
@@ -173,6 +203,16 @@ fn oracle(message: &RawMessage) -> Route {
     if event_type != "LedgerEntry" {
         return Route::DeadLetter(DeadLetterReason::UnknownEventType);
     }
+    if mode == Mode::Inbox {
+        // Stored as it is; a payload that does not fit is the processor's
+        // to park.
+        let payload = serde_json::Value::Object(payload);
+        return if holds_nul(message, &payload) {
+            Route::DeadLetter(DeadLetterReason::Unstorable)
+        } else {
+            Route::Store { event_id }
+        };
+    }
     match serde_json::from_value::<LedgerEntry>(serde_json::Value::Object(payload)) {
         Ok(event) if event.event_id == event_id => Route::Handle {
             event_id,
@@ -185,6 +225,15 @@ fn oracle(message: &RawMessage) -> Route {
 
 #[tokio::test]
 async fn arbitrary_records_are_handled_or_dead_lettered_never_panic() {
+    fuzz(Mode::Dedup);
+}
+
+#[tokio::test]
+async fn arbitrary_records_are_stored_or_dead_lettered_in_inbox_mode_never_panic() {
+    fuzz(Mode::Inbox);
+}
+
+fn fuzz(mode: Mode) {
     let cases: usize = std::env::var("FAULTS_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -201,6 +250,7 @@ async fn arbitrary_records_are_handled_or_dead_lettered_never_panic() {
     kafka.set("bootstrap.servers", "127.0.0.1:1");
     let consumer = Consumer::builder(pool, kafka, "fuzz")
         .handler(apply_entry)
+        .mode(mode)
         .unknown_events(UnknownEventPolicy::DeadLetter)
         .max_message_bytes(MAX_BYTES)
         .build()
@@ -208,13 +258,17 @@ async fn arbitrary_records_are_handled_or_dead_lettered_never_panic() {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut tally = std::collections::BTreeMap::<String, usize>::new();
     for case in 0..cases {
-        let message = generate(&mut rng);
+        let mut message = generate(&mut rng);
+        if mode == Mode::Inbox && rng.random_bool(0.05) {
+            // NUL characters where the inbox must refuse them.
+            message.key = Some(b"k\0ey".to_vec());
+        }
         let route = consumer.__route(&to_kafka(&message, case as i64));
-        let expected = oracle(&message);
+        let expected = oracle(&message, mode);
         assert_eq!(
             route,
             expected,
-            "seed {seed} case {case}: key {:?} value {:?} headers {:?}",
+            "{mode:?} seed {seed} case {case}: key {:?} value {:?} headers {:?}",
             message.key,
             message.value.as_deref().map(String::from_utf8_lossy),
             message.headers
@@ -222,12 +276,21 @@ async fn arbitrary_records_are_handled_or_dead_lettered_never_panic() {
         assert_ne!(route, Route::Skip, "the dead-letter policy never skips");
         let label = match route {
             Route::Handle { .. } => "handled".to_owned(),
+            Route::Store { .. } => "stored".to_owned(),
             Route::DeadLetter(reason) => format!("dead-lettered ({reason})"),
             Route::Skip => "skipped".to_owned(),
         };
         *tally.entry(label).or_default() += 1;
     }
-    println!("[fuzz] {cases} cases, seed {seed}: {tally:?}");
-    // The generator must reach every outcome, or the test proves little.
+    println!("[fuzz] {mode:?}: {cases} cases, seed {seed}: {tally:?}");
+    // The generator must reach every outcome, or the test proves little
+    // (inbox mode: stored, unstorable and the envelope's five reasons).
     assert!(tally.len() >= 7, "too few distinct outcomes: {tally:?}");
+    if mode == Mode::Inbox {
+        assert!(
+            tally.contains_key("dead-lettered (unstorable)"),
+            "{tally:?}"
+        );
+        assert!(!tally.contains_key("handled"), "{tally:?}");
+    }
 }

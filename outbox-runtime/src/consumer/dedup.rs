@@ -13,8 +13,9 @@ use rdkafka::message::OwnedMessage;
 use uuid::Uuid;
 
 use super::handler::{Decoded, ErasedHandler};
-use super::message::{Classified, DeadLetterReason, Envelope, classify};
+use super::message::{DeadLetterReason, Envelope};
 use super::metric_names as m;
+use super::route::{Routed, route};
 use super::run::{Aside, Ctx};
 
 struct Work {
@@ -55,36 +56,20 @@ pub(crate) async fn handle_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool>
     let mut work = Vec::new();
     let mut aside = Vec::new();
     for (index, message) in batch.iter().enumerate() {
-        match classify(message, &ctx.dispatch, ctx.settings.max_message_bytes) {
-            Classified::Known(envelope) => {
-                let handler = ctx
-                    .dispatch
-                    .handler(&envelope.meta.topic, &envelope.meta.event_type)
-                    .expect("classified as known")
-                    .clone();
-                match handler.decode(&envelope.payload) {
-                    Ok(event) => work.push(Work {
-                        index,
-                        envelope,
-                        handler,
-                        decoded: Some(event),
-                    }),
-                    Err(error) => aside.push((
-                        index,
-                        Aside::Dead(
-                            DeadLetterReason::PayloadMismatch,
-                            format!(
-                                "payload does not match `{}`: {error}",
-                                envelope.meta.event_type
-                            ),
-                        ),
-                    )),
-                }
-            }
-            Classified::Unknown(envelope) => {
-                aside.push((index, Aside::Unknown(envelope.meta.event_type)))
-            }
-            Classified::Bad(reason, error) => aside.push((index, Aside::Dead(reason, error))),
+        match route(message, &ctx.dispatch, &ctx.settings) {
+            Routed::Handle {
+                envelope,
+                handler,
+                event,
+            } => work.push(Work {
+                index,
+                envelope,
+                handler,
+                decoded: Some(event),
+            }),
+            Routed::Skip(event_type) => aside.push((index, Aside::Skip(event_type))),
+            Routed::DeadLetter(reason, error) => aside.push((index, Aside::Dead(reason, error))),
+            Routed::Store(_) => unreachable!("only inbox mode stores"),
         }
     }
     if !work.is_empty() {

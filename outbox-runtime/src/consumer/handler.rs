@@ -256,6 +256,18 @@ impl Dispatch {
         self.by_type.get(topic)?.get(event_type)
     }
 
+    /// Every (topic, event type) with a handler, as two parallel arrays (the
+    /// shape SQL's `unnest` takes).
+    pub(crate) fn routes(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+        let mut routes: Vec<(&'static str, &'static str)> = self
+            .by_type
+            .iter()
+            .flat_map(|(topic, types)| types.keys().map(move |t| (*topic, *t)))
+            .collect();
+        routes.sort_unstable();
+        routes.into_iter().unzip()
+    }
+
     /// The event type of the topic's only handler, for messages that name no type.
     pub(crate) fn sole_event_type(&self, topic: &str) -> Option<&'static str> {
         match self.by_topic.get(topic).map(Vec::as_slice) {

@@ -99,6 +99,10 @@ pub mod metric_names {
     pub const LAG: &str = "outbox_consumer_lag";
     /// Gauge: parked rows in `inbox_event`.
     pub const INBOX_PARKED_ROWS: &str = "outbox_inbox_parked_rows";
+    /// Gauge: inbox keys of the group whose oldest pending row is of an event
+    /// type no running processor of the group handles (they wait for one; see
+    /// `outbox status`). Refreshed every backlog interval.
+    pub const INBOX_UNCLAIMED_KEYS: &str = "outbox_inbox_unclaimed_keys";
     /// Counter: times a partition's next message had a higher offset than the
     /// one after the previous message (labels `topic`, `partition`). A
     /// diagnostic, not an error: transaction markers, compaction and aborted

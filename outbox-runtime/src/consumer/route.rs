@@ -1,23 +1,107 @@
-//! Testing only: the consumer's decision for one record, without I/O, so the
-//! decode and dispatch path can be fuzzed (see `tests/tests/faults_fuzz.rs`).
+//! The consumer's one routing decision: what becomes of a received record.
+//!
+//! Dedup mode, inbox mode and the fuzz test (through [`Consumer::__route`])
+//! all call [`route`]; nothing else decides where a record goes.
+
+use std::sync::Arc;
 
 use rdkafka::message::OwnedMessage;
 use uuid::Uuid;
 
-use super::config::{Mode, UnknownEventPolicy};
-use super::message::{Classified, DeadLetterReason, classify, nul_character};
+use super::config::{Mode, Settings, UnknownEventPolicy};
+use super::handler::{Decoded, Dispatch, ErasedHandler};
+use super::message::{Classified, DeadLetterReason, Envelope, classify, nul_character};
 use super::run::Consumer;
 
-/// Where a record goes. Not a public API.
+/// Where a record goes.
+pub(crate) enum Routed {
+    /// Dedup mode: to this handler, with the event decoded (then to the
+    /// dedup check by `event_id`).
+    Handle {
+        envelope: Envelope,
+        handler: Arc<dyn ErasedHandler>,
+        event: Decoded,
+    },
+    /// Inbox mode: into the inbox; processors decode and handle it later
+    /// (and park it if its payload does not fit the handler's type).
+    Store(Envelope),
+    /// No handler for its event type here (the string; empty if the record
+    /// names none), and the policy is to skip.
+    Skip(String),
+    /// To the dead-letter topic.
+    DeadLetter(DeadLetterReason, String),
+}
+
+/// Routes one record: size and envelope checks and the event type's
+/// resolution ([`classify`]), then for a known type the mode's step
+/// (dedup: decode for the handler; inbox: check that PostgreSQL can store
+/// it), for an unknown type the [`UnknownEventPolicy`].
+pub(crate) fn route(message: &OwnedMessage, dispatch: &Dispatch, settings: &Settings) -> Routed {
+    match classify(message, dispatch, settings.max_message_bytes) {
+        Classified::Bad(reason, error) => Routed::DeadLetter(reason, error),
+        Classified::Unknown(envelope) => {
+            let event_type = envelope.meta.event_type;
+            match settings.unknown_events {
+                UnknownEventPolicy::Skip => Routed::Skip(event_type),
+                UnknownEventPolicy::DeadLetter => {
+                    let error = if event_type.is_empty() {
+                        "message names no event type and its topic has several handlers".to_owned()
+                    } else {
+                        format!("no handler for event type `{event_type}`")
+                    };
+                    Routed::DeadLetter(DeadLetterReason::UnknownEventType, error)
+                }
+            }
+        }
+        Classified::Known(envelope) => match settings.mode {
+            Mode::Inbox => match nul_character(&envelope) {
+                Some(place) => Routed::DeadLetter(
+                    DeadLetterReason::Unstorable,
+                    format!(
+                        "{place} contains a NUL character, which PostgreSQL cannot store in the inbox"
+                    ),
+                ),
+                None => Routed::Store(envelope),
+            },
+            Mode::Dedup => {
+                let handler = dispatch
+                    .handler(&envelope.meta.topic, &envelope.meta.event_type)
+                    .expect("classified as known")
+                    .clone();
+                match handler.decode(&envelope.payload) {
+                    Ok(event) => Routed::Handle {
+                        envelope,
+                        handler,
+                        event,
+                    },
+                    Err(error) => {
+                        let error = format!(
+                            "payload does not match `{}`: {error}",
+                            envelope.meta.event_type
+                        );
+                        Routed::DeadLetter(DeadLetterReason::PayloadMismatch, error)
+                    }
+                }
+            }
+        },
+    }
+}
+
+/// Where a record goes, as [`Consumer::__route`] reports it. Not a public API.
 #[doc(hidden)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
-    /// To this handler (then to the dedup check or the inbox, by `event_id`).
+    /// Dedup mode: to this handler (then to the dedup check by `event_id`).
     Handle {
-        /// The event id the dedup / inbox key is.
+        /// The event id the dedup key is.
         event_id: Uuid,
         /// The handler's name.
         handler: &'static str,
+    },
+    /// Inbox mode: into the inbox, under this event id.
+    Store {
+        /// The event id the inbox key is.
+        event_id: Uuid,
     },
     /// Skipped: no handler and the policy is to skip.
     Skip,
@@ -26,39 +110,23 @@ pub enum Route {
 }
 
 impl Consumer {
-    /// The route of `message`, decided as the consumer loop decides it:
-    /// classification, in inbox mode the check for what PostgreSQL cannot
-    /// store, then the handler's decoding, then the unknown-event policy.
-    /// Not a public API.
+    /// The route of `message`: [`route`], the consumer loop's own decision,
+    /// without the I/O that follows it. For the fuzz test. Not a public API.
     #[doc(hidden)]
     pub fn __route(&self, message: &OwnedMessage) -> Route {
         let ctx = &self.ctx;
-        match classify(message, &ctx.dispatch, ctx.settings.max_message_bytes) {
-            Classified::Known(envelope)
-                if ctx.settings.mode == Mode::Inbox && nul_character(&envelope).is_some() =>
-            {
-                Route::DeadLetter(DeadLetterReason::Unstorable)
-            }
-            Classified::Known(envelope) => {
-                let handler = ctx
-                    .dispatch
-                    .handler(&envelope.meta.topic, &envelope.meta.event_type)
-                    .expect("classified as known");
-                match handler.decode(&envelope.payload) {
-                    Ok(_) => Route::Handle {
-                        event_id: envelope.meta.event_id,
-                        handler: handler.name(),
-                    },
-                    Err(_) => Route::DeadLetter(DeadLetterReason::PayloadMismatch),
-                }
-            }
-            Classified::Unknown(_) => match ctx.settings.unknown_events {
-                UnknownEventPolicy::Skip => Route::Skip,
-                UnknownEventPolicy::DeadLetter => {
-                    Route::DeadLetter(DeadLetterReason::UnknownEventType)
-                }
+        match route(message, &ctx.dispatch, &ctx.settings) {
+            Routed::Handle {
+                envelope, handler, ..
+            } => Route::Handle {
+                event_id: envelope.meta.event_id,
+                handler: handler.name(),
             },
-            Classified::Bad(reason, _) => Route::DeadLetter(reason),
+            Routed::Store(envelope) => Route::Store {
+                event_id: envelope.meta.event_id,
+            },
+            Routed::Skip(_) => Route::Skip,
+            Routed::DeadLetter(reason, _) => Route::DeadLetter(reason),
         }
     }
 }

@@ -522,8 +522,9 @@ fn record_gap(group: &str, partition: &(String, i32), expected: i64, offset: i64
 pub(crate) enum Aside {
     /// To the dead-letter topic.
     Dead(DeadLetterReason, String),
-    /// No handler for this event type (the string; empty if none was named).
-    Unknown(String),
+    /// No handler for this event type (the string; empty if none was named),
+    /// skipped by policy.
+    Skip(String),
 }
 
 /// Per partition, the offset after the last message of the unbroken run of
@@ -686,33 +687,21 @@ impl Ctx {
         for (index, what) in aside {
             let finished = match what {
                 Aside::Dead(reason, error) => self.dead_letter(&batch[index], reason, &error).await,
-                Aside::Unknown(event_type) => self.unknown(&batch[index], &event_type).await,
+                Aside::Skip(event_type) => {
+                    metrics::counter!(m::UNKNOWN_SKIPPED, "group" => self.group(), "topic" => batch[index].topic().to_owned())
+                        .increment(1);
+                    tracing::debug!(
+                        topic = batch[index].topic(),
+                        event_type,
+                        "no handler; skipped"
+                    );
+                    true
+                }
             };
             if !finished {
                 return;
             }
             done[index] = true;
-        }
-    }
-
-    /// Applies the unknown-event policy. False if shutting down before done.
-    async fn unknown(&self, message: &OwnedMessage, event_type: &str) -> bool {
-        match self.settings.unknown_events {
-            super::UnknownEventPolicy::Skip => {
-                metrics::counter!(m::UNKNOWN_SKIPPED, "group" => self.group(), "topic" => message.topic().to_owned())
-                    .increment(1);
-                tracing::debug!(topic = message.topic(), event_type, "no handler; skipped");
-                true
-            }
-            super::UnknownEventPolicy::DeadLetter => {
-                let error = if event_type.is_empty() {
-                    "message names no event type and its topic has several handlers".to_owned()
-                } else {
-                    format!("no handler for event type `{event_type}`")
-                };
-                self.dead_letter(message, DeadLetterReason::UnknownEventType, &error)
-                    .await
-            }
         }
     }
 }

@@ -30,6 +30,11 @@ pub struct Status {
     pub outbox: QueueStatus,
     /// The inbox side (`inbox_event`).
     pub inbox: QueueStatus,
+    /// Inbox keys whose oldest pending row is of an event type that no
+    /// running processor of its group handles: they wait (with every later
+    /// row of the key) until a processor that knows the type runs, e.g. the
+    /// new version during a rolling deploy that adds a handler.
+    pub inbox_unclaimed: Vec<UnclaimedKeys>,
     /// Size of each framework table.
     pub tables: Vec<TableSize>,
 }
@@ -94,6 +99,62 @@ pub struct ProblemRow {
     pub next_attempt_at: Option<DateTime<Utc>>,
 }
 
+/// Inbox keys that no running processor claims, by group and event type (see
+/// [`Status::inbox_unclaimed`]).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct UnclaimedKeys {
+    /// The consumer group (`""` for rows stored before inboxes had groups and
+    /// not adopted by a consumer yet).
+    pub consumer_group: String,
+    /// The topic of the keys' waiting rows.
+    pub topic: String,
+    /// The event type of the keys' oldest pending rows (`None`: rows stored
+    /// without an event type, which no processor can handle).
+    pub event_type: Option<String>,
+    /// Keys waiting.
+    pub keys: i64,
+    /// Pending rows of those keys.
+    pub rows: i64,
+    /// When the oldest of those rows was received.
+    pub oldest_received_at: Option<DateTime<Utc>>,
+}
+
+/// Inbox keys that no running processor claims (see
+/// [`Status::inbox_unclaimed`]), of one group or (`None`) of every group.
+///
+/// A processor counts as running while its consumer's heartbeat in
+/// `inbox_processor` is younger than three heartbeat intervals.
+pub async fn inbox_unclaimed(
+    pool: &PgPool,
+    group: Option<&str>,
+) -> Result<Vec<UnclaimedKeys>, OpsError> {
+    let rows = sqlx::query_as(
+        "WITH waiting AS (
+             SELECT k.* FROM inbox_key k
+             WHERE ($1::text IS NULL OR k.consumer_group = $1)
+               AND NOT EXISTS (
+                   SELECT 1 FROM inbox_processor p,
+                        unnest(p.topics, p.event_types) AS h(topic, event_type)
+                   WHERE p.consumer_group = k.consumer_group
+                     AND p.seen_at > now() - 3 * p.heartbeat_ms * interval '1 millisecond'
+                     AND h.topic = k.topic AND h.event_type = k.head_event_type))
+         SELECT w.consumer_group, w.topic, w.head_event_type AS event_type,
+                count(*)::int8 AS keys, sum(r.rows)::int8 AS rows,
+                min(r.oldest) AS oldest_received_at
+         FROM waiting w CROSS JOIN LATERAL (
+             SELECT count(*) AS rows, min(i.received_at) AS oldest FROM inbox_event i
+             WHERE i.consumer_group = w.consumer_group AND i.topic = w.topic
+               AND (i.partition_key = w.partition_key
+                    OR (w.partition_key IS NULL AND i.seq = w.head_seq))
+               AND NOT i.processed AND i.parked_at IS NULL) r
+         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+    )
+    .bind(group)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
 /// Size of one table.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct TableSize {
@@ -114,6 +175,7 @@ pub struct TableSize {
 pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
     let outbox = queue_status(pool, &OUTBOX, sample).await?;
     let inbox = queue_status(pool, &INBOX, sample).await?;
+    let inbox_unclaimed = inbox_unclaimed(pool, None).await?;
     let mut tables = Vec::new();
     for table in ["outbox_event", "inbox_event", "processed_event"] {
         tables.push(table_size(pool, table).await?);
@@ -121,6 +183,7 @@ pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
     Ok(Status {
         outbox,
         inbox,
+        inbox_unclaimed,
         tables,
     })
 }

@@ -79,6 +79,29 @@ fn render(status: &Status) -> String {
     out.push_str(&queue(&status.outbox, "unpublished", true));
     out.push_str("\ninbox (inbox_event)\n");
     out.push_str(&queue(&status.inbox, "unprocessed", false));
+    if !status.inbox_unclaimed.is_empty() {
+        out.push_str("  waiting for a processor that handles their event type:\n");
+        let rows: Vec<Vec<String>> = status
+            .inbox_unclaimed
+            .iter()
+            .map(|w| {
+                vec![
+                    format!("    group {:?}", w.consumer_group),
+                    format!(
+                        "{} on {}",
+                        w.event_type.as_deref().unwrap_or("(no event type)"),
+                        w.topic
+                    ),
+                    output::plural(w.keys, "key"),
+                    output::plural(w.rows, "row"),
+                    w.oldest_received_at
+                        .map(|at| format!("oldest {}", output::time(at)))
+                        .unwrap_or_default(),
+                ]
+            })
+            .collect();
+        out.push_str(&output::table(&rows));
+    }
     out.push_str("\ntables\n");
     let rows: Vec<Vec<String>> = status
         .tables
