@@ -554,3 +554,96 @@ async fn two_inbox_groups_in_one_database_each_handle_every_event(pool: PgPool) 
         50
     );
 }
+
+/// `UnknownEventPolicy::Keep`: during a rolling deploy that adds a handler,
+/// a process still on the old version stores the new type's messages it
+/// receives (instead of skipping them), and the new version handles them in
+/// order with their key.
+#[sqlx::test(migrations = false)]
+async fn inbox_keep_policy_stores_new_event_types_for_the_new_version(pool: PgPool) {
+    use outbox_runtime::consumer::UnknownEventPolicy;
+    prepare_db(&pool).await;
+    create_topic(RollOld::TOPIC, 1).await;
+    let group = unique_group("liveness-keep");
+    start_group_at(&group, RollOld::TOPIC, 1, true).await;
+    let old = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_roll_old)
+        .mode(Mode::Inbox)
+        .unknown_events(UnknownEventPolicy::Keep)
+        .processor_poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+        .spawn();
+    let key = Uuid::new_v4();
+    let producer = producer();
+    for sequence in 0..6 {
+        let event_id = Uuid::new_v4();
+        if sequence == 2 {
+            let event = RollNew {
+                event_id,
+                order_id: key,
+                amount: sequence,
+            };
+            produce_event(&producer, &event).await;
+        } else {
+            let event = RollOld {
+                event_id,
+                order_id: key,
+                amount: sequence,
+            };
+            produce_event(&producer, &event).await;
+        }
+    }
+    wait_until("every message stored", Duration::from_secs(20), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_event WHERE partition_key = $1")
+            .bind(key.to_string())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 6
+    })
+    .await;
+    wait_until(
+        "the old version's part handled",
+        Duration::from_secs(20),
+        || async { applied(&pool, key).await == [0, 1] },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        applied(&pool, key).await,
+        [0, 1],
+        "the new type holds back its key"
+    );
+    let new = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_roll_old)
+        .handler(on_roll_new)
+        .mode(Mode::Inbox)
+        .unknown_events(UnknownEventPolicy::Keep)
+        .processor_poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+        .spawn();
+    wait_until(
+        "everything handled in order",
+        Duration::from_secs(20),
+        || async { applied(&pool, key).await == [0, 1, 2, 3, 4, 5] },
+    )
+    .await;
+    old.shutdown().await.unwrap();
+    new.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_keep_policy_is_refused_in_dedup_mode() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+        .unwrap();
+    let error = Consumer::builder(pool, kafka_config(), "g")
+        .handler(on_roll_old)
+        .unknown_events(outbox_runtime::consumer::UnknownEventPolicy::Keep)
+        .build()
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("needs Mode::Inbox"), "{error}");
+}

@@ -33,6 +33,21 @@ pub enum UnknownEventPolicy {
     Skip,
     /// Publish it to the dead-letter topic with reason `unknown_event_type`.
     DeadLetter,
+    /// Inbox mode only: store it like any other event, for a processor that
+    /// has a handler for its type. Meant for rolling deploys that add a
+    /// handler: messages of the new type received by a process still on the
+    /// old version are kept instead of skipped, and the new version's
+    /// processors handle them, in order with the rest of their key.
+    ///
+    /// Until a processor that handles the type runs, such a row waits, and
+    /// so does every later row of its key: counted in
+    /// `outbox_inbox_unclaimed_keys`, logged, and listed by `outbox status`.
+    /// So keep [`Skip`](Self::Skip) for topics that carry event types this
+    /// service never handles. A message that names no event type on a topic
+    /// with several handlers is dead-lettered (nobody could ever route it).
+    /// [`ConsumerBuilder::build`] refuses this policy in dedup mode, which has
+    /// nowhere to keep a message.
+    Keep,
 }
 
 /// Settings of a [`Consumer`]; see [`ConsumerBuilder`] for each default.
@@ -215,6 +230,13 @@ impl ConsumerBuilder {
     pub fn build(self) -> Result<Consumer, BuildError> {
         if self.handlers.is_empty() {
             return Err(BuildError::NoHandlers);
+        }
+        if self.settings.unknown_events == UnknownEventPolicy::Keep
+            && self.settings.mode != Mode::Inbox
+        {
+            return Err(BuildError::InvalidConfig(
+                "UnknownEventPolicy::Keep needs Mode::Inbox: a dedup-mode consumer has nowhere to keep a message it cannot handle",
+            ));
         }
         let dispatch =
             Dispatch::new(self.handlers).map_err(|dups| BuildError::DuplicateHandlers {

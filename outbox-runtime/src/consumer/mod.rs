@@ -126,6 +126,9 @@ pub enum BuildError {
         /// Each clash, described.
         duplicates: String,
     },
+    /// Settings that do not go together.
+    #[error("invalid consumer configuration: {0}")]
+    InvalidConfig(&'static str),
     /// The Kafka consumer or dead-letter producer could not be created.
     #[error("kafka client could not be created: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),

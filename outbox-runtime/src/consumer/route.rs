@@ -35,34 +35,31 @@ pub(crate) enum Routed {
 /// Routes one record: size and envelope checks and the event type's
 /// resolution ([`classify`]), then for a known type the mode's step
 /// (dedup: decode for the handler; inbox: check that PostgreSQL can store
-/// it), for an unknown type the [`UnknownEventPolicy`].
+/// it), for an unknown type the [`UnknownEventPolicy`] (whose `Keep` stores
+/// it like a known one).
 pub(crate) fn route(message: &OwnedMessage, dispatch: &Dispatch, settings: &Settings) -> Routed {
     match classify(message, dispatch, settings.max_message_bytes) {
         Classified::Bad(reason, error) => Routed::DeadLetter(reason, error),
         Classified::Unknown(envelope) => {
-            let event_type = envelope.meta.event_type;
+            let event_type = &envelope.meta.event_type;
+            let unknown = || {
+                let error = if event_type.is_empty() {
+                    "message names no event type and its topic has several handlers".to_owned()
+                } else {
+                    format!("no handler for event type `{event_type}`")
+                };
+                Routed::DeadLetter(DeadLetterReason::UnknownEventType, error)
+            };
             match settings.unknown_events {
-                UnknownEventPolicy::Skip => Routed::Skip(event_type),
-                UnknownEventPolicy::DeadLetter => {
-                    let error = if event_type.is_empty() {
-                        "message names no event type and its topic has several handlers".to_owned()
-                    } else {
-                        format!("no handler for event type `{event_type}`")
-                    };
-                    Routed::DeadLetter(DeadLetterReason::UnknownEventType, error)
-                }
+                UnknownEventPolicy::Skip => Routed::Skip(envelope.meta.event_type),
+                UnknownEventPolicy::DeadLetter => unknown(),
+                // Build refuses Keep outside inbox mode.
+                UnknownEventPolicy::Keep if event_type.is_empty() => unknown(),
+                UnknownEventPolicy::Keep => store(envelope),
             }
         }
         Classified::Known(envelope) => match settings.mode {
-            Mode::Inbox => match nul_character(&envelope) {
-                Some(place) => Routed::DeadLetter(
-                    DeadLetterReason::Unstorable,
-                    format!(
-                        "{place} contains a NUL character, which PostgreSQL cannot store in the inbox"
-                    ),
-                ),
-                None => Routed::Store(envelope),
-            },
+            Mode::Inbox => store(envelope),
             Mode::Dedup => {
                 let handler = dispatch
                     .handler(&envelope.meta.topic, &envelope.meta.event_type)
@@ -84,6 +81,17 @@ pub(crate) fn route(message: &OwnedMessage, dispatch: &Dispatch, settings: &Sett
                 }
             }
         },
+    }
+}
+
+/// Inbox mode: into the inbox, unless PostgreSQL cannot store it.
+fn store(envelope: Envelope) -> Routed {
+    match nul_character(&envelope) {
+        Some(place) => Routed::DeadLetter(
+            DeadLetterReason::Unstorable,
+            format!("{place} contains a NUL character, which PostgreSQL cannot store in the inbox"),
+        ),
+        None => Routed::Store(envelope),
     }
 }
 
