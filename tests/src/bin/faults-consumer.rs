@@ -1,7 +1,13 @@
 //! Fault-injection consumer: an `outbox_runtime::consumer::Consumer` in dedup
-//! or inbox mode applying one `effect` row per `LedgerEntry` in the receiver
-//! database. Unknown event types are dead-lettered, so every poison message
-//! ends on the dead-letter topic. Stops gracefully on SIGTERM.
+//! or inbox mode applying one `effect` row per `LedgerEntry` (and
+//! `LedgerNote`, unless `FAULTS_HANDLES=entry`) in the receiver database.
+//! Unknown event types are dead-lettered (or, `FAULTS_UNKNOWN=keep`, kept in
+//! the inbox), so every poison message ends on the dead-letter topic. Stops
+//! gracefully on SIGTERM; exits 1 if the consumer stops on its own.
+//!
+//! Handler faults: `FAULTS_BLOCKED_KEY` with `FAULTS_BLOCKED_FROM_MS` /
+//! `FAULTS_BLOCKED_UNTIL_MS` make one key's events fail for a while;
+//! `FAULTS_PANIC_EVERY=n` makes every n-th sequence number panic once.
 //!
 //! Crash hook (`FAULTS_CRASH_AFTER_EFFECTS=n`): offsets are not auto-committed
 //! in this process's lifetime (commit interval of an hour), and a watcher
@@ -13,7 +19,9 @@ use std::time::Duration;
 
 use outbox_runtime::consumer::{Consumer, Mode, UnknownEventPolicy};
 use outbox_tests::faults::env;
-use outbox_tests::faults::model::{EFFECT_GROUP, PROCESS_TAG, apply_entry};
+use outbox_tests::faults::model::{
+    EFFECT_GROUP, HANDLER_FAULTS, HandlerFaults, PROCESS_TAG, apply_entry, apply_note,
+};
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
@@ -30,6 +38,22 @@ async fn main() {
         other => panic!("FAULTS_MODE must be dedup or inbox, not {other}"),
     };
     let crash_after: i64 = env::get(env::CRASH_AFTER_EFFECTS, 0);
+    HANDLER_FAULTS
+        .set(HandlerFaults {
+            blocked_key: std::env::var(env::BLOCKED_KEY).ok(),
+            blocked: (
+                env::get(env::BLOCKED_FROM_MS, 0),
+                env::get(env::BLOCKED_UNTIL_MS, 0),
+            ),
+            panic_every: env::get(env::PANIC_EVERY, 0),
+        })
+        .expect("set once");
+    let unknown = match env::get(env::UNKNOWN, "dead_letter".to_owned()).as_str() {
+        "dead_letter" => UnknownEventPolicy::DeadLetter,
+        "keep" => UnknownEventPolicy::Keep,
+        other => panic!("FAULTS_UNKNOWN must be dead_letter or keep, not {other}"),
+    };
+    let handles = env::get(env::HANDLES, "entry,note".to_owned());
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(5))
@@ -43,11 +67,20 @@ async fn main() {
     if crash_after > 0 {
         kafka.set("auto.commit.interval.ms", "3600000");
     }
-    let consumer = Consumer::builder(pool.clone(), kafka, group)
-        .handler(apply_entry)
+    if let Ok(debug) = std::env::var("FAULTS_KAFKA_DEBUG") {
+        // librdkafka's own debug contexts (e.g. `cgrp`), logged at target
+        // `librdkafka` (needs FAULTS_LOG to let it through).
+        kafka.set("debug", debug);
+    }
+    let mut builder = Consumer::builder(pool.clone(), kafka, group).handler(apply_entry);
+    if handles.split(',').any(|h| h == "note") {
+        builder = builder.handler(apply_note);
+    }
+    let consumer = builder
         .mode(mode)
-        .unknown_events(UnknownEventPolicy::DeadLetter)
-        .max_attempts(3)
+        .unknown_events(unknown)
+        .max_attempts(env::get(env::MAX_ATTEMPTS, 3))
+        .processor_batch_size(env::get(env::PROCESSOR_BATCH, 500))
         .backoff(Duration::from_millis(50), Duration::from_secs(1))
         .batch_size(200)
         .processor_poll_interval(Duration::from_millis(100))
@@ -77,7 +110,15 @@ async fn main() {
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler");
-    term.recv().await;
+    let failed = running.stopped();
+    tokio::select! {
+        _ = term.recv() => {}
+        stopped = failed => {
+            // Only a consumer that stopped on its own gets here first.
+            eprintln!("consumer {stopped}");
+            std::process::exit(1);
+        }
+    }
     if let Err(error) = running.shutdown().await {
         eprintln!("consumer stopped with an error: {error}");
         std::process::exit(1);

@@ -31,6 +31,8 @@ async fn main() {
     let rollback_percent: u32 = env::get(env::ROLLBACK_PERCENT, 5);
     let hold_percent: u32 = env::get(env::HOLD_PERCENT, 0);
     let hold_ms: u32 = env::get(env::HOLD_MS, 200);
+    let note_percent: u32 = env::get(env::NOTE_PERCENT, 0);
+    let hot_key_percent: u32 = env::get(env::HOT_KEY_PERCENT, 0);
     let pool = PgPoolOptions::new()
         .max_connections(loops as u32 + 1)
         .acquire_timeout(Duration::from_secs(5))
@@ -43,12 +45,18 @@ async fn main() {
         tasks.spawn(async move {
             let (mut committed, mut rolled_back, mut failed) = (0u64, 0u64, 0u64);
             while now_ms() < until {
-                let (key, roll_back, hold) = {
+                let (key, roll_back, hold, note) = {
                     let mut rng = rand::rng();
+                    let key = if rng.random_range(0..100) < hot_key_percent {
+                        0
+                    } else {
+                        rng.random_range(0..keys)
+                    };
                     (
-                        key_name(rng.random_range(0..keys)),
+                        key_name(key),
                         rng.random_range(0..100) < rollback_percent,
                         rng.random_range(0..100) < hold_percent,
+                        rng.random_range(0..100) < note_percent,
                     )
                 };
                 let cmd = PostEntry {
@@ -57,6 +65,7 @@ async fn main() {
                     writer,
                     hold_ms: if hold { hold_ms } else { 0 },
                     roll_back,
+                    note,
                 };
                 if roll_back {
                     // Logged first, in its own transaction, so the checker knows

@@ -110,6 +110,15 @@ pub struct Figures {
     /// From the end of the last fault (and of the load) until everything was
     /// published and applied.
     pub recovery: Duration,
+    /// Times a consumer process had to be started again because it died.
+    pub consumer_restarts: u32,
+    /// Handler panics the consumers caught (their panic messages in the logs).
+    pub handler_panics: usize,
+    /// Blocked-key scenario: the longest commit-to-apply wait of an event of
+    /// a healthy key committed while the key was blocked.
+    pub healthy_wait_max: Option<Duration>,
+    /// The liveness figures of the scenario, one line each.
+    pub liveness: Vec<String>,
 }
 
 impl fmt::Display for Figures {
@@ -168,6 +177,9 @@ impl fmt::Display for Figures {
                 g.poison_set_aside,
                 g.dead_lettered_events
             )?;
+        }
+        for line in &self.liveness {
+            writeln!(f, "[faults] {}: {line}", self.scenario)?;
         }
         Ok(())
     }

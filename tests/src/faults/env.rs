@@ -41,6 +41,29 @@ pub const MODE: &str = "FAULTS_MODE";
 /// effects committed (0: never). Offsets are then never committed before the kill.
 pub const CRASH_AFTER_EFFECTS: &str = "FAULTS_CRASH_AFTER_EFFECTS";
 
+/// Writers: percentage of commands that record a `LedgerNote`.
+pub const NOTE_PERCENT: &str = "FAULTS_NOTE_PERCENT";
+/// Writers: percentage of commands on key `k0` (the rest spread evenly).
+pub const HOT_KEY_PERCENT: &str = "FAULTS_HOT_KEY_PERCENT";
+/// Consumers: the event types handled, `entry` or `entry,note` (default).
+pub const HANDLES: &str = "FAULTS_HANDLES";
+/// Consumers: the unknown-event policy, `dead_letter` (default) or `keep`.
+pub const UNKNOWN: &str = "FAULTS_UNKNOWN";
+/// Consumers: handler attempts before dead-lettering / parking (default 3).
+pub const MAX_ATTEMPTS: &str = "FAULTS_MAX_ATTEMPTS";
+/// Consumers: rows an inbox processor claims per transaction (default 500).
+pub const PROCESSOR_BATCH: &str = "FAULTS_PROCESSOR_BATCH";
+/// Consumers: a key whose events fail while the clock is in
+/// [`BLOCKED_FROM_MS`, `BLOCKED_UNTIL_MS`).
+pub const BLOCKED_KEY: &str = "FAULTS_BLOCKED_KEY";
+/// See [`BLOCKED_KEY`] (Unix ms).
+pub const BLOCKED_FROM_MS: &str = "FAULTS_BLOCKED_FROM_MS";
+/// See [`BLOCKED_KEY`] (Unix ms).
+pub const BLOCKED_UNTIL_MS: &str = "FAULTS_BLOCKED_UNTIL_MS";
+/// Consumers: events whose sequence number is a multiple of this panic in
+/// the handler, once per process each (0: never).
+pub const PANIC_EVERY: &str = "FAULTS_PANIC_EVERY";
+
 /// The variable `name` parsed, or `default` if unset.
 ///
 /// # Panics

@@ -31,6 +31,8 @@ pub struct Member {
     child: Option<Child>,
     starts: u32,
     log_dir: PathBuf,
+    /// Stopped for good (a rolling deploy replaced it): never revived.
+    retired: bool,
 }
 
 impl Member {
@@ -99,6 +101,37 @@ impl Member {
         false
     }
 
+    /// Stops it for good (a rolling deploy retiring an old version): never
+    /// revived afterwards. With `grace`, SIGTERM then SIGKILL after it;
+    /// without, SIGKILL at once.
+    pub fn retire(&mut self, grace: Option<Duration>) {
+        self.retired = true;
+        match grace {
+            Some(grace) => self.terminate(grace),
+            None => self.kill9(),
+        }
+    }
+
+    /// Whether it was started with `name=value`.
+    pub fn has_env(&self, name: &str, value: &str) -> bool {
+        self.env.iter().any(|(k, v)| k == name && v == value)
+    }
+
+    /// Whether its log of the current run contains `needle`.
+    pub fn log_contains(&self, needle: &str) -> bool {
+        let log = self.log_dir.join(format!(
+            "{}.{}.log",
+            self.name,
+            self.starts.saturating_sub(1)
+        ));
+        std::fs::read_to_string(log).is_ok_and(|text| text.contains(needle))
+    }
+
+    /// How many times it was started (1: it never died).
+    pub fn starts(&self) -> u32 {
+        self.starts
+    }
+
     /// Starts it again (after a kill) with the same settings.
     pub fn restart(&mut self) {
         self.kill9();
@@ -150,6 +183,7 @@ impl Fleet {
             child: None,
             starts: 0,
             log_dir: self.log_dir.clone(),
+            retired: false,
         };
         member.spawn();
         self.members.push(member);
@@ -167,7 +201,7 @@ impl Fleet {
     pub fn revive(&mut self) -> usize {
         let mut revived = 0;
         for member in &mut self.members {
-            if member.role != Role::Writer && !member.alive() {
+            if member.role != Role::Writer && !member.retired && !member.alive() {
                 member.restart();
                 revived += 1;
             }

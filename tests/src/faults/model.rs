@@ -41,6 +41,28 @@ pub struct LedgerEntry {
     pub writer: i32,
 }
 
+/// The same command recorded as a second event type, which only some
+/// consumers handle (the rolling-deploy scenario adds its handler).
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
+#[event(
+    topic = "faults.ledger",
+    event_type = "LedgerNote",
+    aggregate = "Ledger"
+)]
+pub struct LedgerNote {
+    /// Unique id; receivers dedup on it.
+    #[event_id]
+    pub event_id: Uuid,
+    /// One of the scenario's keys (partition key).
+    #[partition_key]
+    #[aggregate_id]
+    pub key: String,
+    /// 1, 2, 3... per key, in commit order (shared with `LedgerEntry`).
+    pub seq: i64,
+    /// The writer process that ran the command.
+    pub writer: i32,
+}
+
 /// One command of a writer.
 #[derive(Debug, Clone)]
 pub struct PostEntry {
@@ -55,6 +77,8 @@ pub struct PostEntry {
     pub hold_ms: u32,
     /// Record the event, then fail: the whole command must roll back.
     pub roll_back: bool,
+    /// Record a `LedgerNote` instead of a `LedgerEntry`.
+    pub note: bool,
 }
 
 /// Errors of the ledger command.
@@ -90,12 +114,21 @@ pub async fn post_entry(
         .bind(cmd.writer)
         .execute(&mut **tx)
         .await?;
-    events.record(LedgerEntry {
-        event_id: cmd.event_id,
-        key: cmd.key,
-        seq,
-        writer: cmd.writer,
-    });
+    if cmd.note {
+        events.record(LedgerNote {
+            event_id: cmd.event_id,
+            key: cmd.key,
+            seq,
+            writer: cmd.writer,
+        });
+    } else {
+        events.record(LedgerEntry {
+            event_id: cmd.event_id,
+            key: cmd.key,
+            seq,
+            writer: cmd.writer,
+        });
+    }
     if cmd.hold_ms > 0 {
         sqlx::query("SELECT pg_sleep($1)")
             .bind(f64::from(cmd.hold_ms) / 1000.0)
@@ -116,6 +149,72 @@ pub static EFFECT_GROUP: std::sync::OnceLock<String> = std::sync::OnceLock::new(
 /// so its crash hook can count the effects it committed.
 pub static PROCESS_TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
+/// Faults a consumer process injects into its own handler (set once by the
+/// consumer binary; none by default).
+#[derive(Debug, Clone, Default)]
+pub struct HandlerFaults {
+    /// Events of this key fail while the clock is in `blocked`.
+    pub blocked_key: Option<String>,
+    /// Unix milliseconds: from, until.
+    pub blocked: (u64, u64),
+    /// Events whose `seq` is a multiple of this panic, once per process each.
+    pub panic_every: i64,
+}
+
+/// This process's handler faults.
+pub static HANDLER_FAULTS: std::sync::OnceLock<HandlerFaults> = std::sync::OnceLock::new();
+
+fn inject_faults(event_id: Uuid, key: &str, seq: i64) -> Result<(), sqlx::Error> {
+    static PANICKED: std::sync::Mutex<Vec<Uuid>> = std::sync::Mutex::new(Vec::new());
+    let Some(faults) = HANDLER_FAULTS.get() else {
+        return Ok(());
+    };
+    if faults.blocked_key.as_deref() == Some(key) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64;
+        if (faults.blocked.0..faults.blocked.1).contains(&now) {
+            return Err(sqlx::Error::Protocol(format!(
+                "fault injection: the downstream of key {key} is down"
+            )));
+        }
+    }
+    if faults.panic_every > 0 && seq % faults.panic_every == 0 {
+        let first = {
+            let mut panicked = PANICKED.lock().expect("not poisoned");
+            let first = !panicked.contains(&event_id);
+            if first {
+                panicked.push(event_id);
+            }
+            first
+        };
+        assert!(!first, "fault injection: a handler bug hit by {key}/{seq}");
+    }
+    Ok(())
+}
+
+async fn record_effect(
+    tx: &mut Transaction<'_, Postgres>,
+    event_id: Uuid,
+    key: &str,
+    seq: i64,
+) -> Result<(), sqlx::Error> {
+    inject_faults(event_id, key, seq)?;
+    sqlx::query(
+        "INSERT INTO effect (consumer_group, process, event_id, key, seq)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(EFFECT_GROUP.get().map_or("", String::as_str))
+    .bind(PROCESS_TAG.get().map_or("", String::as_str))
+    .bind(event_id)
+    .bind(key)
+    .bind(seq)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// Applies an event on the receiver: one `effect` row, in the consumer's
 /// transaction. No unique constraint on purpose: a second application would
 /// show as a second row instead of failing.
@@ -124,18 +223,16 @@ pub async fn apply_entry(
     tx: &mut Transaction<'_, Postgres>,
     event: LedgerEntry,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO effect (consumer_group, process, event_id, key, seq)
-         VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(EFFECT_GROUP.get().map_or("", String::as_str))
-    .bind(PROCESS_TAG.get().map_or("", String::as_str))
-    .bind(event.event_id)
-    .bind(&event.key)
-    .bind(event.seq)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    record_effect(tx, event.event_id, &event.key, event.seq).await
+}
+
+/// Applies a `LedgerNote` like [`apply_entry`] applies a `LedgerEntry`.
+#[event_handler]
+pub async fn apply_note(
+    tx: &mut Transaction<'_, Postgres>,
+    event: LedgerNote,
+) -> Result<(), sqlx::Error> {
+    record_effect(tx, event.event_id, &event.key, event.seq).await
 }
 
 /// Creates the source database's tables: the framework's and the workload's.

@@ -15,6 +15,7 @@ use super::checker::{self, Expect, Figures};
 use super::db::Databases;
 use super::env;
 use super::fleet::{Fleet, Role};
+use super::liveness;
 use super::model::{DLQ_TOPIC, TOPIC};
 use super::poison::{self, POISON_HEADER};
 use super::topic;
@@ -56,6 +57,35 @@ pub enum Fault {
     PostgresRestart {
         /// When.
         after: Duration,
+    },
+    /// The handler of key `k0` fails from `from` until `until` into the load
+    /// (a downstream of that key is down); writers should make `k0` hot so
+    /// that its backlog grows large. Consumers must not park or dead-letter
+    /// it meanwhile (give them many attempts): the point is that every other
+    /// key keeps flowing.
+    BlockedKey {
+        /// When the failures start.
+        from: Duration,
+        /// When they stop.
+        until: Duration,
+    },
+    /// Every event whose sequence number is a multiple of `every` makes the
+    /// handler panic, once per consumer process: the panic must count as a
+    /// failed attempt, and the consumer must go on.
+    HandlerPanics {
+        /// See above.
+        every: i64,
+    },
+    /// A rolling deploy of the inbox group that adds a handler: its consumers
+    /// start without the `LedgerNote` handler (keeping what they cannot
+    /// handle), `at` into the load (once they consume) as many new ones start
+    /// with it, and once those consume the old ones are stopped (`kill -9`),
+    /// one every `gap`.
+    RollingDeploy {
+        /// When the new version starts.
+        at: Duration,
+        /// Between two old consumers' stops.
+        gap: Duration,
     },
 }
 
@@ -105,6 +135,10 @@ pub struct Scenario {
     pub poison_nul: bool,
     /// Longest wait for convergence after the load.
     pub settle_timeout: Duration,
+    /// Extra settings for every consumer process.
+    pub consumer_env: Vec<(&'static str, String)>,
+    /// Extra settings for every writer process.
+    pub writer_env: Vec<(&'static str, String)>,
 }
 
 impl Scenario {
@@ -134,6 +168,8 @@ impl Scenario {
             poison_outbox: 0,
             poison_nul: false,
             settle_timeout: Duration::from_secs(90),
+            consumer_env: Vec::new(),
+            writer_env: Vec::new(),
         }
     }
 }
@@ -327,21 +363,39 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         } => crash_after_effects,
         _ => 0,
     };
+    let started_ms = unix_ms();
+    let mut consumer_env: Vec<(&str, String)> = scenario.consumer_env.clone();
+    consumer_env.push((env::CRASH_AFTER_EFFECTS, crash_hook.to_string()));
+    match scenario.fault {
+        Fault::BlockedKey { from, until } => consumer_env.extend([
+            (env::BLOCKED_KEY, super::model::key_name(0)),
+            (
+                env::BLOCKED_FROM_MS,
+                (started_ms + from.as_millis() as u64).to_string(),
+            ),
+            (
+                env::BLOCKED_UNTIL_MS,
+                (started_ms + until.as_millis() as u64).to_string(),
+            ),
+        ]),
+        Fault::HandlerPanics { every } => consumer_env.push((env::PANIC_EVERY, every.to_string())),
+        _ => {}
+    }
     let mut groups = Vec::new();
     for (mode, count) in [
         ("dedup", scenario.dedup_consumers),
         ("inbox", scenario.inbox_consumers),
     ] {
         for _ in 0..count {
-            fleet.start(
-                Role::Consumer,
-                bins.consumer,
-                &[
-                    (env::GROUP, mode.to_owned()),
-                    (env::MODE, mode.to_owned()),
-                    (env::CRASH_AFTER_EFFECTS, crash_hook.to_string()),
-                ],
-            );
+            let mut extra = consumer_env.clone();
+            extra.extend([(env::GROUP, mode.to_owned()), (env::MODE, mode.to_owned())]);
+            if mode == "inbox" && matches!(scenario.fault, Fault::RollingDeploy { .. }) {
+                extra.extend([
+                    (env::HANDLES, "entry".to_owned()),
+                    (env::UNKNOWN, "keep".to_owned()),
+                ]);
+            }
+            fleet.start(Role::Consumer, bins.consumer, &extra);
         }
         if count > 0 {
             groups.push((mode.to_owned(), mode == "inbox"));
@@ -351,7 +405,7 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         fleet.start(Role::Relay, bins.relay, &[]);
     }
     for _ in 0..scenario.writers {
-        fleet.start(Role::Writer, bins.writer, &[]);
+        fleet.start(Role::Writer, bins.writer, &scenario.writer_env);
     }
 
     // The load, with its faults.
@@ -365,8 +419,12 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             | Fault::KillConsumers { every, .. }
             | Fault::KillWriters { every } => every,
             Fault::BrokerOutage { after, .. } | Fault::PostgresRestart { after } => after,
-            Fault::None => scenario.load * 2,
+            Fault::RollingDeploy { at, .. } => at,
+            Fault::None | Fault::BlockedKey { .. } | Fault::HandlerPanics { .. } => {
+                scenario.load * 2
+            }
         };
+    let mut deployed_at: Option<DateTime<Utc>> = None;
     let mut broker_lost_before: Option<DateTime<Utc>> = None;
     let mut poison_done = scenario.poison_inbound == 0 && scenario.poison_outbox == 0;
     while Instant::now() < load_end {
@@ -386,7 +444,56 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             continue;
         }
         match scenario.fault {
-            Fault::None => {}
+            Fault::None | Fault::BlockedKey { .. } | Fault::HandlerPanics { .. } => {}
+            Fault::RollingDeploy { gap, .. } => {
+                let consumers = fleet.of(Role::Consumer);
+                let (old, new): (Vec<usize>, Vec<usize>) = consumers
+                    .into_iter()
+                    .filter(|&i| fleet.members[i].has_env(env::GROUP, "inbox"))
+                    .partition(|&i| fleet.members[i].has_env(env::HANDLES, "entry"));
+                if deployed_at.is_none()
+                    && !old
+                        .iter()
+                        .all(|&i| fleet.members[i].log_contains("partitions assigned"))
+                {
+                    // The old version is not running yet: deploy once it is.
+                    next_fault = now + Duration::from_millis(100);
+                } else if deployed_at.is_none() {
+                    // The new version starts beside the old one.
+                    deployed_at = Some(Utc::now());
+                    for _ in 0..old.len() {
+                        let mut extra = consumer_env.clone();
+                        extra.extend([
+                            (env::GROUP, "inbox".to_owned()),
+                            (env::MODE, "inbox".to_owned()),
+                            (env::HANDLES, "entry,note".to_owned()),
+                            (env::UNKNOWN, "keep".to_owned()),
+                        ]);
+                        fleet.start(Role::Consumer, bins.consumer, &extra);
+                    }
+                    next_fault = now + gap;
+                } else if !new
+                    .iter()
+                    .all(|&i| fleet.members[i].log_contains("partitions assigned"))
+                {
+                    // As an orchestrator waits for readiness: the new
+                    // version takes part before the old one goes.
+                    next_fault = now + Duration::from_millis(100);
+                } else if let Some(&i) = old.iter().find(|&&i| fleet.members[i].alive()) {
+                    // SIGKILL, not SIGTERM: tansu 0.6 leaves a group stuck
+                    // for good when its leader leaves it gracefully during a
+                    // rebalance (it keeps naming the departed member as the
+                    // leader; RELIABILITY.md). A kill is the harder case for
+                    // the framework anyway: the old version's work in flight
+                    // is abandoned.
+                    fleet.members[i].retire(None);
+                    faults += 1;
+                    last_fault = Instant::now();
+                    next_fault = last_fault + gap;
+                } else {
+                    next_fault = load_end + scenario.load * 2;
+                }
+            }
             Fault::KillRelays { every } => {
                 let i = *fleet
                     .of(Role::Relay)
@@ -497,6 +604,7 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         broker_lost_before,
     };
     let mut figures = checker::check(&dbs.source, &dbs.receiver, &records, &dlq, &expect).await;
+    let fleet = fleet;
     figures.scenario = scenario.name.to_owned();
     figures.faults = faults;
     figures.recovery = converged_at.map_or(scenario.settle_timeout, |at| {
@@ -510,6 +618,36 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
     figures.consumer_gaps_recovered =
         count_log_lines(&logs, "consumer", "the re-read found the offsets");
     figures.consumer_rebalances = count_log_lines(&logs, "consumer", "partitions assigned");
+    figures.consumer_restarts = fleet
+        .of(Role::Consumer)
+        .iter()
+        .map(|&i| fleet.members[i].starts().saturating_sub(1))
+        .sum();
+    match scenario.fault {
+        Fault::BlockedKey { from, until } => {
+            let window = (
+                started_ms + from.as_millis() as u64,
+                started_ms + until.as_millis() as u64,
+            );
+            for (group, _) in &expect.groups {
+                liveness::blocked_key(&dbs, group, started_ms, window, &mut figures).await;
+            }
+        }
+        Fault::HandlerPanics { .. } => {
+            figures.handler_panics =
+                count_log_lines(&logs, "consumer", "fault injection: a handler bug");
+            figures.liveness.push(format!(
+                "handler panics caught: {}; consumer processes restarted: {}",
+                figures.handler_panics, figures.consumer_restarts
+            ));
+        }
+        Fault::RollingDeploy { .. } => {
+            if let Some(at) = deployed_at {
+                liveness::rolling_deploy(&dbs, at, &mut figures).await;
+            }
+        }
+        _ => {}
+    }
     println!(
         "{figures}[faults] {}: logs in {}",
         scenario.name,
