@@ -68,6 +68,8 @@ pub use handler::{EventHandler, EventMeta, HandlerError};
 pub use message::DeadLetterReason;
 pub use outbox_derive::event_handler;
 #[doc(hidden)]
+pub use inbox::claim_once_for_benchmark;
+#[doc(hidden)]
 pub use route::Route;
 pub use run::{Consumer, ConsumerHandle};
 

@@ -53,8 +53,26 @@ fn candidate_window(batch: usize) -> i64 {
 /// Rows are looked up by their arrival sequence, which is unique across
 /// groups; the group is implied by the keys they were found through.
 async fn claim(ctx: &Ctx, conn: &mut PgConnection) -> Result<Vec<PgRow>, sqlx::Error> {
-    let limit = ctx.settings.processor_batch_size as i64;
     let (topics, types) = ctx.dispatch.routes();
+    claim_rows(
+        conn,
+        &ctx.settings.group_id,
+        &topics,
+        &types,
+        ctx.settings.processor_batch_size,
+    )
+    .await
+}
+
+/// The claim statement (see [`claim`]) with its parameters spelled out.
+pub(crate) async fn claim_rows(
+    conn: &mut PgConnection,
+    group: &str,
+    topics: &[&str],
+    types: &[&str],
+    batch: usize,
+) -> Result<Vec<PgRow>, sqlx::Error> {
+    let limit = batch as i64;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH handled AS (
              SELECT * FROM unnest($2::text[], $3::text[]) AS h(topic, event_type)),
@@ -92,11 +110,11 @@ async fn claim(ctx: &Ctx, conn: &mut PgConnection) -> Result<Vec<PgRow>, sqlx::E
          ORDER BY i.seq
          FOR UPDATE OF i"
     )))
-    .bind(&ctx.settings.group_id)
+    .bind(group)
     .bind(topics)
     .bind(types)
     .bind(limit)
-    .bind(candidate_window(ctx.settings.processor_batch_size))
+    .bind(candidate_window(batch))
     .fetch_all(conn)
     .await
 }

@@ -24,6 +24,24 @@ use super::run::{Aside, Ctx};
 
 pub(crate) use group::Membership;
 
+/// Benchmarks only: one inbox claim of up to `batch` rows of `group`, for
+/// processors handling the (topic, event type) pairs `handled`, in a
+/// transaction that is rolled back; returns how many rows it claimed. Not a
+/// public API.
+#[doc(hidden)]
+pub async fn claim_once_for_benchmark(
+    pool: &sqlx::PgPool,
+    group: &str,
+    handled: &[(&str, &str)],
+    batch: usize,
+) -> Result<usize, sqlx::Error> {
+    let (topics, types): (Vec<&str>, Vec<&str>) = handled.iter().copied().unzip();
+    let mut tx = pool.begin().await?;
+    let rows = claim::claim_rows(&mut tx, group, &topics, &types, batch).await?;
+    tx.rollback().await?;
+    Ok(rows.len())
+}
+
 /// Stores a batch in the inbox; returns which messages are finished.
 pub(crate) async fn store_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> {
     let mut done = vec![false; batch.len()];
