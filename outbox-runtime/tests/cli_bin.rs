@@ -60,6 +60,17 @@ fn assert_usage_error(output: &Output, needle: &str) {
 async fn migrate_then_status_as_a_health_check(pool: PgPool) {
     let unmigrated = outbox(Some(&pool), &["status"]);
     assert_usage_error(&unmigrated, "run `outbox migrate` first");
+    // PostgreSQL's message and code, without sqlx's "at line N" (a line of
+    // PostgreSQL's C source).
+    assert_usage_error(
+        &unmigrated,
+        "outbox schema: relation \"outbox_event\" does not exist (SQLSTATE 42P01); run",
+    );
+    assert!(
+        !stderr(&unmigrated).contains("line"),
+        "{}",
+        stderr(&unmigrated)
+    );
 
     let first = outbox(Some(&pool), &["migrate", "--json"]);
     assert!(first.status.success(), "{}", stderr(&first));
