@@ -42,7 +42,7 @@ pub enum OrdersError {
     #[error(transparent)]
     Outbox(#[from] outbox_core::Error),
     /// The handler's own statements failed.
-    #[error("database error: {0}")]
+    #[error("database error: {}", outbox_core::DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
 }
 
@@ -196,7 +196,7 @@ async fn get_order(
     .bind(id)
     .fetch_optional(&pool)
     .await
-    .map_err(ApiError::internal)?;
+    .map_err(|e| ApiError::internal(outbox_core::DbErrorDisplay(&e)))?;
     order
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("no order {id}")))

@@ -19,7 +19,7 @@ pub enum PaymentsError {
     #[error(transparent)]
     Outbox(#[from] outbox_core::Error),
     /// The handler's own statements failed.
-    #[error("database error: {0}")]
+    #[error("database error: {}", outbox_core::DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
 }
 

@@ -25,7 +25,7 @@ pub enum ServiceError {
     #[error(transparent)]
     Migrate(#[from] outbox_runtime::migrations::MigrateError),
     /// A domain migration failed.
-    #[error("database error: {0}")]
+    #[error("database error: {}", outbox_core::DbErrorDisplay(.0))]
     Database(#[source] sqlx::Error),
     /// The relay refused its configuration.
     #[error(transparent)]

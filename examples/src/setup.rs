@@ -51,7 +51,10 @@ pub enum SetupError {
         reason: String,
     },
     /// A statement of the set-up failed.
-    #[error("database set-up of `{database}` failed: {source}")]
+    #[error(
+        "database set-up of `{database}` failed: {}",
+        outbox_core::DbErrorDisplay(.source)
+    )]
     Database {
         /// Database name.
         database: String,
@@ -84,7 +87,7 @@ pub async fn connect_database(url: &str, suffix: &str) -> Result<PgPool, SetupEr
     let server = format!("{}:{}", options.get_host(), options.get_port());
     let unreachable = |e: sqlx::Error| SetupError::DatabaseUnreachable {
         server: server.clone(),
-        reason: e.to_string(),
+        reason: outbox_core::DbErrorDisplay(&e).to_string(),
     };
 
     let maintenance = options.clone().database("postgres");

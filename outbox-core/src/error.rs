@@ -1,3 +1,7 @@
+use std::fmt;
+
+use sqlx::postgres::PgDatabaseError;
+
 /// Errors of the outbox write path.
 ///
 /// Your handler's error type needs `From<outbox_core::Error>` so that `?` works
@@ -23,6 +27,63 @@ pub enum Error {
         found: &'static str,
     },
     /// A database error (connecting, running the handler's transaction, inserting the outbox rows, committing).
-    #[error("database error: {0}")]
+    #[error("database error: {}", DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
+}
+
+/// Renders a [`sqlx::Error`] for people: a PostgreSQL error as its message, its
+/// SQLSTATE code, and its `detail:` and `hint:` when the server sent them.
+///
+/// sqlx's own `Display` of a database error writes only the message plus
+/// "at line N", a line of PostgreSQL's C source (the error's `line` field,
+/// which with `file` and `routine` locates the server code that raised it):
+/// meaningless to a user, and it drops the detail that says *which* key
+/// clashed. Use this wherever a database error is shown: logs, command-line
+/// output, error texts stored in tables or headers. Other errors (I/O, pool
+/// timeouts, decoding) are written as sqlx writes them.
+///
+/// The text is one line unless the server's own detail or hint has several.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) {
+/// use outbox_core::DbErrorDisplay;
+///
+/// if let Err(error) = sqlx::query("SELECT * FROM missing").execute(&pool).await {
+///     // relation "missing" does not exist (SQLSTATE 42P01)
+///     tracing::warn!(error = %DbErrorDisplay(&error), "query failed");
+/// }
+/// # }
+/// ```
+///
+/// ```
+/// use outbox_core::DbErrorDisplay;
+///
+/// let error = sqlx::Error::PoolTimedOut;
+/// assert_eq!(DbErrorDisplay(&error).to_string(), error.to_string());
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct DbErrorDisplay<'a>(pub &'a sqlx::Error);
+
+impl fmt::Display for DbErrorDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(database) = self.0.as_database_error() else {
+            return fmt::Display::fmt(self.0, f);
+        };
+        let Some(postgres) = database.try_downcast_ref::<PgDatabaseError>() else {
+            // Another driver: its message and code, if any.
+            f.write_str(database.message())?;
+            if let Some(code) = database.code() {
+                write!(f, " (SQLSTATE {code})")?;
+            }
+            return Ok(());
+        };
+        write!(f, "{} (SQLSTATE {})", postgres.message(), postgres.code())?;
+        if let Some(detail) = postgres.detail() {
+            write!(f, "; detail: {detail}")?;
+        }
+        if let Some(hint) = postgres.hint() {
+            write!(f, "; hint: {hint}")?;
+        }
+        Ok(())
+    }
 }

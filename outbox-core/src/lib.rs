@@ -49,7 +49,7 @@ mod unit_of_work;
 pub mod wakeup;
 pub mod wire;
 
-pub use error::Error;
+pub use error::{DbErrorDisplay, Error};
 pub use event::{DomainEvent, PartitionKey};
 pub use events::Events;
 pub use insert::insert_records;

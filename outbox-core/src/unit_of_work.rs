@@ -308,6 +308,6 @@ async fn finish<T, E>(
 /// and a connection that cannot roll back is closed by sqlx.
 async fn rollback(tx: Transaction<'_, Postgres>) {
     if let Err(error) = tx.rollback().await {
-        tracing::debug!(%error, "outbox unit of work: rollback failed");
+        tracing::debug!(error = %crate::DbErrorDisplay(&error), "outbox unit of work: rollback failed");
     }
 }

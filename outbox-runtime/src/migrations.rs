@@ -59,7 +59,10 @@ pub const MIGRATIONS: &[Migration] = &[
 
 /// Failure to migrate.
 #[derive(Debug, thiserror::Error)]
-#[error("outbox migration {version} ({description}) failed: {source}")]
+#[error(
+    "outbox migration {version} ({description}) failed: {}",
+    outbox_core::DbErrorDisplay(.source)
+)]
 pub struct MigrateError {
     /// The version that failed (0 for the bookkeeping table itself).
     pub version: i64,

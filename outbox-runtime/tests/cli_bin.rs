@@ -60,6 +60,17 @@ fn assert_usage_error(output: &Output, needle: &str) {
 async fn migrate_then_status_as_a_health_check(pool: PgPool) {
     let unmigrated = outbox(Some(&pool), &["status"]);
     assert_usage_error(&unmigrated, "run `outbox migrate` first");
+    // PostgreSQL's message and code, without sqlx's "at line N" (a line of
+    // PostgreSQL's C source).
+    assert_usage_error(
+        &unmigrated,
+        "outbox schema: relation \"outbox_event\" does not exist (SQLSTATE 42P01); run",
+    );
+    assert!(
+        !stderr(&unmigrated).contains("line"),
+        "{}",
+        stderr(&unmigrated)
+    );
 
     let first = outbox(Some(&pool), &["migrate", "--json"]);
     assert!(first.status.success(), "{}", stderr(&first));
@@ -427,4 +438,94 @@ async fn notify_enable_status_disable(pool: PgPool) {
         0,
         "disable removes the function too"
     );
+}
+
+/// Every flag taking a duration or a time: a value beyond its range is a
+/// usage error naming the flag and the range, never a chrono overflow panic.
+#[sqlx::test(migrations = false)]
+async fn out_of_range_durations_and_times_exit_2(pool: PgPool) {
+    outbox_runtime::migrations::run(&pool).await.unwrap();
+    OutboxRow::new("orders")
+        .published(600, 500)
+        .insert(&pool)
+        .await;
+    let age_range = "out of range; accepted: 0s to 1000y";
+    for flag in [
+        "--older-than",
+        "--processed-older-than",
+        "--inbox-older-than",
+    ] {
+        for value in ["300000y", "1001y", "300000000000y"] {
+            let cleanup = outbox(Some(&pool), &["cleanup", flag, value, "--dry-run"]);
+            assert_usage_error(
+                &cleanup,
+                &format!("invalid value '{value}' for '{flag} <DURATION>'"),
+            );
+            assert_usage_error(&cleanup, age_range);
+        }
+    }
+    let oldest = outbox(
+        Some(&pool),
+        &["cleanup", "--older-than", "1000y", "--dry-run"],
+    );
+    assert!(oldest.status.success(), "{}", stderr(&oldest));
+    assert!(stdout(&oldest).contains("would delete 0 published outbox rows"));
+
+    let time_range = "out of range; accepted: a time from 0000-01-01 to 9999-12-31, or a duration ago of at most 1000y";
+    for flag in ["--from", "--to"] {
+        for value in ["300000y", "300000000000y", "-5000-01-01"] {
+            let replay = outbox(
+                Some(&pool),
+                &["replay", "--all", &format!("{flag}={value}"), "--dry-run"],
+            );
+            assert_usage_error(
+                &replay,
+                &format!("invalid value '{value}' for '{flag} <TIME>'"),
+            );
+            assert_usage_error(&replay, time_range);
+        }
+    }
+    let widest = outbox(
+        Some(&pool),
+        &[
+            "replay",
+            "--all",
+            "--from",
+            "1000y",
+            "--to",
+            "9999-12-31",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert!(widest.status.success(), "{}", stderr(&widest));
+    assert_eq!(json(&widest)["selected"], 1);
+
+    let pause = outbox(
+        Some(&pool),
+        &["cleanup", "--older-than", "1d", "--pause", "300000000000y"],
+    );
+    assert_usage_error(
+        &pause,
+        "invalid value '300000000000y' for '--pause <DURATION>'",
+    );
+    assert_usage_error(&pause, "out of range; accepted: 0s to 1h");
+    let timeout = outbox(
+        Some(&pool),
+        &["--connect-timeout", "300000000000y", "status"],
+    );
+    assert_usage_error(
+        &timeout,
+        "invalid value '300000000000y' for '--connect-timeout <DURATION>'",
+    );
+    assert_usage_error(&timeout, "out of range; accepted: 0s to 1h");
+
+    // Health thresholds are compared, never turned into times: any size is
+    // valid (and never exceeded); only a number too large to parse is refused.
+    for flag in ["--max-age", "--max-inbox-age"] {
+        let huge = outbox(Some(&pool), &["status", flag, "300000000000y"]);
+        assert_eq!(huge.status.code(), Some(0), "{}", stderr(&huge));
+        let unparsable = outbox(Some(&pool), &["status", flag, "99999999999999999999999y"]);
+        assert_usage_error(&unparsable, &format!("'{flag} <DURATION>': out of range"));
+    }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use outbox_core::{DomainEvent, Events};
+use outbox_core::{DbErrorDisplay, DomainEvent, Events};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Postgres, Transaction};
@@ -81,6 +81,11 @@ impl EventMeta {
 
 /// The error a handler returned, as text (handlers may use any `Display` error).
 ///
+/// This text is what the consumer logs, stores in `inbox_event.last_error` and
+/// sends in the dead-letter header `dlq_error`. A [`sqlx::Error`] is written
+/// with [`outbox_core::DbErrorDisplay`]: PostgreSQL's message, SQLSTATE,
+/// detail and hint, without the server source line sqlx's `Display` adds.
+///
 /// ```
 /// let err = outbox_runtime::consumer::HandlerError::new("stock service unavailable");
 /// assert_eq!(err.to_string(), "stock service unavailable");
@@ -89,9 +94,27 @@ impl EventMeta {
 pub struct HandlerError(String);
 
 impl HandlerError {
-    /// Wraps any displayable error.
-    pub fn new(error: impl fmt::Display) -> Self {
-        Self(error.to_string())
+    /// Wraps any displayable error; a [`sqlx::Error`] is rendered with
+    /// [`outbox_core::DbErrorDisplay`].
+    ///
+    /// ```
+    /// use outbox_runtime::consumer::HandlerError;
+    ///
+    /// let err = HandlerError::new(sqlx::Error::RowNotFound);
+    /// assert_eq!(err.to_string(), sqlx::Error::RowNotFound.to_string());
+    /// ```
+    pub fn new(error: impl fmt::Display + 'static) -> Self {
+        match (&error as &dyn Any).downcast_ref::<sqlx::Error>() {
+            Some(database) => Self(DbErrorDisplay(database).to_string()),
+            None => Self(error.to_string()),
+        }
+    }
+}
+
+/// So that `?` works on sqlx calls in a handler returning `HandlerError`.
+impl From<sqlx::Error> for HandlerError {
+    fn from(error: sqlx::Error) -> Self {
+        Self(DbErrorDisplay(&error).to_string())
     }
 }
 

@@ -169,8 +169,9 @@ pub mod __private {
     pub use outbox_core::Events;
     pub use sqlx::{Postgres, Transaction};
 
-    /// Turns a handler's error into a [`super::HandlerError`].
-    pub fn handler_error<E: std::fmt::Display>(error: E) -> super::HandlerError {
+    /// Turns a handler's error into a [`super::HandlerError`] (a `sqlx::Error`
+    /// without the server source line; see [`super::HandlerError::new`]).
+    pub fn handler_error<E: std::fmt::Display + 'static>(error: E) -> super::HandlerError {
         super::HandlerError::new(error)
     }
 }

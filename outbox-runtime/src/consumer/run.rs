@@ -564,7 +564,7 @@ impl Ctx {
     pub(crate) async fn db_failed(&self, error: &sqlx::Error, retry: &mut u32) -> bool {
         *retry += 1;
         metrics::counter!(m::DB_ERRORS, "group" => self.group()).increment(1);
-        tracing::warn!(%error, retry = *retry, "database unavailable; pausing before retry");
+        tracing::warn!(error = %outbox_core::DbErrorDisplay(error), retry = *retry, "database unavailable; pausing before retry");
         self.pause(self.settings.backoff(*retry)).await
     }
 
@@ -625,7 +625,12 @@ impl Ctx {
             if !events.is_empty() {
                 outbox_core::insert_records(tx, events.records())
                     .await
-                    .map_err(|e| HandlerError::new(format!("storing recorded events: {e}")))?;
+                    .map_err(|e| {
+                        HandlerError::new(format!(
+                            "storing recorded events: {}",
+                            outbox_core::DbErrorDisplay(&e)
+                        ))
+                    })?;
                 self.events_recorded.store(true, Ordering::Relaxed);
             }
             Ok(())

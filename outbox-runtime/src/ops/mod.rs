@@ -27,7 +27,7 @@ pub mod status;
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
     /// The database refused or could not be reached.
-    #[error("database error: {0}")]
+    #[error("database error: {}", outbox_core::DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
     /// The request cannot be carried out as asked (e.g. a selection that does
     /// not apply to the chosen table).

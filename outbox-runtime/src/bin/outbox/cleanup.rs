@@ -21,25 +21,25 @@ use crate::progress::Progress;
     outbox cleanup --older-than 30d --processed-older-than 14d --inbox-older-than 14d"
 )]
 pub struct CleanupArgs {
-    /// Delete outbox rows published (or discarded) longer ago than this.
-    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    /// Delete outbox rows published (or discarded) longer ago than this (at most 1000y).
+    #[arg(long, value_name = "DURATION", value_parser = args::age)]
     older_than: Option<Duration>,
-    /// Delete processed_event dedup rows older than this.
+    /// Delete processed_event dedup rows older than this (at most 1000y).
     ///
     /// Keep it longer than a redelivery can come late (the topic's retention),
     /// or a late duplicate is processed again.
-    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    #[arg(long, value_name = "DURATION", value_parser = args::age)]
     processed_older_than: Option<Duration>,
-    /// Delete inbox rows processed (or discarded) longer ago than this.
+    /// Delete inbox rows processed (or discarded) longer ago than this (at most 1000y).
     ///
     /// Same caveat as --processed-older-than: the inbox is the dedup record.
-    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    #[arg(long, value_name = "DURATION", value_parser = args::age)]
     inbox_older_than: Option<Duration>,
     /// Rows per batch; each batch is one short transaction.
     #[arg(long, value_name = "N", default_value_t = Purge::DEFAULT_BATCH_SIZE, value_parser = args::positive)]
     batch_size: i64,
-    /// Pause between batches, to leave room for the relays on a busy database.
-    #[arg(long, value_name = "DURATION", value_parser = args::duration, default_value = "0s")]
+    /// Pause between batches, to leave room for the relays on a busy database (at most 1h).
+    #[arg(long, value_name = "DURATION", value_parser = args::wait, default_value = "0s")]
     pause: Duration,
     /// Only count what would be deleted.
     #[arg(long)]
@@ -57,15 +57,19 @@ struct Outcome {
 }
 
 pub async fn run(pool: &PgPool, args: CleanupArgs, json: bool) -> Result<ExitCode, CliError> {
-    let plan: Vec<(Target, Duration)> = Target::ALL
+    let plan: Vec<(Target, Duration, &str)> = Target::ALL
         .into_iter()
         .filter_map(|target| {
-            let age = match target {
-                Target::PublishedOutbox | Target::DiscardedOutbox => args.older_than,
-                Target::ProcessedEvent => args.processed_older_than,
-                Target::ProcessedInbox | Target::DiscardedInbox => args.inbox_older_than,
+            let (age, flag) = match target {
+                Target::PublishedOutbox | Target::DiscardedOutbox => {
+                    (args.older_than, "--older-than")
+                }
+                Target::ProcessedEvent => (args.processed_older_than, "--processed-older-than"),
+                Target::ProcessedInbox | Target::DiscardedInbox => {
+                    (args.inbox_older_than, "--inbox-older-than")
+                }
             };
-            age.map(|age| (target, age))
+            age.map(|age| (target, age, flag))
         })
         .collect();
     if plan.is_empty() {
@@ -77,10 +81,15 @@ pub async fn run(pool: &PgPool, args: CleanupArgs, json: bool) -> Result<ExitCod
     // Cutoffs come from the database clock, the one that wrote the timestamps.
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     let mut outcomes = Vec::new();
-    for (target, age) in plan {
-        let age = chrono::Duration::from_std(age)
-            .map_err(|_| CliError::Usage(format!("duration too large: {age:?}")))?;
-        let cutoff = now - age;
+    for (target, age, flag) in plan {
+        // The parser caps the age; checked anyway, as the clock is the database's.
+        let cutoff = args::ago(now, age).ok_or_else(|| {
+            CliError::Usage(format!(
+                "{flag} {} is out of range; {}",
+                humantime::format_duration(age),
+                args::age_range()
+            ))
+        })?;
         let outcome = if args.dry_run {
             let matched = cleanup::count(pool, target, cutoff).await?;
             if !json {

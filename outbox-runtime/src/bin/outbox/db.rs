@@ -3,6 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use outbox_core::DbErrorDisplay;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
@@ -39,7 +40,7 @@ pub async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, Cli
         Ok(Ok(connection)) => {
             let _ = connection.close().await;
         }
-        Ok(Err(e)) => return Err(unreachable(e.to_string())),
+        Ok(Err(e)) => return Err(unreachable(DbErrorDisplay(&e).to_string())),
         Err(_) => {
             return Err(unreachable(format!(
                 "no answer within {}",

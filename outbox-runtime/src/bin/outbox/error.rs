@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use outbox_core::DbErrorDisplay;
 use outbox_runtime::ops::OpsError;
 
 /// A failure, classified by exit code.
@@ -47,16 +48,18 @@ impl From<sqlx::Error> for CliError {
 }
 
 fn database(error: sqlx::Error) -> CliError {
+    // PostgreSQL's message, code, detail and hint; not sqlx's "at line N".
+    let shown = DbErrorDisplay(&error);
     if schema_missing(&error) {
         return CliError::Usage(format!(
-            "the database has no (or an outdated) outbox schema: {error}; run `outbox migrate` first"
+            "the database has no (or an outdated) outbox schema: {shown}; run `outbox migrate` first"
         ));
     }
     match error {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => {
-            CliError::Usage(format!("database unreachable: {error}"))
+            CliError::Usage(format!("database unreachable: {shown}"))
         }
-        other => CliError::Failed(format!("database error: {other}")),
+        _ => CliError::Failed(format!("database error: {shown}")),
     }
 }
 

@@ -47,8 +47,8 @@ struct Global {
     )]
     database_url: Option<String>,
 
-    /// How long to wait for the database connection.
-    #[arg(long, global = true, default_value = "5s", value_parser = args::duration, value_name = "DURATION", help_heading = "Global options")]
+    /// How long to wait for the database connection (at most 1h).
+    #[arg(long, global = true, default_value = "5s", value_parser = args::wait, value_name = "DURATION", help_heading = "Global options")]
     connect_timeout: std::time::Duration,
 
     /// Print machine-readable JSON on stdout instead of text.

@@ -25,7 +25,7 @@ pub struct ReplayArgs {
     /// Events created at or after this time.
     ///
     /// RFC 3339 (2026-11-30T09:00:00Z), a date (2026-11-30, midnight UTC) or a
-    /// duration ago (2h).
+    /// duration ago (2h); years 0000 to 9999, durations up to 1000y.
     #[arg(long, value_name = "TIME", value_parser = args::time_point)]
     from: Option<DateTime<Utc>>,
     /// Events created before this time (same forms as --from).
