@@ -9,4 +9,5 @@ pub use outbox_core as core;
 pub mod consumer;
 pub mod migrations;
 pub mod ops;
+mod redact;
 pub mod relay;

@@ -1,11 +1,13 @@
 //! The relay's configuration, its builder and the producer settings it forces.
 
+use std::fmt;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
 
 use super::{Relay, RelayError, RelayHandle};
+use crate::redact::Redacted;
 
 /// Tuning of a relay. Every field has a documented default ([`RelayConfig::default`]);
 /// set them through [`RelayBuilder`].
@@ -103,12 +105,23 @@ impl Default for RelayConfig {
 /// println!("published {} events", summary.published);
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 #[must_use = "a relay builder does nothing until `spawn` is called"]
 pub struct RelayBuilder {
     pool: PgPool,
     kafka: ClientConfig,
     config: RelayConfig,
+}
+
+/// Shows the tuning and the librdkafka settings, with secrets (passwords,
+/// SASL/OAUTHBEARER configuration, private keys) replaced by `[redacted]`.
+impl fmt::Debug for RelayBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RelayBuilder")
+            .field("pool", &self.pool)
+            .field("kafka", &Redacted(&self.kafka))
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 macro_rules! setters {
@@ -267,6 +280,25 @@ mod tests {
             let text = err.to_string();
             assert!(text.contains("R-DIST-IDEM-X2"), "{text}");
             assert!(text.contains(key), "{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn debug_output_redacts_the_kafka_secrets() {
+        let pool = PgPool::connect_lazy("postgres://user:db-pw@127.0.0.1:1/none").unwrap();
+        let mut kafka = with("bootstrap.servers", "broker:9092");
+        kafka
+            .set("sasl.password", "pw-1")
+            .set("sasl.oauthbearer.config", "principal=me secret=pw-2")
+            .set("sasl.oauthbearer.client.secret", "pw-3")
+            .set("ssl.key.pem", "-----BEGIN PRIVATE KEY----- pw-4")
+            .set("ssl.keystore.password", "pw-5");
+        let printed = format!("{:?}", Relay::builder(pool, kafka).batch_size(7));
+        for secret in ["pw-1", "pw-2", "pw-3", "pw-4", "pw-5", "db-pw"] {
+            assert!(!printed.contains(secret), "{secret} leaked: {printed}");
+        }
+        for shown in ["broker:9092", "sasl.oauthbearer.config", "batch_size: 7"] {
+            assert!(printed.contains(shown), "{shown} missing: {printed}");
         }
     }
 
