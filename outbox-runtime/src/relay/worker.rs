@@ -14,7 +14,7 @@ use tracing::{Instrument, Span, field};
 use super::config::RelayConfig;
 use super::lanes::{Lanes, Rebalanced};
 use super::publish::{Outcome, PendingBatch, Publisher};
-use super::store::{self, ClaimedRow, Rejection};
+use super::store::{self, ClaimedRow, Retry};
 use super::telemetry::{self as metric, Totals};
 
 /// First wait after a poll that found fewer rows than a batch; doubles while
@@ -363,17 +363,27 @@ impl Worker {
                 }
                 Outcome::Delivered => continue,
             };
-            rejections.push(Rejection {
+            rejections.push(Retry {
                 id: row.id,
                 error: error.clone(),
                 retry_in_ms: retry_delay(&self.config, row.attempts).as_millis() as i64,
+                counts: true,
             });
         }
         let conn = self
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let parked = store::settle(conn, &delivered, &rejections, self.config.max_attempts).await?;
+        let settlement =
+            store::settle(conn, &delivered, &rejections, self.config.max_attempts).await?;
+        let parked = settlement.parked;
+        for (id, error) in &settlement.unrecordable {
+            tracing::warn!(
+                id,
+                %error,
+                "outbox relay could not record a row's failure; parked it (a refused row) or left it"
+            );
+        }
 
         span.record("published", delivered.len());
         span.record("held", held);
