@@ -271,6 +271,20 @@ async fn record_retries(
     Ok(parked as u64)
 }
 
+/// Lets rows held back for an unavailable partition be claimed at once (the
+/// partition is back), unless something else changed them meanwhile.
+pub(crate) async fn release_held(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "UPDATE outbox_event SET next_attempt_at = NULL
+         WHERE id = ANY($1) AND published_at IS NULL AND parked_at IS NULL
+           AND next_attempt_at > now()",
+    )
+    .bind(ids)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// Unpublished, unparked rows and the age of the oldest, in seconds.
 pub(crate) async fn backlog(pool: &PgPool) -> sqlx::Result<(i64, f64)> {
     sqlx::query_as(
