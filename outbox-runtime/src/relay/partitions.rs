@@ -10,6 +10,13 @@
 //! time. When the probe (or any row sent earlier) is delivered, the held-back
 //! rows are released at once.
 //!
+//! A hold lasts as long as the partition has been down so far (at least
+//! `delivery_timeout`, at most [`HOLD_MAX`]): a hold that expires brings its
+//! key's whole backlog back into claims, so holds must not expire often in a
+//! long outage; their early release on recovery is what keeps recovery fast.
+//! When no claimed row can serve as the next probe (every key of the
+//! partition held), the oldest held row is released early to be it.
+//!
 //! A partition is suspected when a batch's rows on it got no delivery report
 //! within `partition_stall_timeout` while other partitions delivered; it is
 //! back on the first delivery on it.
@@ -27,6 +34,10 @@ use super::telemetry as metric;
 const METADATA_MAX_AGE: Duration = Duration::from_secs(300);
 /// When a failed metadata request is tried again.
 const METADATA_RETRY: Duration = Duration::from_secs(30);
+/// Longest hold of a row of an unavailable partition (it is released at
+/// once when the partition is back; this bounds the wait only if that
+/// release is lost: the relay stopped, or its lane moved to another relay).
+pub(crate) const HOLD_MAX: Duration = Duration::from_secs(300);
 /// Bound of one metadata request (run on a blocking thread).
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -55,6 +66,8 @@ struct Down {
     next_probe: Instant,
     /// The row id of the probe in flight.
     probe: Option<i64>,
+    /// A held row released early to be the next probe, and when.
+    probe_requested: Option<(i64, Instant)>,
     /// Rows held back, with the end of their hold, oldest first.
     held: VecDeque<(i64, Instant)>,
     held_total: u64,
@@ -79,7 +92,7 @@ pub(crate) struct Partitions {
     /// Rows held back for partitions that are available again, whose
     /// `next_attempt_at` is to be cleared so they are claimed at once.
     released: Vec<i64>,
-    /// How long a held-back row stays out of claims unless released earlier.
+    /// Shortest hold of a held-back row (`delivery_timeout`).
     hold_for: Duration,
     probe_backoff: (Duration, Duration),
 }
@@ -181,6 +194,7 @@ impl Partitions {
         };
         if down.probe.is_none() && Instant::now() >= down.next_probe {
             down.probe = Some(id);
+            down.probe_requested = None;
             return Route::Probe;
         }
         Route::HoldBack
@@ -193,16 +207,44 @@ impl Partitions {
         let Some(down) = self.down.get_mut(tp) else {
             return (self.hold_for, String::new());
         };
+        let hold = down
+            .since
+            .elapsed()
+            .clamp(self.hold_for, HOLD_MAX.max(self.hold_for));
         while down.held.front().is_some_and(|&(_, until)| until <= now) {
             down.held.pop_front();
         }
-        down.held.push_back((id, now + self.hold_for));
+        if down.held.len() >= 1024 && down.held.len().is_power_of_two() {
+            down.held.retain(|&(_, until)| until > now);
+        }
+        down.held.push_back((id, now + hold));
         down.held_total += 1;
         let reason = format!(
             "held back: partition {} of topic {} unavailable ({}); not counted as an attempt",
             tp.1, tp.0, down.reason
         );
-        (self.hold_for, reason)
+        (hold, reason)
+    }
+
+    /// For each unavailable partition due a probe that no claim provided
+    /// (every key of it held), releases its oldest held row early so that the
+    /// next claim finds it and sends it as the probe.
+    pub(crate) fn request_probes(&mut self) {
+        let now = Instant::now();
+        for down in self.down.values_mut() {
+            let requested_lately = down
+                .probe_requested
+                .is_some_and(|(_, at)| now < at + self.hold_for);
+            if down.probe.is_some() || now < down.next_probe || requested_lately {
+                continue;
+            }
+            let Some(position) = down.held.iter().position(|&(_, until)| until > now) else {
+                continue;
+            };
+            let (id, _) = down.held.remove(position).expect("found");
+            down.probe_requested = Some((id, now));
+            self.released.push(id);
+        }
     }
 
     /// Suspects a partition (no-op if already down). `reason` goes into logs
@@ -228,6 +270,7 @@ impl Partitions {
                 // delivered, which ends the outage): no probe needed before.
                 next_probe: now + self.hold_for,
                 probe: None,
+                probe_requested: None,
                 held: VecDeque::new(),
                 held_total: 0,
             },
@@ -422,5 +465,26 @@ mod tests {
         assert!(!partitions.is_down(&tp));
         assert_eq!(partitions.take_released(), vec![2]);
         assert_eq!(partitions.unavailable(), 0);
+    }
+
+    #[test]
+    fn holds_grow_with_the_outage_and_a_held_row_is_released_to_probe() {
+        let base = Duration::from_millis(20);
+        let mut partitions = Partitions::new(None, base, (base, base));
+        let tp = ("t".to_owned(), 0);
+        partitions.suspect(&tp, "down".into());
+        let (first, _) = partitions.held_back(&tp, 10);
+        assert_eq!(first, base, "at least delivery_timeout");
+        partitions.held_back(&tp, 11);
+        std::thread::sleep(base * 3);
+        let (later, _) = partitions.held_back(&tp, 12);
+        assert!(later >= base * 3, "as long as the outage so far: {later:?}");
+        // No claimed row became the probe: the oldest row still held is
+        // released to be it, once.
+        partitions.request_probes();
+        assert_eq!(partitions.take_released(), vec![12]);
+        partitions.request_probes();
+        assert!(partitions.take_released().is_empty());
+        assert_eq!(partitions.route("t", 0, 12), Route::Probe);
     }
 }

@@ -22,8 +22,13 @@ pub(crate) enum Outcome {
     /// in flight. Claimed again later.
     Held,
     /// Not sent: its partition is unavailable (leader down). Held back in the
-    /// database for a while (`next_attempt_at`), not counted as an attempt.
-    Deferred(String),
+    /// database for `hold` (`next_attempt_at`), not counted as an attempt.
+    Deferred {
+        /// Why, for `last_error`.
+        reason: String,
+        /// How long.
+        hold: Duration,
+    },
     /// Sent, its report late: settled on its own when it comes (see `flight`).
     Straggling,
     /// Refused for a reason tied to this message (too large, invalid, topic

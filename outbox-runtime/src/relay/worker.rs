@@ -158,6 +158,7 @@ impl Worker {
                 continue;
             }
             self.partitions.refresh_metadata(self.publisher.producer());
+            self.partitions.request_probes();
             if let Err(error) = self.release_held_back().await {
                 self.forget_in_flight();
                 self.failed(error, &mut failures, &mut next_rebalance).await;
@@ -451,8 +452,10 @@ impl Worker {
     /// proceed while the relay claims its next batch. A row is not sent if
     /// its key is in `held_keys` (still in flight) or had an earlier row fail
     /// to enqueue or be held back here: a later event of a key never goes out
-    /// while an earlier one may still fail. A row of a partition known to be
-    /// unavailable is held back (except the partition's one probe).
+    /// while an earlier one may still fail. The first row of a key of a
+    /// partition known to be unavailable is held back in the database (unless
+    /// it is the partition's one probe), which keeps the key's later rows out
+    /// of claims; the key's later rows of this claim just wait.
     async fn enqueue(
         &mut self,
         rows: Vec<ClaimedRow>,
@@ -474,20 +477,23 @@ impl Worker {
                 .filter(|_| any_down)
                 .map(|p| (row.topic.clone(), p));
             let down = tp.as_ref().is_some_and(|tp| self.partitions.is_down(tp));
-            let blocked = held_keys.contains(key) || failed_keys.contains(key);
+            // An earlier row of the key in this claim failed or was held
+            // back: this one waits, unwritten (once the earlier one's hold is
+            // recorded, the claim skips the key's later rows).
+            let in_flight = held_keys.contains(key);
+            if failed_keys.contains(key) || (in_flight && !down) {
+                outcomes[index] = Some(Outcome::Held);
+                continue;
+            }
             let route = match &tp {
-                _ if blocked && !down => {
-                    outcomes[index] = Some(Outcome::Held);
-                    continue;
-                }
-                Some(_) if blocked => Route::HoldBack,
+                Some(_) if in_flight => Route::HoldBack,
                 Some((topic, partition)) => self.partitions.route(topic, *partition, row.id),
                 None => Route::Send,
             };
             if route == Route::HoldBack {
                 let tp = tp.expect("a partition held back is known");
-                let (_, reason) = self.partitions.held_back(&tp, row.id);
-                outcomes[index] = Some(Outcome::Deferred(reason));
+                let (hold, reason) = self.partitions.held_back(&tp, row.id);
+                outcomes[index] = Some(Outcome::Deferred { reason, hold });
                 failed_keys.insert(key);
                 continue;
             }
@@ -557,12 +563,12 @@ impl Worker {
                     rejected += 1;
                     retries.push(self.refused(row, error));
                 }
-                Outcome::Deferred(reason) => {
+                Outcome::Deferred { reason, hold } => {
                     held_back += 1;
                     retries.push(Retry {
                         id: row.id,
                         error: reason.clone(),
-                        retry_in_ms: self.config.delivery_timeout.as_millis() as i64,
+                        retry_in_ms: hold.as_millis() as i64,
                         counts: false,
                     });
                 }

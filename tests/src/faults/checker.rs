@@ -132,8 +132,8 @@ pub struct OutageFigures {
     /// Median commit-to-publish latency of the other partitions' events
     /// written while it was down, and before, in milliseconds.
     pub healthy_latency_ms: (f64, f64),
-    /// Events of its partitions published while it was down (must be 0:
-    /// nothing can reach them).
+    /// Events of its partitions published while it was down, from its first
+    /// second on (must be 0: nothing can reach them).
     pub down_published: usize,
 }
 

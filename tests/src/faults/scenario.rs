@@ -643,10 +643,13 @@ impl BrokerDown {
                 median_latency_ms(self.down_at, self.up_at),
                 median_latency_ms(before_from, self.down_at),
             ),
+            // From its first second on: a delivery acknowledged just before
+            // the broker went down is marked a moment later.
             down_published: rows
                 .iter()
                 .filter(|(id, _, at)| {
-                    on_down(id) && at.is_some_and(|at| at >= self.down_at && at < self.up_at)
+                    let from = self.down_at + chrono::Duration::seconds(1);
+                    on_down(id) && at.is_some_and(|at| at >= from && at < self.up_at)
                 })
                 .count(),
         }
