@@ -23,7 +23,9 @@ use crate::{DomainEvent, Error, OutboxRecord};
 /// impl fails, or that is not a JSON object). The first such failure is kept
 /// and the unit of work fails with it **before anything is inserted or
 /// committed**: the whole command rolls back and the caller gets the
-/// [`Error`] converted into its own error type. Use
+/// [`Error`] converted into its own error type. A partition key longer than
+/// [`MAX_PARTITION_KEY_BYTES`](crate::MAX_PARTITION_KEY_BYTES) is refused the
+/// same way ([`Error::PartitionKeyTooLong`]). Use
 /// [`try_record`](Events::try_record) to handle the failure inside the handler.
 ///
 /// ```
@@ -70,7 +72,8 @@ impl Events {
         }
     }
 
-    /// Records `event`, failing at once if it cannot be serialized.
+    /// Records `event`, failing at once if it cannot be serialized or its
+    /// partition key is too long.
     ///
     /// A failed event is not recorded and does not fail the unit of work by
     /// itself; propagate the error with `?` to roll back.
@@ -224,6 +227,57 @@ mod tests {
         assert!(events.try_record(NotAnObject("a")).is_err());
         assert!(events.is_empty());
         assert!(events.failure().is_none());
+    }
+
+    #[derive(Serialize)]
+    struct Keyed {
+        key: String,
+    }
+
+    impl DomainEvent for Keyed {
+        const TOPIC: &'static str = "things";
+        const EVENT_TYPE: &'static str = "Keyed";
+        const AGGREGATE_TYPE: &'static str = "Thing";
+        const PARTITION_KEY_FIELD: &'static str = "key";
+        fn event_id(&self) -> Uuid {
+            Uuid::new_v4()
+        }
+        fn aggregate_id(&self) -> String {
+            self.key.clone()
+        }
+        fn partition_key(&self) -> String {
+            self.key.clone()
+        }
+    }
+
+    #[test]
+    fn a_partition_key_over_the_limit_is_refused_and_fails_the_unit_of_work() {
+        let max = crate::MAX_PARTITION_KEY_BYTES;
+        let mut events = Events::new();
+        // Multi-byte characters: the limit is in bytes, not characters.
+        events.record(Keyed {
+            key: "é".repeat(max / 2),
+        });
+        events.record(Keyed {
+            key: "é".repeat(max / 2) + "x",
+        });
+        assert_eq!(events.len(), 1, "the over-long key is not recorded");
+        let err = events.take_failure().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::PartitionKeyTooLong { event_type: "Keyed", len, max: m } if len == max + 1 && m == max
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("MAX_PARTITION_KEY_BYTES"), "{err}");
+        assert!(
+            events
+                .try_record(Keyed {
+                    key: "k".repeat(max + 1)
+                })
+                .is_err()
+        );
     }
 
     #[derive(Serialize)]

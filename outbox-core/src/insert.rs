@@ -2,7 +2,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::OutboxRecord;
+use crate::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
 
 /// One statement for any number of rows: the arrays are unnested column by
 /// column, so the round trip count does not grow with the events of a command.
@@ -15,7 +15,9 @@ SELECT * FROM UNNEST(
 
 /// Inserts `records` into `outbox_event` in one round trip, on `conn` (use
 /// `&mut *tx` to run it inside a transaction). Returns the number of rows
-/// inserted; an empty slice sends nothing.
+/// inserted; an empty slice sends nothing. A record whose partition key is
+/// longer than [`MAX_PARTITION_KEY_BYTES`] fails the call with
+/// `sqlx::Error::InvalidArgument` before anything is sent.
 ///
 /// The unit of work calls this for you. It is public for code that manages
 /// its own transaction (and for tests that need outbox rows).
@@ -35,6 +37,19 @@ pub async fn insert_records(
 ) -> Result<u64, sqlx::Error> {
     if records.is_empty() {
         return Ok(0);
+    }
+    // Records built by hand skip `OutboxRecord::from_event`'s check.
+    if let Some(record) = records
+        .iter()
+        .find(|r| r.partition_key.len() > MAX_PARTITION_KEY_BYTES)
+    {
+        return Err(sqlx::Error::InvalidArgument(format!(
+            "event {} ({}) has a partition key of {} bytes; the outbox accepts at most {}",
+            record.event_id,
+            record.event_type,
+            record.partition_key.len(),
+            MAX_PARTITION_KEY_BYTES
+        )));
     }
     let column = |f: fn(&OutboxRecord) -> &String| -> Vec<&str> {
         records.iter().map(|r| f(r).as_str()).collect()

@@ -53,7 +53,7 @@ pub use error::{DbErrorDisplay, Error};
 pub use event::{DomainEvent, PartitionKey};
 pub use events::Events;
 pub use insert::insert_records;
-pub use record::OutboxRecord;
+pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
 pub use unit_of_work::{
     IsolationLevel, RetryingUnitOfWork, TransactionSource, UnitOfWork, transaction,
 };

@@ -3,6 +3,16 @@ use uuid::Uuid;
 
 use crate::{DomainEvent, Error, trace};
 
+/// Longest partition key the outbox accepts, in bytes of UTF-8: 1024.
+///
+/// The relay indexes the keys of rows waiting for a retry
+/// (`ix_outbox_event_retrying`), and a PostgreSQL b-tree entry cannot exceed
+/// about 2,700 bytes (a third of an 8 kB page); a key near that size could be
+/// written but never retried. 1 KiB leaves ample room and is far beyond what
+/// a key needs (an id, a UUID, a few ids joined). Recording an event with a
+/// longer key fails with [`Error::PartitionKeyTooLong`]; nothing is written.
+pub const MAX_PARTITION_KEY_BYTES: usize = 1024;
+
 /// One event as stored in a row of `outbox_event` and as sent to Kafka.
 ///
 /// Field names match the table's columns. `traceparent` is an extension column
@@ -31,7 +41,8 @@ impl OutboxRecord {
     /// Builds the record of `event`, serializing its payload and capturing the
     /// current trace context (see [`trace::current_traceparent`]).
     ///
-    /// Fails if the event does not serialize to a JSON object.
+    /// Fails if the event does not serialize to a JSON object, or if its
+    /// partition key is longer than [`MAX_PARTITION_KEY_BYTES`].
     pub fn from_event<E: DomainEvent>(event: &E) -> Result<Self, Error> {
         let mut payload = serde_json::to_value(event).map_err(|source| Error::Serialize {
             event_type: E::EVENT_TYPE,
@@ -43,6 +54,8 @@ impl OutboxRecord {
                 found: json_kind(&payload),
             });
         };
+        let partition_key = event.partition_key();
+        check_partition_key(E::EVENT_TYPE, &partition_key)?;
         // Receivers written in any language dedup on payload["event_id"], so it is
         // always present, even if serde renamed or skipped the field.
         let event_id = event.event_id();
@@ -55,10 +68,22 @@ impl OutboxRecord {
             event_type: E::EVENT_TYPE.to_owned(),
             payload,
             topic: E::TOPIC.to_owned(),
-            partition_key: event.partition_key(),
+            partition_key,
             traceparent: trace::current_traceparent(),
         })
     }
+}
+
+/// Refuses a partition key longer than [`MAX_PARTITION_KEY_BYTES`].
+fn check_partition_key(event_type: &'static str, key: &str) -> Result<(), Error> {
+    if key.len() > MAX_PARTITION_KEY_BYTES {
+        return Err(Error::PartitionKeyTooLong {
+            event_type,
+            len: key.len(),
+            max: MAX_PARTITION_KEY_BYTES,
+        });
+    }
+    Ok(())
 }
 
 fn json_kind(value: &Value) -> &'static str {

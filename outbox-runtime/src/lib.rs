@@ -10,4 +10,5 @@ pub mod consumer;
 pub mod lifecycle;
 pub mod migrations;
 pub mod ops;
+mod redact;
 pub mod relay;

@@ -192,6 +192,56 @@ async fn unserializable_event_fails_the_unit_of_work_before_commit(pool: PgPool)
 }
 
 #[sqlx::test(migrations = false)]
+async fn an_over_long_partition_key_fails_the_unit_of_work_and_writes_nothing(pool: PgPool) {
+    setup(&pool).await;
+    let too_long = "s".repeat(outbox_core::MAX_PARTITION_KEY_BYTES + 1);
+    let result = transaction(&pool)
+        .run(async |tx, events| {
+            place_order(tx, events, 10, 1).await?;
+            events.record(stock_reserved(&too_long, 1));
+            Ok::<_, AppError>(())
+        })
+        .await;
+    let Err(AppError::Outbox(error)) = &result else {
+        panic!("expected the outbox to refuse the key, got {result:?}");
+    };
+    assert!(
+        matches!(
+            error,
+            outbox_core::Error::PartitionKeyTooLong {
+                event_type: "StockReserved",
+                len,
+                max: outbox_core::MAX_PARTITION_KEY_BYTES,
+            } if *len == too_long.len()
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("partition key"), "{error}");
+    assert_eq!(count(&pool, "orders").await, 0);
+    assert_eq!(count(&pool, "outbox_event").await, 0);
+
+    // At the limit it is accepted; `insert_records` refuses a longer one
+    // built by hand, before sending anything.
+    let at_limit = "s".repeat(outbox_core::MAX_PARTITION_KEY_BYTES);
+    transaction(&pool)
+        .run(async |_tx, events| {
+            events.record(stock_reserved(&at_limit, 1));
+            Ok::<_, AppError>(())
+        })
+        .await
+        .unwrap();
+    let mut record = outbox_core::OutboxRecord::from_event(&stock_reserved("sku", 1)).unwrap();
+    record.partition_key = too_long.clone();
+    let mut conn = pool.acquire().await.unwrap();
+    let refused = outbox_core::insert_records(&mut conn, &[record]).await;
+    assert!(
+        matches!(&refused, Err(sqlx::Error::InvalidArgument(message)) if message.contains("partition key")),
+        "{refused:?}"
+    );
+    assert_eq!(count(&pool, "outbox_event").await, 1);
+}
+
+#[sqlx::test(migrations = false)]
 async fn duplicate_event_id_fails_the_insert_and_writes_nothing(pool: PgPool) {
     setup(&pool).await;
     let result = transaction(&pool)

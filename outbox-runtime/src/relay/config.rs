@@ -1,11 +1,13 @@
 //! The relay's configuration, its builder and the producer settings it forces.
 
+use std::fmt;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
 
 use super::{Relay, RelayError, RelayHandle};
+use crate::redact::Redacted;
 
 /// Tuning of a relay. Every field has a documented default ([`RelayConfig::default`]);
 /// set them through [`RelayBuilder`].
@@ -25,8 +27,22 @@ pub struct RelayConfig {
     /// and therefore the longest a batch's claim transaction stays open.
     /// Default `30 s`.
     pub delivery_timeout: Duration,
+    /// How long a batch waits for its last delivery reports once other rows
+    /// got through, before it is settled without them. Default `2 s`.
+    ///
+    /// Reports missing that long while other partitions deliver mean a
+    /// partition whose leader is down (librdkafka keeps its records until
+    /// `delivery_timeout`): the batch's delivered rows are marked at once,
+    /// the late ones wait on their own (holding their keys, not the
+    /// pipeline), and the relay holds back further rows of that partition,
+    /// without counting attempts, until it is back. This bounds how long an
+    /// outage of some partitions delays the events of the others; see
+    /// `docs/relay.md`, *Partial broker outages*.
+    pub partition_stall_timeout: Duration,
     /// Failed attempts after which a row is parked (`parked_at` set), so that it
-    /// no longer blocks later events of its key. Default `10`.
+    /// no longer blocks later events of its key. Default `10`. Only refusals
+    /// of the record itself count (too large, invalid, topic unknown or not
+    /// authorized); an unavailable broker or partition never does.
     pub max_attempts: u32,
     /// Delay before retrying a row the broker rejected: doubles per attempt
     /// from `retry_backoff_initial` up to `retry_backoff_max`, with jitter.
@@ -70,6 +86,7 @@ impl Default for RelayConfig {
             batch_size: 1000,
             poll_interval: Duration::from_millis(500),
             delivery_timeout: Duration::from_secs(30),
+            partition_stall_timeout: Duration::from_secs(2),
             max_attempts: 10,
             retry_backoff_initial: Duration::from_secs(1),
             retry_backoff_max: Duration::from_secs(300),
@@ -103,12 +120,23 @@ impl Default for RelayConfig {
 /// println!("published {} events", summary.published);
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 #[must_use = "a relay builder does nothing until `spawn` is called"]
 pub struct RelayBuilder {
     pool: PgPool,
     kafka: ClientConfig,
     config: RelayConfig,
+}
+
+/// Shows the tuning and the librdkafka settings, with secrets (passwords,
+/// SASL/OAUTHBEARER configuration, private keys) replaced by `[redacted]`.
+impl fmt::Debug for RelayBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RelayBuilder")
+            .field("pool", &self.pool)
+            .field("kafka", &Redacted(&self.kafka))
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 macro_rules! setters {
@@ -143,6 +171,8 @@ impl RelayBuilder {
         poll_interval: Duration;
         /// See [`RelayConfig::delivery_timeout`].
         delivery_timeout: Duration;
+        /// See [`RelayConfig::partition_stall_timeout`].
+        partition_stall_timeout: Duration;
         /// See [`RelayConfig::max_attempts`].
         max_attempts: u32;
         /// See [`RelayConfig::retry_backoff_initial`].
@@ -200,6 +230,9 @@ fn validate(config: &RelayConfig) -> Result<(), RelayError> {
     }
     if config.poll_interval.is_zero() || config.rebalance_interval.is_zero() {
         return invalid("poll_interval and rebalance_interval must be positive");
+    }
+    if config.partition_stall_timeout.is_zero() {
+        return invalid("partition_stall_timeout must be positive");
     }
     Ok(())
 }
@@ -267,6 +300,25 @@ mod tests {
             let text = err.to_string();
             assert!(text.contains("R-DIST-IDEM-X2"), "{text}");
             assert!(text.contains(key), "{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn debug_output_redacts_the_kafka_secrets() {
+        let pool = PgPool::connect_lazy("postgres://user:db-pw@127.0.0.1:1/none").unwrap();
+        let mut kafka = with("bootstrap.servers", "broker:9092");
+        kafka
+            .set("sasl.password", "pw-1")
+            .set("sasl.oauthbearer.config", "principal=me secret=pw-2")
+            .set("sasl.oauthbearer.client.secret", "pw-3")
+            .set("ssl.key.pem", "-----BEGIN PRIVATE KEY----- pw-4")
+            .set("ssl.keystore.password", "pw-5");
+        let printed = format!("{:?}", Relay::builder(pool, kafka).batch_size(7));
+        for secret in ["pw-1", "pw-2", "pw-3", "pw-4", "pw-5", "db-pw"] {
+            assert!(!printed.contains(secret), "{secret} leaked: {printed}");
+        }
+        for shown in ["broker:9092", "sasl.oauthbearer.config", "batch_size: 7"] {
+            assert!(printed.contains(shown), "{shown} missing: {printed}");
         }
     }
 

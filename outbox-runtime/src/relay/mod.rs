@@ -29,8 +29,11 @@
 //! ```
 
 mod config;
+mod flight;
 mod lanes;
 pub mod notify;
+mod partitioner;
+mod partitions;
 mod publish;
 mod store;
 pub mod telemetry;
@@ -52,6 +55,8 @@ pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
 pub use store::{claim_and_mark_without_publishing, configure_connection};
 
 use crate::lifecycle::{Lifecycle, Stopped};
+use flight::Flight;
+use partitions::Partitions;
 use publish::Publisher;
 pub(crate) use publish::{WireRow, wire_headers};
 use telemetry::Totals;
@@ -87,7 +92,12 @@ impl Relay {
         kafka: ClientConfig,
         config: RelayConfig,
     ) -> Result<RelayHandle, RelayError> {
-        let publisher = Publisher::new(kafka, config.delivery_timeout)?;
+        let publisher = Publisher::new(kafka)?;
+        let partitions = Partitions::new(
+            publisher.partitioner(),
+            config.delivery_timeout,
+            (config.error_backoff_initial, config.error_backoff_max),
+        );
         let cancel = CancellationToken::new();
         let totals = Arc::new(Totals::default());
         let shutdown_timeout = config.shutdown_timeout;
@@ -105,6 +115,8 @@ impl Relay {
             cancel: cancel.clone(),
             wakeup: Wakeups::new(outbox_core::wakeup::listener(), remote),
             claim_blocked: false,
+            flight: Flight::default(),
+            partitions,
         };
         let lifecycle = Lifecycle::new();
         let task = tokio::spawn({
@@ -152,6 +164,9 @@ pub struct RelaySummary {
     pub published: u64,
     /// Events parked after `max_attempts` failed attempts.
     pub parked: u64,
+    /// Times an event was held back (not sent, no attempt counted) because
+    /// its partition was unavailable.
+    pub held_back: u64,
     /// Non-empty batches completed.
     pub batches: u64,
     /// Errors met (each also counted in `outbox_relay_errors_total`).
@@ -198,6 +213,7 @@ impl RelayHandle {
         RelaySummary {
             published: Totals::get(&self.totals.published),
             parked: Totals::get(&self.totals.parked),
+            held_back: Totals::get(&self.totals.held_back),
             batches: Totals::get(&self.totals.batches),
             errors: Totals::get(&self.totals.errors),
             producer_rebuilds: Totals::get(&self.totals.producer_rebuilds),

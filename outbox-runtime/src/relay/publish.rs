@@ -1,17 +1,16 @@
-//! Turning claimed rows into Kafka records and delivering a batch at once.
+//! Turning claimed rows into Kafka records and handing them to the producer.
 
-use std::collections::HashSet;
-use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use futures::future::{JoinAll, join_all};
+use futures::channel::oneshot::Canceled;
 use outbox_core::wire;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use tokio::time::Timeout;
 
+use super::partitioner::Partitioner;
 use super::store::ClaimedRow;
 
 /// What became of one row of a batch.
@@ -20,14 +19,24 @@ pub(crate) enum Outcome {
     /// The broker acknowledged it (`acks=all`).
     Delivered,
     /// Not sent: an earlier row of its key failed in this batch or is still
-    /// in flight in the previous one. Claimed again later.
+    /// in flight. Claimed again later.
     Held,
-    /// Refused for a reason tied to this message (too large, unknown topic,
-    /// not authorized): counts as a failed attempt.
+    /// Not sent: its partition is unavailable (leader down). Held back in the
+    /// database for `hold` (`next_attempt_at`), not counted as an attempt.
+    Deferred {
+        /// Why, for `last_error`.
+        reason: String,
+        /// How long.
+        hold: Duration,
+    },
+    /// Sent, its report late: settled on its own when it comes (see `flight`).
+    Straggling,
+    /// Refused for a reason tied to this message (too large, invalid, topic
+    /// unknown or not authorized): counts as a failed attempt.
     Rejected(String),
-    /// Not delivered for a reason that is not the message's fault (broker
-    /// unreachable, timeout, producer fenced): retried without counting,
-    /// unless other rows of the batch got through.
+    /// Not delivered for a reason that is not the message's fault (broker or
+    /// partition leader unreachable, timeout, producer fenced): retried,
+    /// never counted as an attempt.
     Unavailable(String),
 }
 
@@ -35,20 +44,21 @@ pub(crate) enum Outcome {
 pub(crate) struct Publisher {
     config: ClientConfig,
     producer: FutureProducer,
-    delivery_timeout: Duration,
 }
 
 impl Publisher {
-    pub(crate) fn new(
-        config: ClientConfig,
-        delivery_timeout: Duration,
-    ) -> Result<Self, KafkaError> {
+    pub(crate) fn new(config: ClientConfig) -> Result<Self, KafkaError> {
         let producer = config.create()?;
-        Ok(Self {
-            config,
-            producer,
-            delivery_timeout,
-        })
+        Ok(Self { config, producer })
+    }
+
+    /// The partitioner librdkafka uses for keyed records with this configuration.
+    pub(crate) fn partitioner(&self) -> Option<Partitioner> {
+        Partitioner::from_setting(self.config.get("partitioner"))
+    }
+
+    pub(crate) fn producer(&self) -> &FutureProducer {
+        &self.producer
     }
 
     /// A fatal error leaves librdkafka's idempotent producer unusable (e.g. a
@@ -70,115 +80,48 @@ impl Publisher {
         Ok(())
     }
 
-    /// Enqueues every row, in order, and returns at once: the deliveries
-    /// proceed while the relay claims its next batch. Rows whose key is in
-    /// `held_keys` (still in flight in the previous batch), or whose key had
-    /// an earlier row fail to enqueue here, are held back for a later batch:
-    /// a later event of a key never goes out while an earlier one may still fail.
-    pub(crate) async fn enqueue(
+    /// Hands one row to the producer and returns its delivery report to be.
+    /// While librdkafka's queue is full it waits (its own thread drains it),
+    /// until `deadline`.
+    pub(crate) async fn send(
         &self,
-        rows: &[ClaimedRow],
-        held_keys: &HashSet<String>,
-    ) -> PendingBatch {
-        let deadline = Instant::now() + self.delivery_timeout;
-        let mut outcomes = vec![Outcome::Held; rows.len()];
-        let mut failed_keys: HashSet<&str> = HashSet::new();
-        let mut pending = Vec::with_capacity(rows.len());
-        for (index, row) in rows.iter().enumerate() {
-            let key = row.partition_key.as_str();
-            if held_keys.contains(key) || failed_keys.contains(key) {
-                continue;
-            }
-            let mut record = FutureRecord::to(&row.topic)
-                .key(key)
-                .payload(row.payload.as_str())
-                .headers(headers(row));
-            loop {
-                match self.producer.send_result(record) {
-                    Ok(delivery) => {
-                        pending.push((index, delivery));
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                        if Instant::now() < deadline =>
-                    {
-                        // librdkafka's queue is full: its own thread drains it.
-                        record = back;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    Err((error, _)) => {
-                        outcomes[index] = classify(&error);
-                        failed_keys.insert(key);
-                        break;
-                    }
+        row: &ClaimedRow,
+        deadline: Instant,
+    ) -> Result<DeliveryFuture, Outcome> {
+        let mut record = FutureRecord::to(&row.topic)
+            .key(row.partition_key.as_str())
+            .payload(row.payload.as_str())
+            .headers(headers(row));
+        loop {
+            match self.producer.send_result(record) {
+                Ok(delivery) => return Ok(delivery),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if Instant::now() < deadline =>
+                {
+                    record = back;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
+                Err((error, _)) => return Err(classify(&error)),
             }
-        }
-        let (indices, futures): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
-        // librdkafka fails every message after message.timeout.ms; the margin
-        // only guards against a lost report.
-        let wait_at_most = self.delivery_timeout + Duration::from_secs(5);
-        PendingBatch {
-            outcomes,
-            indices,
-            reports: Some(Box::pin(tokio::time::timeout(
-                wait_at_most,
-                join_all(futures),
-            ))),
         }
     }
 }
 
-type Reports = Pin<Box<Timeout<JoinAll<DeliveryFuture>>>>;
-
-/// A batch handed to the producer, its delivery reports still to come.
-pub(crate) struct PendingBatch {
-    outcomes: Vec<Outcome>,
-    indices: Vec<usize>,
-    /// `None` once every report is in (and copied into `outcomes`).
-    reports: Option<Reports>,
-}
-
-impl PendingBatch {
-    /// `false` when every row was held back: nothing was sent or refused, so
-    /// there is nothing to await or record.
-    pub(crate) fn needs_settling(&self) -> bool {
-        !self.indices.is_empty() || self.outcomes.iter().any(|o| *o != Outcome::Held)
-    }
-
-    /// Returns when every delivery report is in. Cancel-safe: the reports
-    /// stay in `self`, so a wait interrupted (by a commit signal) resumes.
-    pub(crate) async fn delivered(&mut self) {
-        let Some(reports) = self.reports.as_mut() else {
-            return;
-        };
-        let reports = reports.as_mut().await;
-        self.reports = None;
-        match reports {
-            Ok(reports) => {
-                for (&index, report) in self.indices.iter().zip(reports) {
-                    self.outcomes[index] = match report {
-                        Ok(Ok(_delivery)) => Outcome::Delivered,
-                        Ok(Err((error, _message))) => classify(&error),
-                        Err(_canceled) => {
-                            Outcome::Unavailable("producer dropped the delivery report".into())
-                        }
-                    };
-                }
-            }
-            Err(_elapsed) => {
-                for &index in &self.indices {
-                    self.outcomes[index] =
-                        Outcome::Unavailable("no delivery report in time".into());
-                }
-            }
+/// A delivery report as an outcome, with the partition it names (`None`
+/// when librdkafka had not partitioned the record, or dropped the report).
+pub(crate) fn report_outcome(
+    report: Result<OwnedDeliveryResult, Canceled>,
+) -> (Outcome, Option<i32>) {
+    match report {
+        Ok(Ok(delivery)) => (Outcome::Delivered, Some(delivery.partition)),
+        Ok(Err((error, message))) => {
+            let partition = Some(message.partition()).filter(|p| *p >= 0);
+            (classify(&error), partition)
         }
-    }
-
-    /// Awaits every delivery report; one outcome per row, in row order.
-    pub(crate) async fn outcomes(mut self) -> Vec<Outcome> {
-        self.delivered().await;
-        self.outcomes
+        Err(Canceled) => (
+            Outcome::Unavailable("producer dropped the delivery report".into()),
+            None,
+        ),
     }
 }
 

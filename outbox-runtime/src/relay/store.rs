@@ -1,7 +1,7 @@
 //! Every SQL statement of the relay, and the public queries on parked rows.
 
 use chrono::{DateTime, Utc};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 /// One claimed row, as it goes to Kafka.
@@ -105,29 +105,106 @@ pub async fn claim_and_mark_without_publishing(
     Ok(ids.len())
 }
 
-/// Records a batch's outcome: marks the delivered rows (one statement) and,
-/// if any were refused, counts those in the same transaction. Returns how
-/// many rows were parked.
+/// What settling a batch recorded.
+#[derive(Debug, Default)]
+pub(crate) struct Settlement {
+    /// Rows parked (reached `max_attempts`, or their failure could not be recorded).
+    pub parked: u64,
+    /// Rows whose failure could not be recorded, with the database's error:
+    /// the refused ones among them were parked, the others left as they were.
+    pub unrecordable: Vec<(i64, String)>,
+}
+
+/// Records a batch's outcome: marks the delivered rows (one statement, its
+/// own transaction), then records the retries (one statement). Returns what
+/// was parked.
+///
+/// Marking comes first and alone so that nothing about another row can keep
+/// delivered rows unmarked: they would be published again and again. If the
+/// retries cannot be recorded as a whole (e.g. a key PostgreSQL cannot put
+/// into `ix_outbox_event_retrying`, written before the key length limit
+/// existed), they are recorded row by row, and a refused row whose own
+/// bookkeeping fails is parked with the reason; a row that was only held
+/// back is left as it was (claimed again later). Only an error of the
+/// connection itself fails the call.
 ///
 /// Runs on the relay's own connection, which does not wait for the WAL flush
 /// at commit (see [`configure_connection`]): a mark lost in a crash right
-/// after commit only makes its rows publish again.
+/// after commit only makes its rows publish again, and a crash between the
+/// two statements leaves the retries unrecorded (those rows are retried
+/// without the attempt counted).
 pub(crate) async fn settle(
     conn: &mut PgConnection,
     delivered: &[i64],
-    rejections: &[Rejection],
+    retries: &[Retry],
     max_attempts: u32,
+) -> sqlx::Result<Settlement> {
+    mark_published(conn, delivered).await?;
+    let mut settlement = Settlement::default();
+    if retries.is_empty() {
+        return Ok(settlement);
+    }
+    match record_retries(conn, retries, max_attempts).await {
+        Ok(parked) => settlement.parked = parked,
+        Err(sqlx::Error::Database(_)) if retries.len() > 1 => {
+            for retry in retries {
+                settlement.parked += record_one(conn, retry, max_attempts, &mut settlement).await?;
+            }
+        }
+        Err(sqlx::Error::Database(error)) => {
+            settlement.parked +=
+                park_unrecordable(conn, &retries[0], &error.to_string(), &mut settlement).await?;
+        }
+        Err(error) => return Err(error),
+    }
+    Ok(settlement)
+}
+
+/// Records one row's retry; if the database refuses that, parks it (a
+/// refusal) or leaves it (held back).
+async fn record_one(
+    conn: &mut PgConnection,
+    retry: &Retry,
+    max_attempts: u32,
+    settlement: &mut Settlement,
 ) -> sqlx::Result<u64> {
-    if rejections.is_empty() {
-        // The common case: one statement, one round trip.
-        mark_published(conn, delivered).await?;
+    match record_retries(conn, std::slice::from_ref(retry), max_attempts).await {
+        Ok(parked) => Ok(parked),
+        Err(sqlx::Error::Database(error)) => {
+            park_unrecordable(conn, retry, &error.to_string(), settlement).await
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Parks a refused row whose retry could not be recorded (the statement does
+/// not touch `next_attempt_at`, so it cannot fail the same way); a row only
+/// held back is not parked for it (that is no fault of the record).
+async fn park_unrecordable(
+    conn: &mut PgConnection,
+    retry: &Retry,
+    db_error: &str,
+    settlement: &mut Settlement,
+) -> sqlx::Result<u64> {
+    settlement
+        .unrecordable
+        .push((retry.id, db_error.to_owned()));
+    if !retry.counts {
         return Ok(0);
     }
-    let mut tx = conn.begin().await?;
-    mark_published(&mut tx, delivered).await?;
-    let parked = record_rejections(&mut tx, rejections, max_attempts).await?;
-    tx.commit().await?;
-    Ok(parked)
+    let done = sqlx::query(
+        "UPDATE outbox_event
+         SET attempts = attempts + 1, parked_at = now(),
+             last_error = 'the relay could not record a retry of this row (' || $2
+                          || '), so it parked it; the broker had refused it: ' || $3
+         WHERE id = $1 AND published_at IS NULL AND parked_at IS NULL",
+    )
+    .bind(retry.id)
+    .bind(db_error)
+    .bind(&retry.error)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Marks delivered rows as published, in one statement.
@@ -147,36 +224,40 @@ async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u6
     Ok(done.rows_affected())
 }
 
-/// A row the broker refused, to be retried later or parked.
-#[derive(Debug)]
-pub(crate) struct Rejection {
+/// A row that was not delivered this time and is tried again later.
+#[derive(Debug, Clone)]
+pub(crate) struct Retry {
     pub id: i64,
     pub error: String,
     pub retry_in_ms: i64,
+    /// A failed attempt (the broker refused the record), counted towards
+    /// `max_attempts`; `false` for a row only held back, which is never
+    /// parked for it.
+    pub counts: bool,
 }
 
-/// Records failed attempts in one statement and parks the rows that reached
-/// `max_attempts`. Returns how many were parked.
-async fn record_rejections(
+/// Records retries in one statement: `next_attempt_at` (so later rows of the
+/// key wait), the error and, for counted attempts, `attempts + 1`, parking
+/// the rows that reached `max_attempts`. Returns how many were parked.
+async fn record_retries(
     conn: &mut PgConnection,
-    rejections: &[Rejection],
+    retries: &[Retry],
     max_attempts: u32,
 ) -> sqlx::Result<u64> {
-    if rejections.is_empty() {
-        return Ok(0);
-    }
-    let ids: Vec<i64> = rejections.iter().map(|r| r.id).collect();
-    let errors: Vec<&str> = rejections.iter().map(|r| r.error.as_str()).collect();
-    let delays: Vec<i64> = rejections.iter().map(|r| r.retry_in_ms).collect();
+    let ids: Vec<i64> = retries.iter().map(|r| r.id).collect();
+    let errors: Vec<&str> = retries.iter().map(|r| r.error.as_str()).collect();
+    let delays: Vec<i64> = retries.iter().map(|r| r.retry_in_ms).collect();
+    let counts: Vec<bool> = retries.iter().map(|r| r.counts).collect();
     let parked: i64 = sqlx::query_scalar(
         "WITH updated AS (
              UPDATE outbox_event o
-             SET attempts = o.attempts + 1,
+             SET attempts = o.attempts + f.counts::int,
                  last_error = f.error,
                  next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
-                 parked_at = CASE WHEN o.attempts + 1 >= $4 THEN now() END
-             FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms)
-             WHERE o.id = f.id
+                 parked_at = CASE WHEN f.counts AND o.attempts + 1 >= $4 THEN now() END
+             FROM unnest($1::bigint[], $2::text[], $3::bigint[], $5::bool[])
+                  AS f(id, error, delay_ms, counts)
+             WHERE o.id = f.id AND o.published_at IS NULL
              RETURNING o.parked_at)
          SELECT count(*) FROM updated WHERE parked_at IS NOT NULL",
     )
@@ -184,9 +265,24 @@ async fn record_rejections(
     .bind(&errors)
     .bind(&delays)
     .bind(max_attempts as i32)
+    .bind(&counts)
     .fetch_one(conn)
     .await?;
     Ok(parked as u64)
+}
+
+/// Lets rows held back for an unavailable partition be claimed at once (the
+/// partition is back), unless something else changed them meanwhile.
+pub(crate) async fn release_held(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "UPDATE outbox_event SET next_attempt_at = NULL
+         WHERE id = ANY($1) AND published_at IS NULL AND parked_at IS NULL
+           AND next_attempt_at > now()",
+    )
+    .bind(ids)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Unpublished, unparked rows and the age of the oldest, in seconds.

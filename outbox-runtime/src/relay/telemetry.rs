@@ -11,7 +11,7 @@ pub const PUBLISHED: &str = "outbox_relay_published_total";
 /// Counter: rows parked after `max_attempts` failed attempts.
 pub const PARKED: &str = "outbox_relay_parked_total";
 /// Counter: errors, labelled `kind` (`database`, `broker_unavailable`,
-/// `rejected`, `fatal_producer`).
+/// `partition_unavailable`, `rejected`, `fatal_producer`).
 pub const ERRORS: &str = "outbox_relay_errors_total";
 /// Histogram: rows claimed per non-empty batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
@@ -19,6 +19,15 @@ pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 pub const BATCH_DURATION: &str = "outbox_relay_batch_duration_seconds";
 /// Gauge: lanes this relay owns.
 pub const LANES_OWNED: &str = "outbox_relay_lanes_owned";
+/// Gauge: partitions this relay holds back because they are unavailable
+/// (leader down); each is also named in a warning every `metrics_interval`.
+pub const UNAVAILABLE_PARTITIONS: &str = "outbox_relay_unavailable_partitions";
+/// Counter: times a row was held back (not sent, no attempt counted) because
+/// its partition was unavailable.
+pub const HELD_BACK: &str = "outbox_relay_held_back_total";
+/// Gauge: rows sent whose delivery report is late (after their batch was
+/// settled without them), typically rows of a partition whose leader is down.
+pub const STRAGGLING: &str = "outbox_relay_straggling_rows";
 
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);
@@ -29,6 +38,7 @@ pub(crate) fn error(kind: &'static str) {
 pub(crate) struct Totals {
     pub published: AtomicU64,
     pub parked: AtomicU64,
+    pub held_back: AtomicU64,
     pub batches: AtomicU64,
     pub errors: AtomicU64,
     pub producer_rebuilds: AtomicU64,

@@ -23,7 +23,14 @@ async fn main() {
     if let Ok(debug) = std::env::var("FAULTS_KAFKA_DEBUG") {
         kafka.set("debug", debug);
     }
-    let relay = Relay::builder(pool, kafka)
+    let mut builder = Relay::builder(pool, kafka);
+    if let Ok(stall) = std::env::var(env::STALL_TIMEOUT_MS) {
+        let ms = stall
+            .parse()
+            .expect("FAULTS_STALL_TIMEOUT_MS in milliseconds");
+        builder = builder.partition_stall_timeout(Duration::from_millis(ms));
+    }
+    let relay = builder
         .batch_size(env::get(env::BATCH, 100))
         .delivery_timeout(env::millis(env::DELIVERY_TIMEOUT_MS, 5_000))
         .poll_interval(Duration::from_millis(50))
@@ -40,7 +47,12 @@ async fn main() {
     term.recv().await;
     let summary = relay.shutdown().await;
     println!(
-        "relay: published={} parked={} batches={} errors={} clean={}",
-        summary.published, summary.parked, summary.batches, summary.errors, summary.clean
+        "relay: published={} parked={} held_back={} batches={} errors={} clean={}",
+        summary.published,
+        summary.parked,
+        summary.held_back,
+        summary.batches,
+        summary.errors,
+        summary.clean
     );
 }

@@ -1,15 +1,39 @@
-//! A tansu broker of the scenario's own, on a free port, that can be stopped
-//! and restarted (memory storage: a restart loses every topic and record).
+//! The scenario's own brokers: a tansu broker on a free port, that can be
+//! stopped and restarted (memory storage: a restart loses every topic and
+//! record), or librdkafka's mock cluster of several brokers, one of which can
+//! be taken down and brought back (its partitions keep their records).
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::mocking::{MockCluster, MockCoordinator};
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::model::{DLQ_TOPIC, TOPIC};
+
+/// The brokers a scenario runs against.
+#[derive(Debug)]
+pub enum Cluster {
+    /// One tansu process.
+    Tansu(Broker),
+    /// librdkafka's mock cluster, in the test process.
+    Mock(MockBrokers),
+}
+
+impl Cluster {
+    /// `bootstrap.servers` of the cluster.
+    pub fn address(&self) -> String {
+        match self {
+            Self::Tansu(broker) => broker.address(),
+            Self::Mock(mock) => mock.address().to_owned(),
+        }
+    }
+}
 
 /// The broker process; killed on drop.
 #[derive(Debug)]
@@ -102,5 +126,117 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+enum MockCommand {
+    Down(i32, mpsc::Sender<()>),
+    Up(i32, mpsc::Sender<()>),
+}
+
+/// librdkafka's mock cluster with several brokers. It listens on real local
+/// ports, so the harness processes connect to its bootstrap address like to
+/// any broker; it lives on a thread of its own (its handle is not `Send`),
+/// which this value commands. Partition `p` of a topic is led by broker
+/// `p % brokers + 1`; the consumer groups' coordinator is broker 1.
+#[derive(Debug)]
+pub struct MockBrokers {
+    address: String,
+    brokers: i32,
+    commands: Option<mpsc::Sender<MockCommand>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MockBrokers {
+    /// Starts `brokers` brokers and creates the workload's topics: `partitions`
+    /// partitions, and one for the dead-letter topic.
+    ///
+    /// # Panics
+    /// If librdkafka cannot create the cluster.
+    pub fn start(brokers: i32, partitions: i32, groups: &[&str]) -> Self {
+        let (commands, received) = mpsc::channel();
+        let (ready, started) = mpsc::channel();
+        let groups: Vec<String> = groups.iter().map(|g| (*g).to_owned()).collect();
+        let thread = std::thread::spawn(move || {
+            let cluster = MockCluster::new(brokers).expect("mock cluster");
+            for (topic, count) in [(TOPIC, partitions), (DLQ_TOPIC, 1)] {
+                cluster.create_topic(topic, count, 1).expect("mock topic");
+                for partition in 0..count {
+                    cluster
+                        .partition_leader(topic, partition, Some(partition % brokers + 1))
+                        .expect("partition leader");
+                }
+            }
+            for group in groups {
+                cluster
+                    .coordinator(MockCoordinator::Group(group), 1)
+                    .expect("group coordinator");
+            }
+            ready
+                .send(cluster.bootstrap_servers())
+                .expect("test waits for the cluster");
+            for command in received {
+                let (result, done) = match command {
+                    MockCommand::Down(id, done) => (cluster.broker_down(id), done),
+                    MockCommand::Up(id, done) => (cluster.broker_up(id), done),
+                };
+                result.expect("mock broker command");
+                let _ = done.send(());
+            }
+        });
+        let address = started.recv().expect("mock cluster started");
+        Self {
+            address,
+            brokers,
+            commands: Some(commands),
+            thread: Some(thread),
+        }
+    }
+
+    /// `bootstrap.servers`.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Number of brokers (ids 1 to this).
+    pub fn brokers(&self) -> i32 {
+        self.brokers
+    }
+
+    /// The partitions of `partitions` that `broker` leads.
+    pub fn led_by(&self, broker: i32, partitions: i32) -> Vec<i32> {
+        (0..partitions)
+            .filter(|p| p % self.brokers + 1 == broker)
+            .collect()
+    }
+
+    /// Disconnects `broker` and refuses new connections (its partitions keep
+    /// their leader: they are unavailable until [`up`](Self::up)).
+    pub fn down(&self, broker: i32) {
+        self.command(|done| MockCommand::Down(broker, done));
+    }
+
+    /// Lets `broker` accept connections again.
+    pub fn up(&self, broker: i32) {
+        self.command(|done| MockCommand::Up(broker, done));
+    }
+
+    fn command(&self, command: impl FnOnce(mpsc::Sender<()>) -> MockCommand) {
+        let (done, finished) = mpsc::channel();
+        self.commands
+            .as_ref()
+            .expect("running")
+            .send(command(done))
+            .expect("mock cluster thread");
+        finished.recv().expect("mock cluster thread");
+    }
+}
+
+impl Drop for MockBrokers {
+    fn drop(&mut self) {
+        self.commands = None; // ends the thread's loop; it drops the cluster
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }

@@ -119,6 +119,31 @@ pub struct Figures {
     pub healthy_wait_max: Option<Duration>,
     /// The liveness figures of the scenario, one line each.
     pub liveness: Vec<String>,
+    /// A partial broker outage's figures (scenario `partial_broker_outage`).
+    pub outage: Option<OutageFigures>,
+}
+
+/// What the relays published while one broker of several was down.
+#[derive(Debug, Clone, Default)]
+pub struct OutageFigures {
+    /// The broker taken down.
+    pub broker: i32,
+    /// The partitions it leads.
+    pub partitions: Vec<i32>,
+    /// How long it was down.
+    pub down_for: Duration,
+    /// Events of the other partitions published while it was down.
+    pub healthy_published: usize,
+    /// Their rate while it was down, events per second.
+    pub healthy_rate: f64,
+    /// Their rate in the same time before it went down.
+    pub healthy_rate_before: f64,
+    /// Median commit-to-publish latency of the other partitions' events
+    /// written while it was down, and before, in milliseconds.
+    pub healthy_latency_ms: (f64, f64),
+    /// Events of its partitions published while it was down, from its first
+    /// second on (must be 0: nothing can reach them).
+    pub down_published: usize,
 }
 
 impl fmt::Display for Figures {
@@ -159,6 +184,24 @@ impl fmt::Display for Figures {
             self.parked_healthy,
             self.poison_published
         )?;
+        if let Some(o) = &self.outage {
+            writeln!(
+                f,
+                "[faults] {}: broker {} down {:.1} s (partitions {:?}): the other partitions' events \
+                 published meanwhile={} ({:.0}/s; {:.0}/s in the same time before), median latency \
+                 {:.0} ms ({:.0} ms before); its partitions' events published meanwhile={}",
+                self.scenario,
+                o.broker,
+                o.down_for.as_secs_f64(),
+                o.partitions,
+                o.healthy_published,
+                o.healthy_rate,
+                o.healthy_rate_before,
+                o.healthy_latency_ms.0,
+                o.healthy_latency_ms.1,
+                o.down_published
+            )?;
+        }
         for g in &self.groups {
             writeln!(
                 f,

@@ -10,8 +10,8 @@ use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use super::broker::Broker;
-use super::checker::{self, Expect, Figures};
+use super::broker::{Broker, Cluster, MockBrokers};
+use super::checker::{self, Expect, Figures, OutageFigures};
 use super::db::Databases;
 use super::env;
 use super::fleet::{Fleet, Role};
@@ -48,6 +48,16 @@ pub enum Fault {
     /// Stop the broker `after` into the load for `outage`, then restart it
     /// (empty: memory storage) and recreate the topics.
     BrokerOutage {
+        /// When.
+        after: Duration,
+        /// How long.
+        outage: Duration,
+    },
+    /// Take the last broker of the mock cluster (see
+    /// [`Scenario::mock_brokers`]) down `after` into the load for `outage`,
+    /// then bring it back: its partitions are unavailable meanwhile, the
+    /// others are not, and nothing is lost.
+    BrokerDown {
         /// When.
         after: Duration,
         /// How long.
@@ -112,6 +122,11 @@ pub struct Scenario {
     /// only where an outage is the point, since under overload a timed-out
     /// delivery may still have been written, and is then published again.
     pub delivery_timeout: Duration,
+    /// Relay `partition_stall_timeout`; `None`: the relay's default.
+    pub stall_timeout: Option<Duration>,
+    /// Run against librdkafka's mock cluster with this many brokers, created
+    /// in the test process, instead of a tansu broker.
+    pub mock_brokers: Option<i32>,
     /// Dedup-mode consumer processes (group `dedup`).
     pub dedup_consumers: usize,
     /// Inbox-mode consumer processes (group `inbox`).
@@ -157,6 +172,8 @@ impl Scenario {
             // Overridable for runs by hand (the 5 s of the first long runs,
             // to chase the skipped record).
             delivery_timeout: env::millis(env::RELAY_TIMEOUT_OVERRIDE_MS, 30_000),
+            stall_timeout: None,
+            mock_brokers: None,
             dedup_consumers: 1,
             inbox_consumers: 1,
             load,
@@ -324,8 +341,15 @@ fn restart_postgres() {
 /// checked by the caller with [`Figures::assert_sound`].
 pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Leftovers) {
     let dbs = Databases::create(scenario.name, scenario.keys).await;
-    let mut broker = Broker::start(scenario.partitions).await;
-    let brokers = broker.address();
+    let mut cluster = match scenario.mock_brokers {
+        Some(count) => Cluster::Mock(MockBrokers::start(
+            count,
+            scenario.partitions,
+            &["dedup", "inbox"],
+        )),
+        None => Cluster::Tansu(Broker::start(scenario.partitions).await),
+    };
+    let brokers = cluster.address();
     let load_end = Instant::now() + scenario.load;
     let until = unix_ms() + scenario.load.as_millis() as u64;
     let common = vec![
@@ -354,6 +378,13 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             scenario.delivery_timeout.as_millis().to_string(),
         ),
     ];
+    let mut common = common;
+    if let Some(stall) = scenario.stall_timeout {
+        common.push((
+            env::STALL_TIMEOUT_MS.to_owned(),
+            stall.as_millis().to_string(),
+        ));
+    }
     let logs = log_dir(scenario.name);
     let mut fleet = Fleet::new(logs.clone(), common);
     let crash_hook = match scenario.fault {
@@ -418,7 +449,9 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             Fault::KillRelays { every }
             | Fault::KillConsumers { every, .. }
             | Fault::KillWriters { every } => every,
-            Fault::BrokerOutage { after, .. } | Fault::PostgresRestart { after } => after,
+            Fault::BrokerOutage { after, .. }
+            | Fault::BrokerDown { after, .. }
+            | Fault::PostgresRestart { after } => after,
             Fault::RollingDeploy { at, .. } => at,
             Fault::None | Fault::BlockedKey { .. } | Fault::HandlerPanics { .. } => {
                 scenario.load * 2
@@ -426,6 +459,7 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         };
     let mut deployed_at: Option<DateTime<Utc>> = None;
     let mut broker_lost_before: Option<DateTime<Utc>> = None;
+    let mut broker_down: Option<BrokerDown> = None;
     let mut poison_done = scenario.poison_inbound == 0 && scenario.poison_outbox == 0;
     while Instant::now() < load_end {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -523,10 +557,32 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
                 (last_fault, next_fault) = (now, now + every);
             }
             Fault::BrokerOutage { outage, .. } => {
+                let Cluster::Tansu(broker) = &mut cluster else {
+                    panic!("a broker restart needs the tansu broker");
+                };
                 broker.stop();
                 broker_lost_before = Some(Utc::now());
                 tokio::time::sleep(outage).await;
                 broker.restart().await;
+                (faults, last_fault) = (faults + 1, Instant::now());
+                next_fault = load_end + scenario.load * 2;
+            }
+            Fault::BrokerDown { outage, .. } => {
+                let Cluster::Mock(mock) = &cluster else {
+                    panic!("taking one broker down needs the mock cluster (mock_brokers)");
+                };
+                let id = mock.brokers();
+                let (down_at, down_at_instant) = (Utc::now(), Instant::now());
+                mock.down(id);
+                tokio::time::sleep(outage).await;
+                mock.up(id);
+                broker_down = Some(BrokerDown {
+                    broker: id,
+                    partitions: mock.led_by(id, scenario.partitions),
+                    down_at,
+                    up_at: Utc::now(),
+                    before_down: down_at_instant.saturating_duration_since(started),
+                });
                 (faults, last_fault) = (faults + 1, Instant::now());
                 next_fault = load_end + scenario.load * 2;
             }
@@ -610,8 +666,11 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
     figures.recovery = converged_at.map_or(scenario.settle_timeout, |at| {
         at.saturating_duration_since(calm)
     });
+    // A broker taken down may have written a batch whose acknowledgement
+    // it never sent: that batch may be published again.
     figures.crashes = relay_crashes
         + u32::from(broker_lost_before.is_some())
+        + u32::from(broker_down.is_some())
         + u32::from(matches!(scenario.fault, Fault::PostgresRestart { .. }));
     figures.converged = converged_at.is_some();
     figures.consumer_offset_gaps = count_log_lines(&logs, "consumer", "offset gap");
@@ -648,13 +707,91 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         }
         _ => {}
     }
+    if let Some(down) = &broker_down {
+        figures.outage = Some(down.figures(&dbs.source, &records).await);
+    }
     println!(
         "{figures}[faults] {}: logs in {}",
         scenario.name,
         logs.display()
     );
-    drop(broker);
+    drop(cluster);
     (figures, expect, Leftovers { dbs, logs })
+}
+
+/// When one broker of the mock cluster was down, and what it leads.
+struct BrokerDown {
+    broker: i32,
+    partitions: Vec<i32>,
+    down_at: DateTime<Utc>,
+    up_at: DateTime<Utc>,
+    /// How long the load had run when the broker went down.
+    before_down: Duration,
+}
+
+impl BrokerDown {
+    /// What was published while the broker was down, from the source
+    /// database and the partitions the topic shows each event in.
+    async fn figures(&self, source: &sqlx::PgPool, records: &[topic::Record]) -> OutageFigures {
+        let partition_of: std::collections::HashMap<uuid::Uuid, i32> = records
+            .iter()
+            .filter_map(|r| Some((r.event_id()?, r.partition)))
+            .collect();
+        let rows: Vec<(uuid::Uuid, DateTime<Utc>, Option<DateTime<Utc>>)> =
+            sqlx::query_as("SELECT event_id, created_at, published_at FROM outbox_event")
+                .fetch_all(source)
+                .await
+                .expect("read outbox");
+        let down_for = (self.up_at - self.down_at).to_std().unwrap_or_default();
+        // The same length of time before, as far as the load goes back.
+        let before_len = down_for.min(self.before_down);
+        let before_from = self.down_at - chrono::Duration::from_std(before_len).unwrap_or_default();
+        let on_down = |id: &uuid::Uuid| {
+            partition_of
+                .get(id)
+                .is_some_and(|p| self.partitions.contains(p))
+        };
+        let healthy = || rows.iter().filter(|(id, ..)| !on_down(id));
+        let published_in = |from, to| {
+            healthy()
+                .filter(|(_, _, at)| at.is_some_and(|at| at >= from && at < to))
+                .count()
+        };
+        let median_latency_ms = |from, to| {
+            let mut latencies: Vec<f64> = healthy()
+                .filter(|(_, created, _)| *created >= from && *created < to)
+                .filter_map(|(_, created, at)| Some(((*at)? - *created).as_seconds_f64() * 1000.0))
+                .collect();
+            latencies.sort_by(f64::total_cmp);
+            latencies
+                .get(latencies.len() / 2)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let healthy_published = published_in(self.down_at, self.up_at);
+        OutageFigures {
+            broker: self.broker,
+            partitions: self.partitions.clone(),
+            down_for,
+            healthy_published,
+            healthy_rate: healthy_published as f64 / down_for.as_secs_f64().max(0.001),
+            healthy_rate_before: published_in(before_from, self.down_at) as f64
+                / before_len.as_secs_f64().max(0.001),
+            healthy_latency_ms: (
+                median_latency_ms(self.down_at, self.up_at),
+                median_latency_ms(before_from, self.down_at),
+            ),
+            // From its first second on: a delivery acknowledged just before
+            // the broker went down is marked a moment later.
+            down_published: rows
+                .iter()
+                .filter(|(id, _, at)| {
+                    let from = self.down_at + chrono::Duration::seconds(1);
+                    on_down(id) && at.is_some_and(|at| at >= from && at < self.up_at)
+                })
+                .count(),
+        }
+    }
 }
 
 /// Lines containing `needle` in the logs of the processes whose name starts

@@ -1,0 +1,367 @@
+//! What the relay has handed to the producer and not settled yet: batches,
+//! and stragglers (rows whose batch was settled without them because their
+//! delivery report was late, typically a partition whose leader is down).
+//!
+//! Every sent row's delivery report is one future in one set, and reports
+//! are recorded as they arrive, so a batch can be settled as soon as its last
+//! report is in (in any order: marking is per row, and per-key order is
+//! decided when sending), or split once it stalls: its reported rows are
+//! settled and the late ones wait on as stragglers, holding their keys, no
+//! longer holding a pipeline slot.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::channel::oneshot::Canceled;
+use futures::stream::{FuturesUnordered, StreamExt};
+use rdkafka::producer::DeliveryFuture;
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use tracing::Span;
+
+use super::partitions::Partitions;
+use super::publish::{Outcome, report_outcome};
+use super::store::ClaimedRow;
+
+/// librdkafka fails every message after `message.timeout.ms`; this margin
+/// only guards against a lost report.
+const REPORT_GUARD: Duration = Duration::from_secs(5);
+
+/// A sent row's delivery report, tagged with where it belongs.
+struct Report {
+    seq: u64,
+    index: usize,
+    future: DeliveryFuture,
+}
+
+impl Future for Report {
+    type Output = (u64, usize, Result<OwnedDeliveryResult, Canceled>);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (seq, index) = (self.seq, self.index);
+        self.future
+            .poll_unpin(cx)
+            .map(|report| (seq, index, report))
+    }
+}
+
+/// A claimed batch being delivered.
+pub(crate) struct Batch {
+    pub rows: Vec<ClaimedRow>,
+    /// `None` while a sent row's report is outstanding.
+    pub outcomes: Vec<Option<Outcome>>,
+    /// The partition each row went to (from its report), else the predicted one.
+    pub partitions: Vec<Option<i32>>,
+    pub started: Instant,
+    pub span: Span,
+    seq: u64,
+    outstanding: usize,
+    deadline: Instant,
+}
+
+impl Batch {
+    /// Rows whose report is outstanding, with their predicted partition.
+    pub(crate) fn pending(&self) -> impl Iterator<Item = (&ClaimedRow, Option<i32>)> {
+        self.rows
+            .iter()
+            .zip(&self.outcomes)
+            .zip(&self.partitions)
+            .filter(|((_, outcome), _)| outcome.is_none())
+            .map(|((row, _), partition)| (row, *partition))
+    }
+}
+
+/// A row of a batch settled without it, its report still to come.
+struct Straggler {
+    row: ClaimedRow,
+    predicted: Option<i32>,
+    deadline: Instant,
+}
+
+/// A straggler whose report is in.
+pub(crate) struct Resolved {
+    pub row: ClaimedRow,
+    pub outcome: Outcome,
+}
+
+/// A batch as the publisher built it.
+pub(crate) struct Enqueued {
+    pub rows: Vec<ClaimedRow>,
+    /// One per row; `None` for a sent row.
+    pub outcomes: Vec<Option<Outcome>>,
+    pub predicted: Vec<Option<i32>>,
+    /// Sent rows: index, report, and whether the row is its partition's probe
+    /// (a straggler from the start: its partition is known to be down).
+    pub sent: Vec<(usize, DeliveryFuture, bool)>,
+    pub started: Instant,
+    pub span: Span,
+}
+
+impl Enqueued {
+    /// `false` when every row was held behind a row in flight: nothing was
+    /// sent, refused or held back, so there is nothing to await or record.
+    pub(crate) fn needs_settling(&self) -> bool {
+        !self.sent.is_empty() || self.outcomes.iter().any(|o| *o != Some(Outcome::Held))
+    }
+}
+
+/// Everything in flight.
+#[derive(Default)]
+pub(crate) struct Flight {
+    reports: FuturesUnordered<Report>,
+    batches: Vec<Batch>,
+    stragglers: HashMap<(u64, usize), Straggler>,
+    resolved: Vec<Resolved>,
+    next_seq: u64,
+    last_delivery: Option<Instant>,
+}
+
+impl Flight {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.batches.is_empty() && self.stragglers.is_empty() && self.resolved.is_empty()
+    }
+
+    /// Batches in flight (stragglers do not count).
+    pub(crate) fn batch_count(&self) -> usize {
+        self.batches.len()
+    }
+
+    /// Rows of the batches in flight.
+    pub(crate) fn batch_rows(&self) -> usize {
+        self.batches.iter().map(|b| b.rows.len()).sum()
+    }
+
+    pub(crate) fn straggler_count(&self) -> usize {
+        self.stragglers.len()
+    }
+
+    /// Ids of every row in flight, to leave out of claims.
+    pub(crate) fn ids(&self) -> Vec<i64> {
+        let batches = self
+            .batches
+            .iter()
+            .flat_map(|b| b.rows.iter().map(|r| r.id));
+        let stragglers = self.stragglers.values().map(|s| s.row.id);
+        batches.chain(stragglers).collect()
+    }
+
+    /// Keys of every row in flight: a later row of one of them is not sent.
+    pub(crate) fn keys(&self) -> HashSet<String> {
+        let batches = self.batches.iter().flat_map(|b| b.rows.iter());
+        let stragglers = self.stragglers.values().map(|s| &s.row);
+        batches
+            .chain(stragglers)
+            .map(|row| row.partition_key.clone())
+            .collect()
+    }
+
+    /// Whether any delivery report came in since `since`.
+    pub(crate) fn delivered_since(&self, since: Instant) -> bool {
+        self.last_delivery.is_some_and(|at| at >= since)
+    }
+
+    /// Takes a batch in.
+    pub(crate) fn add(&mut self, batch: Enqueued, delivery_timeout: Duration) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let deadline = Instant::now() + delivery_timeout + REPORT_GUARD;
+        let mut outcomes = batch.outcomes;
+        let mut outstanding = 0;
+        for (index, future, probe) in batch.sent {
+            if probe {
+                outcomes[index] = Some(Outcome::Straggling);
+                self.stragglers.insert(
+                    (seq, index),
+                    Straggler {
+                        row: batch.rows[index].clone(),
+                        predicted: batch.predicted[index],
+                        deadline,
+                    },
+                );
+            } else {
+                outstanding += 1;
+            }
+            self.reports.push(Report { seq, index, future });
+        }
+        self.batches.push(Batch {
+            rows: batch.rows,
+            outcomes,
+            partitions: batch.predicted,
+            started: batch.started,
+            span: batch.span,
+            seq,
+            outstanding,
+            deadline,
+        });
+    }
+
+    /// Waits for the next delivery report and records it, with every other
+    /// one already in. Never returns if nothing is awaited (use it in a
+    /// `select!` with [`awaits_reports`](Self::awaits_reports) as guard).
+    /// Cancel-safe: a report is recorded as soon as it is taken.
+    pub(crate) async fn next_reports(&mut self, partitions: &mut Partitions) {
+        match self.reports.next().await {
+            Some(report) => self.record(report, partitions),
+            None => std::future::pending().await,
+        }
+        while let Some(Some(report)) = self.reports.next().now_or_never() {
+            self.record(report, partitions);
+        }
+    }
+
+    pub(crate) fn awaits_reports(&self) -> bool {
+        !self.reports.is_empty()
+    }
+
+    fn record(
+        &mut self,
+        (seq, index, report): (u64, usize, Result<OwnedDeliveryResult, Canceled>),
+        partitions: &mut Partitions,
+    ) {
+        let (outcome, partition) = report_outcome(report);
+        if outcome == Outcome::Delivered {
+            self.last_delivery = Some(Instant::now());
+        }
+        let delivered = outcome == Outcome::Delivered;
+        if let Some(straggler) = self.stragglers.remove(&(seq, index)) {
+            let row = straggler.row;
+            partitions.reported(
+                &row.topic,
+                partition,
+                straggler.predicted,
+                row.id,
+                delivered,
+            );
+            self.resolved.push(Resolved { row, outcome });
+            return;
+        }
+        // A report of a batch already settled without it (lost, then late)
+        // finds nothing: its row was left unmarked and is sent again.
+        let Some(batch) = self.batches.iter_mut().find(|b| b.seq == seq) else {
+            return;
+        };
+        if batch.outcomes[index].is_some() {
+            return;
+        }
+        let row = &batch.rows[index];
+        partitions.reported(
+            &row.topic,
+            partition,
+            batch.partitions[index],
+            row.id,
+            delivered,
+        );
+        if partition.is_some() {
+            batch.partitions[index] = partition;
+        }
+        batch.outcomes[index] = Some(outcome);
+        batch.outstanding -= 1;
+    }
+
+    /// When something must be looked at even without a report: a batch
+    /// reaching its stall timeout or its deadline, a straggler its deadline.
+    pub(crate) fn next_timer(&self, stall_timeout: Duration) -> Option<Instant> {
+        let now = Instant::now();
+        let batches = self.batches.iter().filter(|b| b.outstanding > 0).map(|b| {
+            let stall = b.started + stall_timeout;
+            if stall > now {
+                stall.min(b.deadline)
+            } else {
+                b.deadline
+            }
+        });
+        let stragglers = self.stragglers.values().map(|s| s.deadline);
+        batches.chain(stragglers).min()
+    }
+
+    /// Gives up on reports past their deadline (lost): those rows count as
+    /// unavailable, left unmarked.
+    pub(crate) fn expire(&mut self, now: Instant) {
+        let lost = || Outcome::Unavailable("no delivery report in time".into());
+        for batch in self.batches.iter_mut().filter(|b| b.deadline <= now) {
+            for outcome in batch.outcomes.iter_mut().filter(|o| o.is_none()) {
+                *outcome = Some(lost());
+            }
+            batch.outstanding = 0;
+        }
+        let expired: Vec<(u64, usize)> = self
+            .stragglers
+            .iter()
+            .filter(|(_, s)| s.deadline <= now)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in expired {
+            let straggler = self.stragglers.remove(&key).expect("listed");
+            self.resolved.push(Resolved {
+                row: straggler.row,
+                outcome: lost(),
+            });
+        }
+    }
+
+    /// Batches whose every report is in, in claim order.
+    pub(crate) fn take_complete(&mut self) -> Vec<Batch> {
+        let (complete, pending) = std::mem::take(&mut self.batches)
+            .into_iter()
+            .partition(|b| b.outstanding == 0);
+        self.batches = pending;
+        complete
+    }
+
+    /// Batches stalled: reports outstanding `stall_timeout` after the claim
+    /// while reports of other rows came in since (so the broker is not down
+    /// as a whole: some partitions are late).
+    pub(crate) fn stalled(&self, stall_timeout: Duration) -> Vec<u64> {
+        let now = Instant::now();
+        self.batches
+            .iter()
+            .filter(|b| b.outstanding > 0 && b.started + stall_timeout <= now)
+            .filter(|b| self.delivered_since(b.started))
+            .map(|b| b.seq)
+            .collect()
+    }
+
+    /// The batch `seq`, for a look before [`split`](Self::split).
+    pub(crate) fn batch(&self, seq: u64) -> Option<&Batch> {
+        self.batches.iter().find(|b| b.seq == seq)
+    }
+
+    /// Takes batch `seq` out to be settled now; its rows still awaiting a
+    /// report stay in flight as stragglers.
+    pub(crate) fn split(&mut self, seq: u64) -> Option<Batch> {
+        let position = self.batches.iter().position(|b| b.seq == seq)?;
+        let mut batch = self.batches.remove(position);
+        for index in 0..batch.rows.len() {
+            if batch.outcomes[index].is_none() {
+                batch.outcomes[index] = Some(Outcome::Straggling);
+                self.stragglers.insert(
+                    (seq, index),
+                    Straggler {
+                        row: batch.rows[index].clone(),
+                        predicted: batch.partitions[index],
+                        deadline: batch.deadline,
+                    },
+                );
+            }
+        }
+        batch.outstanding = 0;
+        Some(batch)
+    }
+
+    /// Stragglers whose report is in (or lost), to settle.
+    pub(crate) fn take_resolved(&mut self) -> Vec<Resolved> {
+        std::mem::take(&mut self.resolved)
+    }
+
+    /// Forgets everything (the connection that could mark it is gone: the
+    /// rows are published again later).
+    pub(crate) fn clear(&mut self) {
+        *self = Self {
+            next_seq: self.next_seq,
+            ..Self::default()
+        };
+    }
+}
