@@ -50,6 +50,12 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "operator_tooling",
         sql: include_str!("../migrations/0004_operator_tooling.sql"),
     },
+    // 5 is reserved (inbox).
+    Migration {
+        version: 6,
+        description: "relay_membership",
+        sql: include_str!("../migrations/0006_relay_membership.sql"),
+    },
 ];
 
 /// Failure to migrate.

@@ -70,6 +70,21 @@ impl Publisher {
         Ok(())
     }
 
+    /// Whether the broker answers a metadata request within `timeout`: how a
+    /// relay that handed its lanes over during an outage learns that it can
+    /// publish again.
+    pub(crate) async fn reachable(&self, timeout: Duration) -> bool {
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, timeout)
+                .is_ok_and(|metadata| !metadata.brokers().is_empty())
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     /// Enqueues every row, in order, and returns at once: the deliveries
     /// proceed while the relay claims its next batch. Rows whose key is in
     /// `held_keys` (still in flight in the previous batch), or whose key had

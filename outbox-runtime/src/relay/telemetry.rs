@@ -19,6 +19,12 @@ pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 pub const BATCH_DURATION: &str = "outbox_relay_batch_duration_seconds";
 /// Gauge: lanes this relay owns.
 pub const LANES_OWNED: &str = "outbox_relay_lanes_owned";
+/// Counter: sessions of other relays this relay ended because their lease
+/// had expired (a frozen or vanished relay; its lanes were taken over).
+pub const MEMBERS_EVICTED: &str = "outbox_relay_members_evicted_total";
+/// Gauge: 1 while this relay's batches fail because the broker cannot be
+/// reached (it then hands its lanes to relays that can publish), else 0.
+pub const BROKER_FAILING: &str = "outbox_relay_broker_failing";
 
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
 
 use super::config::RelayConfig;
-use super::lanes::{Lanes, Rebalanced};
+use super::lanes::{self, Lanes, Rebalanced};
 use super::publish::{Outcome, PendingBatch, Publisher};
 use super::store::{self, ClaimedRow, Rejection};
 use super::telemetry::{self as metric, Totals};
@@ -86,6 +86,13 @@ impl InFlight {
     }
 }
 
+/// What ended the wait for the oldest batch in flight.
+enum Woke {
+    Delivered,
+    Committed,
+    Renew,
+}
+
 /// What settling one batch found.
 #[derive(Debug)]
 struct Settled {
@@ -119,9 +126,16 @@ impl Worker {
         let mut next_rebalance = Instant::now();
         let mut next_metrics = Instant::now();
         while !self.cancel.is_cancelled() {
+            if let Some(fatal) = self.lanes.take_fatal() {
+                // Refused by the fleet or by the database set-up: retrying
+                // cannot help, the service must be reconfigured.
+                self.lanes.reset();
+                return Err(fatal);
+            }
             let now = Instant::now();
             if now >= next_rebalance {
                 next_rebalance = now + self.config.rebalance_interval;
+                self.probe_broker_if_failing().await;
                 let mut result = self.lanes.rebalance(&self.pool, in_flight.is_empty()).await;
                 if let Ok(Rebalanced::MustRelease) = result {
                     // Lanes are released only while nothing of ours is in
@@ -135,6 +149,10 @@ impl Worker {
                 }
                 if let Err(error) = result {
                     in_flight.clear(); // the lane connection is gone: they cannot be marked
+                    if let Some(fatal) = self.lanes.take_fatal() {
+                        self.lanes.reset();
+                        return Err(fatal);
+                    }
                     tracing::warn!(%error, "outbox relay could not take its lanes");
                     self.count_error("database");
                     failures += 1;
@@ -192,20 +210,33 @@ impl Worker {
                 continue; // a backlog: fill the pipeline first
             }
             let room = self.has_room(&in_flight);
+            let renew_at = self.lanes.renew_at();
             let oldest = in_flight.front_mut().expect("not empty");
-            let woken = tokio::select! {
+            let woke = tokio::select! {
                 // Settle a delivered batch first: its rows are published only
                 // once marked, and settling unblocks the keys it holds.
                 biased;
-                () = oldest.pending.delivered() => false,
-                () = self.wakeup.committed(), if room => true,
+                () = oldest.pending.delivered() => Woke::Delivered,
+                () = self.wakeup.committed(), if room => Woke::Committed,
+                // A slow broker must not let the lease expire.
+                () = tokio::time::sleep_until(renew_at.into()) => Woke::Renew,
             };
-            if woken {
-                continue; // claim the new commits now, settle afterwards
+            match woke {
+                Woke::Delivered => {}
+                Woke::Committed => continue, // claim the new commits now, settle afterwards
+                Woke::Renew => {
+                    if let Err(error) = self.lanes.renew().await {
+                        in_flight.clear();
+                        self.failed(error.into(), &mut failures, &mut next_rebalance)
+                            .await;
+                    }
+                    continue;
+                }
             }
             let batch = in_flight.pop_front().expect("not empty");
             match self.settle(batch).await {
                 Ok(settled) if settled.outage => {
+                    self.lanes.set_broker_failing(true);
                     // The batches behind it will most likely fail too: settle
                     // them before pausing, so nothing stays in flight.
                     if let Err(error) = self.settle_all(&mut in_flight).await {
@@ -223,7 +254,10 @@ impl Worker {
                     }
                     self.pause(error_delay(&self.config, failures)).await;
                 }
-                Ok(_) => failures = 0,
+                Ok(_) => {
+                    failures = 0;
+                    self.lanes.set_broker_failing(false);
+                }
                 Err(error) => {
                     in_flight.clear();
                     self.failed(error, &mut failures, &mut next_rebalance).await;
@@ -251,13 +285,45 @@ impl Worker {
 
     /// Settles every batch in flight, oldest first.
     async fn settle_all(&mut self, in_flight: &mut VecDeque<InFlight>) -> Result<(), BatchError> {
-        while let Some(batch) = in_flight.pop_front() {
-            if let Err(error) = self.settle(batch).await {
+        while let Some(mut batch) = in_flight.pop_front() {
+            let mut settled = self.await_delivery(&mut batch).await;
+            if settled.is_ok() {
+                settled = self.settle(batch).await.map(|_| ());
+            }
+            if let Err(error) = settled {
                 in_flight.clear();
                 return Err(error);
             }
         }
         Ok(())
+    }
+
+    /// Waits for a batch's delivery reports, renewing the lease meanwhile (a
+    /// batch may be in flight for the whole `delivery_timeout`).
+    async fn await_delivery(&mut self, batch: &mut InFlight) -> Result<(), BatchError> {
+        loop {
+            let renew_at = self.lanes.renew_at();
+            tokio::select! {
+                () = batch.pending.delivered() => return Ok(()),
+                () = tokio::time::sleep_until(renew_at.into()) => self.lanes.renew().await?,
+            }
+        }
+    }
+
+    /// While the relay cannot reach the broker and has handed its lanes
+    /// over, asks the broker for metadata once per rebalance; an answer
+    /// makes it a candidate for lanes again.
+    async fn probe_broker_if_failing(&mut self) {
+        if !self.lanes.broker_failing() || !self.lanes.owned().is_empty() {
+            return;
+        }
+        let timeout = self
+            .config
+            .rebalance_interval
+            .min(self.config.database_timeout);
+        if self.publisher.reachable(timeout).await {
+            self.lanes.set_broker_failing(false);
+        }
     }
 
     async fn failed(
@@ -295,7 +361,12 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let rows = store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size).await?;
+        let rows = lanes::bounded(
+            self.config.database_timeout,
+            "claiming a batch",
+            store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size),
+        )
+        .await?;
         if rows.is_empty() {
             return Ok(None);
         }
@@ -374,7 +445,12 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let parked = store::settle(conn, &delivered, &rejections, self.config.max_attempts).await?;
+        let parked = lanes::bounded(
+            self.config.database_timeout,
+            "marking a batch",
+            store::settle(conn, &delivered, &rejections, self.config.max_attempts),
+        )
+        .await?;
 
         span.record("published", delivered.len());
         span.record("held", held);
@@ -424,7 +500,8 @@ impl Worker {
     }
 
     async fn refresh_backlog(&self) {
-        match store::backlog(&self.pool).await {
+        let limit = self.config.database_timeout;
+        match lanes::bounded(limit, "measuring the backlog", store::backlog(&self.pool)).await {
             Ok((rows, oldest_age)) => {
                 metrics::gauge!(metric::BACKLOG).set(rows as f64);
                 metrics::gauge!(metric::OLDEST_UNPUBLISHED_AGE).set(oldest_age);
@@ -438,11 +515,22 @@ impl Worker {
         Totals::add(&self.totals.errors, 1);
     }
 
-    /// Sleeps, unless shutdown is requested.
-    async fn pause(&self, duration: Duration) {
-        tokio::select! {
-            () = tokio::time::sleep(duration) => {}
-            () = self.cancel.cancelled() => {}
+    /// Sleeps, unless shutdown is requested, renewing the lease when due
+    /// (a relay pausing after a broker outage keeps its lanes).
+    async fn pause(&mut self, duration: Duration) {
+        let until = tokio::time::Instant::now() + duration;
+        loop {
+            let renew_at = tokio::time::Instant::from(self.lanes.renew_at());
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return,
+                () = self.cancel.cancelled() => return,
+                () = tokio::time::sleep_until(renew_at), if renew_at < until => {
+                    if let Err(error) = self.lanes.renew().await {
+                        tracing::warn!(%error, "outbox relay could not renew its lease");
+                        self.count_error("database");
+                    }
+                }
+            }
         }
     }
 

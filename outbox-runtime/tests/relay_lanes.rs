@@ -1,0 +1,109 @@
+//! Relays sharing a database agree on the lane count: lanes of different
+//! counts cover different keys, so two relays configured with different
+//! `lanes` would both publish some keys, out of order. The second one is
+//! refused with an error naming both counts, its handle reports it, and it
+//! is counted as a failed task; a fleet restarted as a whole may change the
+//! count.
+
+mod relay_support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use outbox_runtime::lifecycle::{Stopped, TASKS_FAILED};
+use outbox_runtime::relay::{Relay, RelayHandle};
+use relay_support::*;
+use sqlx::PgPool;
+
+fn relay(pool: &PgPool, brokers: &str, lanes: u32) -> RelayHandle {
+    Relay::builder(pool.clone(), kafka_config(brokers))
+        .lanes(lanes)
+        .rebalance_interval(Duration::from_millis(200))
+        .spawn()
+        .unwrap()
+}
+
+/// Counters only, by name (labels ignored); this test's runtime is
+/// single-threaded, so a thread-local recorder sees the relay's task.
+#[derive(Default)]
+struct Counters(Mutex<HashMap<String, Arc<AtomicU64>>>);
+
+impl Counters {
+    fn get(&self, name: &str) -> u64 {
+        self.0
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+}
+
+impl Recorder for Counters {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let mut counters = self.0.lock().unwrap();
+        let counter = counters.entry(key.name().to_owned()).or_default();
+        Counter::from_arc(Arc::clone(counter))
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+async fn publish_round(pool: &PgPool, topic: &str, round: i64) {
+    let events: Vec<NewEvent> = (0..50)
+        .map(|k| NewEvent::new(topic, format!("key-{k}"), round))
+        .collect();
+    insert(pool, &events).await;
+    all_published(pool, Duration::from_secs(20)).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_relay_with_another_lane_count_is_refused_naming_both_counts(pool: PgPool) {
+    let counters = Counters::default();
+    let _recorder = metrics::set_default_local_recorder(&counters);
+    migrated(&pool).await;
+    let brokers = brokers();
+    let topic = unique_topic("lanes");
+    create_topic(&brokers, &topic, 2).await;
+
+    let first = relay(&pool, &brokers, 64);
+    publish_round(&pool, &topic, 0).await;
+
+    let second = relay(&pool, &brokers, 32);
+    let stopped = tokio::time::timeout(Duration::from_secs(10), second.stopped())
+        .await
+        .expect("a relay with another lane count must be refused within 10 s");
+    let Stopped::Failed(reason) = stopped else {
+        panic!("refused relay reported {stopped:?}");
+    };
+    println!("refused: {reason}");
+    assert!(
+        reason.contains("32") && reason.contains("64") && reason.contains("lanes"),
+        "the error names both counts: {reason}"
+    );
+    assert!(!second.is_running());
+    assert!(first.is_running());
+    assert_eq!(counters.get(TASKS_FAILED), 1, "counted as a failed task");
+    // The refused relay never took a lane: the first one publishes everything.
+    publish_round(&pool, &topic, 1).await;
+    assert_eq!(second.summary().published, 0);
+    assert_eq!(second.shutdown().await.published, 0);
+    let summary = first.shutdown().await;
+    assert_eq!(summary.published, 100);
+
+    // Once no relay of the old count is left, the fleet may use a new one.
+    let replacement = relay(&pool, &brokers, 32);
+    publish_round(&pool, &topic, 2).await;
+    assert!(replacement.is_running());
+    assert_eq!(replacement.shutdown().await.published, 50);
+    assert_eq!(counters.get(TASKS_FAILED), 1);
+}
