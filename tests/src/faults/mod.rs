@@ -16,5 +16,6 @@ pub mod env;
 pub mod fleet;
 pub mod model;
 pub mod poison;
+pub mod proxy;
 pub mod scenario;
 pub mod topic;
