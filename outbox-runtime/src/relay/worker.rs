@@ -236,7 +236,10 @@ impl Worker {
             let batch = in_flight.pop_front().expect("not empty");
             match self.settle(batch).await {
                 Ok(settled) if settled.outage => {
+                    // Rebalance before claiming again: if other relays can
+                    // reach the broker, this one hands its lanes to them.
                     self.lanes.set_broker_failing(true);
+                    next_rebalance = Instant::now();
                     // The batches behind it will most likely fail too: settle
                     // them before pausing, so nothing stays in flight.
                     if let Err(error) = self.settle_all(&mut in_flight).await {

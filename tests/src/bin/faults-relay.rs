@@ -1,6 +1,8 @@
 //! Fault-injection relay: one `outbox_runtime::relay::Relay` over the source
 //! database, tuned for fast fault recovery (short poll, rebalance and retry
 //! intervals; few attempts before parking). Stops gracefully on SIGTERM.
+//! Lease and database timeout are the relay's defaults unless the scenario
+//! sets them (`FAULTS_RELAY_LEASE_MS`, `FAULTS_RELAY_DATABASE_TIMEOUT_MS`).
 
 use std::time::Duration;
 
@@ -23,7 +25,14 @@ async fn main() {
     if let Ok(debug) = std::env::var("FAULTS_KAFKA_DEBUG") {
         kafka.set("debug", debug);
     }
-    let relay = Relay::builder(pool, kafka)
+    let mut relay = Relay::builder(pool, kafka);
+    if std::env::var_os(env::RELAY_LEASE_MS).is_some() {
+        relay = relay.lease_timeout(env::millis(env::RELAY_LEASE_MS, 10_000));
+    }
+    if std::env::var_os(env::RELAY_DATABASE_TIMEOUT_MS).is_some() {
+        relay = relay.database_timeout(env::millis(env::RELAY_DATABASE_TIMEOUT_MS, 5_000));
+    }
+    let relay = relay
         .batch_size(env::get(env::BATCH, 100))
         .delivery_timeout(env::millis(env::DELIVERY_TIMEOUT_MS, 5_000))
         .poll_interval(Duration::from_millis(50))

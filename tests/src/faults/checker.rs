@@ -110,6 +110,19 @@ pub struct Figures {
     /// From the end of the last fault (and of the load) until everything was
     /// published and applied.
     pub recovery: Duration,
+    /// Liveness figures of a freeze scenario, in seconds from the freeze
+    /// (see [`super::freeze`]).
+    pub liveness: Vec<(String, f64)>,
+}
+
+impl Figures {
+    /// The liveness figure whose name starts with `name`.
+    pub fn liveness(&self, name: &str) -> Option<f64> {
+        self.liveness
+            .iter()
+            .find(|(figure, _)| figure.starts_with(name))
+            .map(|(_, seconds)| *seconds)
+    }
 }
 
 impl fmt::Display for Figures {
@@ -150,6 +163,13 @@ impl fmt::Display for Figures {
             self.parked_healthy,
             self.poison_published
         )?;
+        for (figure, seconds) in &self.liveness {
+            writeln!(
+                f,
+                "[faults] {}: liveness: {figure}: {seconds:.2} s",
+                self.scenario
+            )?;
+        }
         for g in &self.groups {
             writeln!(
                 f,

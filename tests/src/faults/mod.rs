@@ -14,6 +14,7 @@ pub mod checker;
 pub mod db;
 pub mod env;
 pub mod fleet;
+pub mod freeze;
 pub mod model;
 pub mod poison;
 pub mod proxy;
