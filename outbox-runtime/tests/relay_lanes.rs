@@ -107,3 +107,97 @@ async fn a_relay_with_another_lane_count_is_refused_naming_both_counts(pool: PgP
     assert_eq!(replacement.shutdown().await.published, 50);
     assert_eq!(counters.get(TASKS_FAILED), 1);
 }
+
+/// A PgBouncer of the test's own in transaction mode (`pgbouncer` must be
+/// installed; as root it runs as the `postgres` user); stopped on drop.
+struct TransactionPooler {
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl TransactionPooler {
+    fn start(pool_size: u32) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("outbox-pgbouncer-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str| dir.join(name).display().to_string();
+        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
+        std::fs::write(
+            dir.join("pgbouncer.ini"),
+            format!(
+                "[databases]\n* = host=127.0.0.1 port=5432\n[pgbouncer]\n\
+                 listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+                 auth_type = trust\nauth_file = {}\npool_mode = transaction\n\
+                 default_pool_size = {pool_size}\nlogfile = {}\npidfile = {}\n\
+                 ignore_startup_parameters = extra_float_digits,options\n",
+                file("users.txt"),
+                file("pgbouncer.log"),
+                file("pgbouncer.pid"),
+            ),
+        )
+        .unwrap();
+        let status = std::process::Command::new("chown")
+            .args(["-R", "postgres", &dir.display().to_string()])
+            .status();
+        assert!(
+            status.is_ok_and(|s| s.success()),
+            "chown the pooler's directory"
+        );
+        let status = std::process::Command::new("pgbouncer")
+            .args(["-d", "-u", "postgres", &file("pgbouncer.ini")])
+            .status()
+            .expect("pgbouncer installed (apt install pgbouncer)");
+        assert!(status.success());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pgbouncer did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { port, dir }
+    }
+}
+
+impl Drop for TransactionPooler {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pgbouncer.pid")) {
+            let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Behind a transaction-mode pooler the relay's lane locks would belong to
+/// whichever client runs on that server session next: the relay notices
+/// that its connection is not a session of its own and stops with an error
+/// that says so. Two relays through one pooler, two server connections.
+#[sqlx::test(migrations = false)]
+#[ignore = "needs pgbouncer (apt install pgbouncer); run with --ignored"]
+async fn relays_behind_a_transaction_mode_pooler_are_refused(pool: PgPool) {
+    migrated(&pool).await;
+    let pooler = TransactionPooler::start(2);
+    let through_pooler = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_lazy_with((*pool.connect_options()).clone().port(pooler.port));
+    let brokers = brokers();
+    let relays = [
+        relay(&through_pooler, &brokers, 8),
+        relay(&through_pooler, &brokers, 8),
+    ];
+    for relay in &relays {
+        let stopped = tokio::time::timeout(Duration::from_secs(20), relay.stopped())
+            .await
+            .expect("a relay behind a transaction-mode pooler must stop within 20 s");
+        let Stopped::Failed(reason) = stopped else {
+            panic!("{stopped:?}");
+        };
+        println!("stopped: {reason}");
+        assert!(reason.contains("session of its own"), "{reason}");
+    }
+}

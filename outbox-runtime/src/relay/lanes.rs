@@ -175,10 +175,28 @@ impl Lanes {
         }
         let limit = self.database_timeout;
         let result = bounded(limit, "renewing the lease", self.renew_on_connection()).await;
-        if result.is_err() {
+        if let Err(error) = &result {
+            self.note_pooler(error);
             self.reset();
         }
         result
+    }
+
+    /// A dedicated connection never meets someone else's prepared statements
+    /// (PostgreSQL's "prepared statement already exists" / "does not
+    /// exist"): that is a pooler handing statements to other server sessions
+    /// (PgBouncer in transaction or statement mode before 1.21).
+    fn note_pooler(&mut self, error: &sqlx::Error) {
+        let code = match error {
+            sqlx::Error::Database(db) => db.code(),
+            _ => None,
+        };
+        if matches!(code.as_deref(), Some("42P05" | "26000")) && self.fatal.is_none() {
+            self.fatal = Some(RelayError::SharedSession(format!(
+                "its prepared statements are unknown to the server session or exist there \
+                 already: {error}"
+            )));
+        }
     }
 
     async fn renew_on_connection(&mut self) -> sqlx::Result<()> {
@@ -229,7 +247,8 @@ impl Lanes {
             self.rebalance_on_connection(may_release).await
         })
         .await;
-        if result.is_err() {
+        if let Err(error) = &result {
+            self.note_pooler(error);
             self.reset();
         }
         result

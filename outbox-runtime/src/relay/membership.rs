@@ -19,7 +19,7 @@ pub(crate) const LANE_LOCK: i32 = 0x6f62_786c;
 pub(crate) const MEMBER_LOCK: i32 = 0x6f62_786d;
 /// Transaction lock that serializes joins ("obxjoin"), so that two relays
 /// with different lane counts cannot both join before seeing each other.
-const JOIN_LOCK: i64 = 0x6f62_786a_6f69_6e;
+const JOIN_LOCK: i64 = 0x006f_6278_6a6f_696e;
 /// Session variable marking the relay's own session (see [`claim_session`]).
 const SESSION_SETTING: &str = "outbox.relay_session";
 
