@@ -92,6 +92,15 @@ async fn a_relay_with_another_lane_count_is_refused_naming_both_counts(pool: PgP
     );
     assert!(!second.is_running());
     assert!(first.is_running());
+    // `outbox status` shows the fleet: only the first relay, with every lane.
+    let relays = outbox_runtime::ops::status::collect(&pool, 1)
+        .await
+        .unwrap()
+        .relays;
+    assert_eq!(relays.len(), 1, "{relays:?}");
+    assert_eq!((relays[0].lanes, relays[0].lanes_owned), (64, 64));
+    assert!(!relays[0].lease_expired && relays[0].broker_failing_since.is_none());
+    assert_eq!(relays[0].process_id, i64::from(std::process::id()));
     assert_eq!(counters.get(TASKS_FAILED), 1, "counted as a failed task");
     // The refused relay never took a lane: the first one publishes everything.
     publish_round(&pool, &topic, 1).await;

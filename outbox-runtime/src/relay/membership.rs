@@ -319,6 +319,35 @@ pub(crate) async fn census(conn: &mut PgConnection) -> sqlx::Result<(u32, u32)> 
     Ok((members.max(1) as u32, able as u32))
 }
 
+/// The live members, for `outbox status`; empty before migration 0006.
+pub(crate) async fn members(
+    pool: &sqlx::PgPool,
+) -> sqlx::Result<Vec<crate::ops::status::RelayMember>> {
+    let migrated: bool =
+        sqlx::query_scalar("SELECT to_regclass('outbox_relay_member') IS NOT NULL")
+            .fetch_one(pool)
+            .await?;
+    if !migrated {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT m.host, m.process_id, m.backend_pid, m.lanes,
+                (SELECT count(*) FROM pg_locks l
+                 WHERE l.pid = m.backend_pid AND l.locktype = 'advisory' AND l.granted
+                   AND l.objsubid = 2 AND l.classid = 1868724332::oid) AS lanes_owned,
+                EXTRACT(EPOCH FROM clock_timestamp() - m.heartbeat_at)::float8 AS renewed_secs_ago,
+                m.lease_ms / 1000.0::float8 AS lease_secs,
+                m.heartbeat_at < clock_timestamp() - m.lease_ms * interval '1 millisecond'
+                    AS lease_expired,
+                m.broker_failing_since
+         FROM outbox_relay_member m
+         WHERE m.backend_pid IN ({LIVE})
+         ORDER BY m.joined_at"
+    )))
+    .fetch_all(pool)
+    .await
+}
+
 /// Server-side settings of the relay's own connection: how soon PostgreSQL
 /// notices that the relay's host vanished (power loss, partition) when no
 /// other relay ends the session first.

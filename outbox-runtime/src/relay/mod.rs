@@ -53,6 +53,7 @@ pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
 pub use store::{claim_and_mark_without_publishing, configure_connection};
 
 use crate::lifecycle::{Lifecycle, Stopped};
+pub(crate) use membership::members;
 use publish::Publisher;
 pub(crate) use publish::{WireRow, wire_headers};
 use telemetry::Totals;
