@@ -12,8 +12,12 @@
 //! Several relays (in one process or many) can run against one database:
 //! partition keys are hashed into lanes, each owned by one relay at a time
 //! through PostgreSQL advisory locks, so events of one key are published by
-//! one relay, in order. `docs/relay.md` explains the mechanism, failure
-//! handling, metrics and tuning.
+//! one relay, in order. Relays of one database must agree on the lane count
+//! (a relay with another count is refused), and hold leases: a relay whose
+//! connection froze or whose host vanished loses its lanes to the others
+//! within `lease_timeout + 2 x rebalance_interval` (14 s by default; see
+//! [`RelayConfig::lease_timeout`]). `docs/relay.md` explains the mechanism,
+//! failure handling, metrics and tuning.
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
