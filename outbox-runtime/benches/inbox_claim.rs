@@ -23,6 +23,10 @@ const TOPIC: &str = "bench.inbox";
 const HANDLED: &str = "Handled";
 const BATCH: usize = 500;
 
+/// Rows of one part of a shape: how many, their key and their event type
+/// (SQL expressions of the row number `n`).
+type Part<'a> = (usize, &'a str, &'a str);
+
 async fn scratch_database() -> (PgPool, String) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let name = format!("outbox_bench_claim_{}", Uuid::new_v4().simple());
@@ -123,7 +127,12 @@ where
         times.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     times.sort_by(f64::total_cmp);
-    (times[0], times[times.len() / 2], times[times.len() - 1], rows)
+    (
+        times[0],
+        times[times.len() / 2],
+        times[times.len() - 1],
+        rows,
+    )
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -151,11 +160,8 @@ async fn main() {
     );
     let (pool, name) = scratch_database().await;
     let blocked_rows = pending - pending / 100;
-    let shapes: [(&str, Vec<(usize, &str, &str)>); 4] = [
-        (
-            "one key per row",
-            vec![(pending, "'k' || n", "'Handled'")],
-        ),
+    let shapes: [(&str, Vec<Part<'_>>); 4] = [
+        ("one key per row", vec![(pending, "'k' || n", "'Handled'")]),
         (
             "16 hot keys",
             vec![(pending, "'k' || (n % 16)", "'Handled'")],

@@ -55,6 +55,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "inbox_liveness",
         sql: include_str!("../migrations/0005_inbox_liveness.sql"),
     },
+    Migration {
+        version: 6,
+        description: "relay_membership",
+        sql: include_str!("../migrations/0006_relay_membership.sql"),
+    },
 ];
 
 /// Failure to migrate.

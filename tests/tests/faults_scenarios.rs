@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use outbox_tests::faults::checker::Figures;
 use outbox_tests::faults::env;
+use outbox_tests::faults::freeze::FreezeTarget;
 use outbox_tests::faults::scenario::{self, Binaries, Fault, Scenario};
 
 const BINARIES: Binaries = Binaries {
@@ -239,4 +240,120 @@ async fn rolling_deploy_adding_a_handler_parks_nothing() {
     };
     let figures = run_and_check(s).await;
     assert_eq!(figures.consumer_restarts, 0, "{figures}");
+}
+
+/// The harness relays' rebalance interval (`faults-relay`).
+const RELAY_REBALANCE: Duration = Duration::from_millis(300);
+
+/// Asserts that a liveness figure was measured and is within `bound` plus
+/// slack for a loaded 2-core machine.
+fn assert_within(figures: &Figures, name: &str, bound: Duration) {
+    let slack = Duration::from_secs(4);
+    let seconds = figures
+        .liveness(name)
+        .unwrap_or_else(|| panic!("{name}: not measured\n{figures}"));
+    assert!(
+        seconds <= (bound + slack).as_secs_f64(),
+        "{name}: {seconds:.2} s, bound {bound:?} + {slack:?}\n{figures}"
+    );
+}
+
+/// Relay 0's database connections freeze (stop passing data, stay open:
+/// PostgreSQL keeps its session and lanes). The other relay ends the frozen
+/// session when its lease expires and publishes its keys, in order; the
+/// frozen relay gives up its connection after `database_timeout` and comes
+/// back after the thaw. Short mode: lease 3 s; long mode: the defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_database_connection_frozen() {
+    let long = scenario::long_mode();
+    let mut s = Scenario::new("relay_db_freeze", load() + Duration::from_secs(6));
+    let lease = if long {
+        Duration::from_secs(10)
+    } else {
+        s.relay_lease = Some(Duration::from_secs(3));
+        s.relay_database_timeout = Some(Duration::from_millis(1500));
+        Duration::from_secs(3)
+    };
+    s.fault = Fault::Freeze {
+        target: FreezeTarget::RelayDatabase,
+        after: load() / 3,
+        hold: if long {
+            Duration::from_secs(30)
+        } else {
+            lease * 2 + Duration::from_secs(2)
+        },
+    };
+    let bound = lease + RELAY_REBALANCE * 2;
+    scenario::run_and_check_with(&s, &BINARIES, |figures| {
+        assert_within(figures, "the frozen relay's", bound);
+        assert_within(figures, "every key published again", bound);
+    })
+    .await;
+}
+
+/// Relay 0's broker connections freeze (every client reaches the broker
+/// through a proxy, which freezes that process's connections). Its batches
+/// in flight fail by the delivery timeout (the last one enqueued up to one
+/// delivery timeout after the first); it hands its lanes to the relay that
+/// can publish, and takes lanes again after the thaw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_broker_connection_frozen() {
+    let long = scenario::long_mode();
+    let mut s = Scenario::new("relay_broker_freeze", load() + Duration::from_secs(6));
+    s.delivery_timeout = Duration::from_secs(if long { 10 } else { 3 });
+    let hold = if long {
+        Duration::from_secs(30)
+    } else {
+        s.delivery_timeout * 2 + Duration::from_secs(3)
+    };
+    s.fault = Fault::Freeze {
+        target: FreezeTarget::RelayBroker,
+        after: load() / 3,
+        hold,
+    };
+    let bound = s.delivery_timeout * 2 + RELAY_REBALANCE * 2;
+    scenario::run_and_check_with(&s, &BINARIES, |figures| {
+        assert_within(figures, "the frozen relay's", bound);
+        assert_within(figures, "every key published again", bound);
+        assert_within(
+            figures,
+            "the frozen relay holding lanes again",
+            RELAY_REBALANCE * 3,
+        );
+    })
+    .await;
+}
+
+/// In each group, a consumer that holds partitions has its broker
+/// connections frozen. The broker evicts it after `session.timeout.ms` (6 s
+/// in the harness; the frozen consumer's own librdkafka gives its partitions
+/// up at the same moment) and the group's other consumer takes its
+/// partitions after the rebalance (tansu waits 3 s for members to join):
+/// every key is applied again, nothing twice, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_broker_connection_frozen() {
+    let mut s = Scenario::new("consumer_broker_freeze", load() + Duration::from_secs(8));
+    s.dedup_consumers = 2;
+    s.inbox_consumers = 2;
+    let session_timeout = Duration::from_secs(6);
+    let rebalance = Duration::from_secs(3);
+    s.fault = Fault::Freeze {
+        target: FreezeTarget::ConsumersBroker,
+        after: load() / 3,
+        hold: if scenario::long_mode() {
+            Duration::from_secs(30)
+        } else {
+            session_timeout * 2
+        },
+    };
+    scenario::run_and_check_with(&s, &BINARIES, |figures| {
+        for group in ["dedup", "inbox"] {
+            assert_within(
+                figures,
+                &format!("every key applied again by group {group}"),
+                session_timeout + rebalance * 2,
+            );
+        }
+    })
+    .await;
 }

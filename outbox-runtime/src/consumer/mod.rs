@@ -65,10 +65,10 @@ pub use dlq::{
     HEADER_DLQ_TOPIC, HEADER_DLQ_VALUE_DROPPED,
 };
 pub use handler::{EventHandler, EventMeta, HandlerError};
-pub use message::DeadLetterReason;
-pub use outbox_derive::event_handler;
 #[doc(hidden)]
 pub use inbox::claim_once_for_benchmark;
+pub use message::DeadLetterReason;
+pub use outbox_derive::event_handler;
 #[doc(hidden)]
 pub use route::Route;
 pub use run::{Consumer, ConsumerHandle};

@@ -37,6 +37,35 @@ pub struct Status {
     pub inbox_unclaimed: Vec<UnclaimedKeys>,
     /// Size of each framework table.
     pub tables: Vec<TableSize>,
+    /// The relays running against this database (empty before migration 6).
+    pub relays: Vec<RelayMember>,
+}
+
+/// A relay running against the database, from its membership row
+/// (`outbox_relay_member`) and its locks.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct RelayMember {
+    /// The relay's machine.
+    pub host: String,
+    /// The relay's process id on that machine.
+    pub process_id: i64,
+    /// PostgreSQL backend of its own connection.
+    pub backend_pid: i32,
+    /// Its configured lane count (the same for every relay).
+    pub lanes: i32,
+    /// Lanes it owns right now.
+    pub lanes_owned: i64,
+    /// Seconds since it last renewed its lease.
+    pub renewed_secs_ago: f64,
+    /// Its lease: after that long without renewal another relay ends its
+    /// session and takes its lanes.
+    pub lease_secs: f64,
+    /// Whether the lease has expired (frozen or vanished; another relay ends
+    /// its session at its next rebalance, if it may).
+    pub lease_expired: bool,
+    /// Since when its batches fail because it cannot reach the broker (it
+    /// then hands its lanes to relays that can).
+    pub broker_failing_since: Option<DateTime<Utc>>,
 }
 
 /// Counts of one queue table (`outbox_event` or `inbox_event`).
@@ -180,11 +209,13 @@ pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
     for table in ["outbox_event", "inbox_event", "processed_event"] {
         tables.push(table_size(pool, table).await?);
     }
+    let relays = crate::relay::members(pool).await?;
     Ok(Status {
         outbox,
         inbox,
         inbox_unclaimed,
         tables,
+        relays,
     })
 }
 

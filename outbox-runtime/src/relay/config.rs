@@ -57,13 +57,41 @@ pub struct RelayConfig {
     pub error_backoff_max: Duration,
     /// Number of lanes partition keys are hashed into. Each lane is published
     /// by one relay at a time; **every relay on a database must use the same
-    /// value**. Bounds the useful number of relays. Default `64`.
+    /// value**: a relay whose count differs from a running relay's is refused
+    /// (its task ends with [`RelayError::LaneCountMismatch`]); to change the
+    /// count, stop every relay of the database first. Bounds the useful
+    /// number of relays. Default `64`.
     pub lanes: u32,
     /// How often a relay re-checks its lane ownership and the number of live
     /// relays, taking or releasing lanes for a fair share. Default `2 s`.
     pub rebalance_interval: Duration,
     /// How often the backlog gauges are refreshed. Default `10 s`.
     pub metrics_interval: Duration,
+    /// How long a relay may go without renewing its membership before another
+    /// relay ends its database session (`pg_terminate_backend`) and takes its
+    /// lanes. Default `10 s`.
+    ///
+    /// A relay renews its lease on its own connection every
+    /// `min(rebalance_interval, lease_timeout / 3)`, also while it waits for
+    /// the broker. A relay whose host froze or vanished (power loss, network
+    /// partition: the connection stays open, so PostgreSQL keeps its locks)
+    /// therefore loses its lanes within `lease_timeout + 2 x
+    /// rebalance_interval` (14 s by default) while another relay runs. The
+    /// relay's session also gets server-side TCP keepalive derived from this
+    /// value (probes after `lease_timeout` of silence, every `lease_timeout /
+    /// 5`, five of them; `tcp_user_timeout = 2 x lease_timeout`), which ends
+    /// a vanished host's session after about `2 x lease_timeout` even when no
+    /// other relay can end it. Must exceed `database_timeout` plus the
+    /// renewal period. Ending another relay's session needs the same database
+    /// role or `pg_signal_backend`; without it a warning is logged and only
+    /// keepalive applies.
+    pub lease_timeout: Duration,
+    /// The longest the relay waits for any statement (and for connecting) on
+    /// its own connection: claims, marks, lane changes, renewals. After it
+    /// the relay drops the connection with its lanes (its unmarked batches
+    /// are published again by the lanes' next owner) and reconnects. Keeps a
+    /// relay whose connection froze from waiting for hours. Default `5 s`.
+    pub database_timeout: Duration,
     /// Also wake up on PostgreSQL notifications from other processes' commits
     /// (see [`notify`](super::notify): needs the trigger installed with
     /// [`notify::enable`](super::notify::enable) or `outbox notify enable`).
@@ -95,6 +123,8 @@ impl Default for RelayConfig {
             lanes: 64,
             rebalance_interval: Duration::from_secs(2),
             metrics_interval: Duration::from_secs(10),
+            lease_timeout: Duration::from_secs(10),
+            database_timeout: Duration::from_secs(5),
             listen_notify: false,
             shutdown_timeout: Duration::from_secs(45),
             crash_before_mark: false,
@@ -189,6 +219,10 @@ impl RelayBuilder {
         rebalance_interval: Duration;
         /// See [`RelayConfig::metrics_interval`].
         metrics_interval: Duration;
+        /// See [`RelayConfig::lease_timeout`].
+        lease_timeout: Duration;
+        /// See [`RelayConfig::database_timeout`].
+        database_timeout: Duration;
         /// See [`RelayConfig::listen_notify`].
         listen_notify: bool;
         /// See [`RelayConfig::shutdown_timeout`].
@@ -233,6 +267,15 @@ fn validate(config: &RelayConfig) -> Result<(), RelayError> {
     }
     if config.partition_stall_timeout.is_zero() {
         return invalid("partition_stall_timeout must be positive");
+    }
+    if config.database_timeout.is_zero() {
+        return invalid("database_timeout must be positive");
+    }
+    if config.database_timeout + super::lanes::renew_every(config) >= config.lease_timeout {
+        // A healthy relay renews within the renewal period plus one statement.
+        return invalid(
+            "lease_timeout must exceed database_timeout plus min(rebalance_interval, lease_timeout / 3)",
+        );
     }
     Ok(())
 }
@@ -320,6 +363,17 @@ mod tests {
         for shown in ["broker:9092", "sasl.oauthbearer.config", "batch_size: 7"] {
             assert!(printed.contains(shown), "{shown} missing: {printed}");
         }
+    }
+
+    #[test]
+    fn a_lease_shorter_than_a_renewal_plus_a_statement_is_refused() {
+        let mut config = RelayConfig::default();
+        assert!(validate(&config).is_ok());
+        config.lease_timeout = Duration::from_secs(6);
+        let err = validate(&config).unwrap_err().to_string();
+        assert!(err.contains("lease_timeout"), "{err}");
+        config.database_timeout = Duration::from_secs(1);
+        assert!(validate(&config).is_ok(), "1 s + 2 s < 6 s");
     }
 
     #[test]

@@ -2,25 +2,35 @@
 //!
 //! Keys are hashed into `lanes` lanes. A relay owns a lane while it holds the
 //! session-level advisory lock `(LANE_LOCK, lane)` on its dedicated
-//! connection; PostgreSQL releases the lock when that connection ends, so a
-//! relay that dies or loses its connection loses its lanes at once and
-//! another relay takes them over. Because the claim and the mark run on that
-//! same connection, a relay whose connection (and thus ownership) is gone
-//! cannot mark anything and drops its lanes on the first failed statement.
+//! connection; PostgreSQL releases the lock when that session ends, so a
+//! relay that dies or loses its connection loses its lanes and another relay
+//! takes them over. Because the claim and the mark run on that same
+//! connection, a relay whose session (and thus ownership) is gone cannot mark
+//! anything and drops its lanes on the first failed statement.
 //!
-//! Every relay also holds a membership lock `(MEMBER_LOCK, backend pid)`;
-//! counting those in `pg_locks` gives the number of live relays, and each
-//! relay aims at `ceil(lanes / relays)` lanes, releasing extra lanes (only
-//! between batches, when nothing of theirs is in flight) and taking free ones.
+//! Every relay is also a member (see [`membership`](super::membership)):
+//! joining refuses a relay whose lane count differs from a live member's;
+//! the member's lease is renewed at least every `min(rebalance_interval,
+//! lease_timeout / 3)` on the same connection, and a relay ends the session
+//! of a member whose lease has expired (a frozen or vanished host), which
+//! frees its lanes at once. Every statement on the connection is bounded by
+//! `database_timeout`; after it the relay drops the connection and its lanes
+//! itself. Each relay aims at `ceil(lanes / members)` lanes (members that
+//! cannot reach the broker hand theirs to those that can), releasing extra
+//! lanes only between batches, when nothing of theirs is in flight, and
+//! taking free ones.
 
 use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
 
-/// Advisory lock class of lane locks ("obxl").
-const LANE_LOCK: i32 = 0x6f62_786c;
-/// Advisory lock class of relay membership locks ("obxm").
-const MEMBER_LOCK: i32 = 0x6f62_786d;
+use super::RelayError;
+use super::config::RelayConfig;
+use super::membership::{self, Identity, JoinError, LANE_LOCK, Renewal};
+use super::telemetry as metric;
 
 /// What [`Lanes::rebalance`] did.
 #[derive(Debug, PartialEq, Eq)]
@@ -31,25 +41,72 @@ pub(crate) enum Rebalanced {
     MustRelease,
 }
 
-/// The dedicated connection and the lanes locked on it.
+/// The relay's own session: its backend and the mark it set on it.
+#[derive(Debug, Clone, Copy)]
+struct Session {
+    id: Uuid,
+    backend_pid: i32,
+    server_version: u32,
+}
+
+/// The dedicated connection, the membership and the lanes locked on it.
 #[derive(Debug)]
 pub(crate) struct Lanes {
-    lane_count: u32,
+    identity: Identity,
+    database_timeout: Duration,
+    renew_every: Duration,
     conn: Option<PgConnection>,
+    session: Option<Session>,
     owned: BTreeSet<i32>,
+    next_renewal: Instant,
+    broker_failing: bool,
+    /// A reason to stop for good (refused lane count, shared session...),
+    /// taken by the worker at its next turn.
+    fatal: Option<RelayError>,
+}
+
+/// An error standing for "the relay's own connection did not answer in time".
+pub(crate) fn timed_out(limit: Duration, what: &str) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the relay's own database connection did not answer within {limit:?} ({what}); \
+             it is dropped with its lanes"
+        ),
+    ))
+}
+
+/// Runs one operation on the relay's own connection, at most `limit`: a
+/// frozen connection (a partition that keeps the socket open) would
+/// otherwise hang the relay for as long as TCP keeps it.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    operation: impl Future<Output = sqlx::Result<T>>,
+) -> sqlx::Result<T> {
+    match tokio::time::timeout(limit, operation).await {
+        Ok(result) => result,
+        Err(_elapsed) => Err(timed_out(limit, what)),
+    }
 }
 
 impl Lanes {
-    pub(crate) fn new(lane_count: u32) -> Self {
+    pub(crate) fn new(config: &RelayConfig) -> Self {
         Self {
-            lane_count,
+            identity: Identity::new(config.lanes, config.lease_timeout),
+            database_timeout: config.database_timeout,
+            renew_every: renew_every(config),
             conn: None,
+            session: None,
             owned: BTreeSet::new(),
+            next_renewal: Instant::now(),
+            broker_failing: false,
+            fatal: None,
         }
     }
 
     pub(crate) fn lane_count(&self) -> u32 {
-        self.lane_count
+        self.identity.lanes
     }
 
     /// The lanes this relay currently owns, ascending.
@@ -62,15 +119,115 @@ impl Lanes {
         self.conn.as_mut()
     }
 
+    /// The error that must stop the relay, if one happened.
+    pub(crate) fn take_fatal(&mut self) -> Option<RelayError> {
+        self.fatal.take()
+    }
+
+    /// Records whether the relay's batches fail because the broker cannot be
+    /// reached. Such a member hands its lanes to members that can publish
+    /// (at its next rebalance), and others see it at its next renewal.
+    pub(crate) fn set_broker_failing(&mut self, failing: bool) {
+        if failing != self.broker_failing {
+            metrics::gauge!(metric::BROKER_FAILING).set(f64::from(u8::from(failing)));
+            if failing {
+                tracing::warn!(
+                    "outbox relay cannot reach the broker: it hands its lanes to relays \
+                     that can, if there are any"
+                );
+            } else {
+                tracing::info!("outbox relay reaches the broker again");
+            }
+        }
+        self.broker_failing = failing;
+    }
+
+    pub(crate) fn broker_failing(&self) -> bool {
+        self.broker_failing
+    }
+
     /// Forgets the connection (and with it every lane): called after any error
     /// on it, since the session and its locks may be gone.
     pub(crate) fn reset(&mut self) {
         self.owned.clear();
-        // Dropping closes the socket; the server then frees the locks.
+        self.session = None;
+        // Dropping closes the socket; the server then ends the session and
+        // frees the locks (or another relay ends it when the lease expires,
+        // if the socket is frozen).
         self.conn = None;
     }
 
-    /// Connects if needed, then takes or releases lanes towards a fair share.
+    /// When the lease must be renewed next (far ahead while not connected).
+    pub(crate) fn renew_at(&self) -> Instant {
+        if self.conn.is_some() {
+            self.next_renewal
+        } else {
+            Instant::now() + Duration::from_secs(3600)
+        }
+    }
+
+    /// Renews the lease now (a no-op while not connected). The worker calls
+    /// it while it waits for the broker, so that a healthy relay's lease
+    /// never runs out between rebalances. On error the lanes are dropped.
+    pub(crate) async fn renew(&mut self) -> sqlx::Result<()> {
+        if self.conn.is_none() {
+            return Ok(());
+        }
+        let limit = self.database_timeout;
+        let result = bounded(limit, "renewing the lease", self.renew_on_connection()).await;
+        if let Err(error) = &result {
+            self.note_pooler(error);
+            self.reset();
+        }
+        result
+    }
+
+    /// A dedicated connection never meets someone else's prepared statements
+    /// (PostgreSQL's "prepared statement already exists" / "does not
+    /// exist"): that is a pooler handing statements to other server sessions
+    /// (PgBouncer in transaction or statement mode before 1.21).
+    fn note_pooler(&mut self, error: &sqlx::Error) {
+        let code = match error {
+            sqlx::Error::Database(db) => db.code(),
+            _ => None,
+        };
+        if matches!(code.as_deref(), Some("42P05" | "26000")) && self.fatal.is_none() {
+            self.fatal = Some(RelayError::SharedSession(format!(
+                "its prepared statements are unknown to the server session or exist there \
+                 already: {error}"
+            )));
+        }
+    }
+
+    async fn renew_on_connection(&mut self) -> sqlx::Result<()> {
+        let (Some(conn), Some(session)) = (self.conn.as_mut(), self.session) else {
+            return Ok(());
+        };
+        let renewal =
+            membership::renew(conn, session.id, session.backend_pid, self.broker_failing).await?;
+        match renewal {
+            Renewal::Renewed => {
+                self.next_renewal = Instant::now() + self.renew_every;
+                Ok(())
+            }
+            Renewal::RowGone => Err(sqlx::Error::Protocol(
+                "the relay's membership row was removed; joining again".into(),
+            )),
+            Renewal::SharedSession(detail) => {
+                Err(self.stop_for_good(RelayError::SharedSession(detail)))
+            }
+        }
+    }
+
+    fn stop_for_good(&mut self, error: RelayError) -> sqlx::Error {
+        let text = error.to_string();
+        self.fatal = Some(error);
+        sqlx::Error::Protocol(text)
+    }
+
+    /// Connects and joins if needed, renews the lease, ends the sessions of
+    /// members whose lease expired, then takes or releases lanes towards a
+    /// fair share.
     ///
     /// Releasing a lane is only safe while none of this relay's batches is in
     /// flight (its next owner could overtake them): with `may_release` false,
@@ -81,35 +238,78 @@ impl Lanes {
         pool: &PgPool,
         may_release: bool,
     ) -> sqlx::Result<Rebalanced> {
-        if self.conn.is_none() {
-            let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
-            super::store::configure_connection(&mut conn).await?;
-            sqlx::query("SELECT pg_advisory_lock($1, pg_backend_pid())")
-                .bind(MEMBER_LOCK)
-                .execute(&mut conn)
-                .await?;
-            self.conn = Some(conn);
-        }
-        let result = self.rebalance_on_connection(may_release).await;
-        if result.is_err() {
+        let limit = self.database_timeout;
+        let result = bounded(limit, "lane rebalance", async {
+            if self.conn.is_none() {
+                self.join(pool).await?;
+            }
+            self.renew_on_connection().await?;
+            self.rebalance_on_connection(may_release).await
+        })
+        .await;
+        if let Err(error) = &result {
+            self.note_pooler(error);
             self.reset();
         }
         result
     }
 
+    async fn join(&mut self, pool: &PgPool) -> sqlx::Result<()> {
+        let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
+        let server_version = conn.server_version_num().unwrap_or(0);
+        super::store::configure_connection(&mut conn).await?;
+        membership::configure_keepalive(&mut conn, self.identity.lease, server_version).await?;
+        let joined = async {
+            let (id, backend_pid) = membership::claim_session(&mut conn).await?;
+            membership::join(&mut conn, id, &self.identity).await?;
+            Ok::<_, JoinError>((id, backend_pid))
+        }
+        .await;
+        let (id, backend_pid) = match joined {
+            Ok(joined) => joined,
+            Err(JoinError::Database(error)) => return Err(error),
+            Err(JoinError::LaneCount(member)) => {
+                return Err(self.stop_for_good(RelayError::LaneCountMismatch {
+                    configured: self.identity.lanes,
+                    running: member.lanes as u32,
+                    member: member.to_string(),
+                }));
+            }
+            Err(JoinError::SharedSession(detail)) => {
+                return Err(self.stop_for_good(RelayError::SharedSession(detail)));
+            }
+            Err(JoinError::NotMigrated) => return Err(self.stop_for_good(RelayError::NotMigrated)),
+        };
+        self.session = Some(Session {
+            id,
+            backend_pid,
+            server_version,
+        });
+        self.conn = Some(conn);
+        Ok(())
+    }
+
     async fn rebalance_on_connection(&mut self, may_release: bool) -> sqlx::Result<Rebalanced> {
         let conn = self.conn.as_mut().expect("connected above");
-        let (members, me): (i64, i32) = sqlx::query_as(
-            "SELECT count(*), pg_backend_pid() FROM pg_locks
-             WHERE locktype = 'advisory' AND granted AND objsubid = 2
-               AND classid = $1::int::oid
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        )
-        .bind(MEMBER_LOCK)
-        .fetch_one(&mut *conn)
-        .await?;
-        let members = members.max(1) as u32;
-        let target = self.lane_count.div_ceil(members) as usize;
+        let session = self.session.expect("joined with the connection");
+        for ended in membership::evict_expired(conn, session.server_version).await? {
+            metrics::counter!(metric::MEMBERS_EVICTED).increment(1);
+            tracing::warn!(
+                member = %ended.member,
+                silent_for_s = format!("{:.1}", ended.silent_for),
+                "outbox relay ended the session of a relay whose lease expired \
+                 (frozen or vanished); its lanes are free for the others"
+            );
+        }
+        let (members, able) = membership::census(conn).await?;
+        let lane_count = self.identity.lanes;
+        let target = match (self.broker_failing, able) {
+            // Someone can publish: leave the lanes to them.
+            (true, 1..) => 0,
+            // Nobody can: moving lanes would not help.
+            (true, 0) => lane_count.div_ceil(members),
+            (false, _) => lane_count.div_ceil(able.max(1)),
+        } as usize;
 
         if self.owned.len() > target && !may_release {
             return Ok(Rebalanced::MustRelease);
@@ -126,12 +326,12 @@ impl Lanes {
         if self.owned.len() < target {
             // Start at a pid-dependent lane so relays starting together try
             // different lanes first instead of all racing for lane 0.
-            let start = me.unsigned_abs() % self.lane_count;
-            for step in 0..self.lane_count {
+            let start = session.backend_pid.unsigned_abs() % lane_count;
+            for step in 0..lane_count {
                 if self.owned.len() >= target {
                     break;
                 }
-                let lane = ((start + step) % self.lane_count) as i32;
+                let lane = ((start + step) % lane_count) as i32;
                 if self.owned.contains(&lane) {
                     continue;
                 }
@@ -149,11 +349,25 @@ impl Lanes {
     }
 
     /// Releases every lane and the membership (graceful shutdown), so other
-    /// relays can take over without waiting for the connection to time out.
+    /// relays can take over without waiting for the lease to expire.
     pub(crate) async fn release(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            let _ = conn.close().await;
+        if let Some(mut conn) = self.conn.take() {
+            let limit = self.database_timeout;
+            let _ = bounded(limit, "leaving", async move {
+                sqlx::query("DELETE FROM outbox_relay_member WHERE backend_pid = pg_backend_pid()")
+                    .execute(&mut conn)
+                    .await?;
+                conn.close().await
+            })
+            .await;
         }
+        self.session = None;
         self.owned.clear();
     }
+}
+
+/// How often the lease is renewed: every rebalance, and at least three times
+/// per lease.
+pub(crate) fn renew_every(config: &RelayConfig) -> Duration {
+    config.rebalance_interval.min(config.lease_timeout / 3)
 }

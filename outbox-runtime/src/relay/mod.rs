@@ -12,8 +12,12 @@
 //! Several relays (in one process or many) can run against one database:
 //! partition keys are hashed into lanes, each owned by one relay at a time
 //! through PostgreSQL advisory locks, so events of one key are published by
-//! one relay, in order. `docs/relay.md` explains the mechanism, failure
-//! handling, metrics and tuning.
+//! one relay, in order. Relays of one database must agree on the lane count
+//! (a relay with another count is refused), and hold leases: a relay whose
+//! connection froze or whose host vanished loses its lanes to the others
+//! within `lease_timeout + 2 x rebalance_interval` (14 s by default; see
+//! [`RelayConfig::lease_timeout`]). `docs/relay.md` explains the mechanism,
+//! failure handling, metrics and tuning.
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -31,6 +35,7 @@
 mod config;
 mod flight;
 mod lanes;
+mod membership;
 pub mod notify;
 mod partitioner;
 mod partitions;
@@ -56,6 +61,7 @@ pub use store::{claim_and_mark_without_publishing, configure_connection};
 
 use crate::lifecycle::{Lifecycle, Stopped};
 use flight::Flight;
+pub(crate) use membership::members;
 use partitions::Partitions;
 use publish::Publisher;
 pub(crate) use publish::{WireRow, wire_headers};
@@ -108,7 +114,7 @@ impl Relay {
         });
         let worker = Worker {
             pool,
-            lanes: lanes::Lanes::new(config.lanes),
+            lanes: lanes::Lanes::new(&config),
             config,
             publisher,
             totals: Arc::clone(&totals),
@@ -280,4 +286,38 @@ pub enum RelayError {
     /// librdkafka refused the configuration.
     #[error("could not create the relay's kafka producer: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// Another relay runs against the same database with a different
+    /// [`RelayConfig::lanes`]. Lanes of different counts cover different
+    /// keys, so both relays would publish some keys, out of order: the relay
+    /// that joins last is refused (its task ends with this error).
+    #[error(
+        "this relay is configured with {configured} lanes, but the relay {member} runs \
+         against the same database with {running} lanes; every relay of a database must \
+         use the same `lanes` (per-key order): configure {running}, or stop every relay \
+         to change the count"
+    )]
+    LaneCountMismatch {
+        /// This relay's lane count.
+        configured: u32,
+        /// The running relay's lane count.
+        running: u32,
+        /// The running relay: process, host and backend pid.
+        member: String,
+    },
+    /// The relay's own connection is not a database session of its own: its
+    /// lanes are session-level advisory locks, which a transaction-mode
+    /// connection pooler hands to other clients.
+    #[error(
+        "the relay's own database connection is not a session of its own ({0}); its lanes \
+         are session-level advisory locks, which a transaction-mode pooler (PgBouncer \
+         pool_mode=transaction) hands to other clients: give the relay a pool that \
+         connects to PostgreSQL directly or through a session-mode pool"
+    )]
+    SharedSession(String),
+    /// The relay membership table (migration 0006) does not exist.
+    #[error(
+        "the relay membership table outbox_relay_member is missing: apply the outbox \
+         migrations (`outbox migrate` or outbox_runtime::migrations::run)"
+    )]
+    NotMigrated,
 }

@@ -80,6 +80,21 @@ impl Publisher {
         Ok(())
     }
 
+    /// Whether the broker answers a metadata request within `timeout`: how a
+    /// relay that handed its lanes over during an outage learns that it can
+    /// publish again.
+    pub(crate) async fn reachable(&self, timeout: Duration) -> bool {
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, timeout)
+                .is_ok_and(|metadata| !metadata.brokers().is_empty())
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     /// Hands one row to the producer and returns its delivery report to be.
     /// While librdkafka's queue is full it waits (its own thread drains it),
     /// until `deadline`.

@@ -28,6 +28,12 @@ pub const HELD_BACK: &str = "outbox_relay_held_back_total";
 /// Gauge: rows sent whose delivery report is late (after their batch was
 /// settled without them), typically rows of a partition whose leader is down.
 pub const STRAGGLING: &str = "outbox_relay_straggling_rows";
+/// Counter: sessions of other relays this relay ended because their lease
+/// had expired (a frozen or vanished relay; its lanes were taken over).
+pub const MEMBERS_EVICTED: &str = "outbox_relay_members_evicted_total";
+/// Gauge: 1 while this relay's batches fail because the broker cannot be
+/// reached (it then hands its lanes to relays that can publish), else 0.
+pub const BROKER_FAILING: &str = "outbox_relay_broker_failing";
 
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);

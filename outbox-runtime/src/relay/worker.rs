@@ -13,7 +13,7 @@ use tracing::{Instrument, Span, field};
 
 use super::config::RelayConfig;
 use super::flight::{Batch, Enqueued, Flight, Resolved};
-use super::lanes::{Lanes, Rebalanced};
+use super::lanes::{self, Lanes, Rebalanced};
 use super::partitions::{Partitions, Route, Tp};
 use super::publish::{Outcome, Publisher};
 use super::store::{self, ClaimedRow, Retry};
@@ -119,9 +119,16 @@ impl Worker {
         let mut next_rebalance = Instant::now();
         let mut next_metrics = Instant::now();
         while !self.cancel.is_cancelled() {
+            if let Some(fatal) = self.lanes.take_fatal() {
+                // Refused by the fleet or by the database set-up: retrying
+                // cannot help, the service must be reconfigured.
+                self.lanes.reset();
+                return Err(fatal);
+            }
             let now = Instant::now();
             if now >= next_rebalance {
                 next_rebalance = now + self.config.rebalance_interval;
+                self.probe_broker_if_failing().await;
                 let mut result = self
                     .lanes
                     .rebalance(&self.pool, self.flight.is_empty())
@@ -138,6 +145,10 @@ impl Worker {
                 }
                 if let Err(error) = result {
                     self.forget_in_flight(); // the lane connection is gone: they cannot be marked
+                    if let Some(fatal) = self.lanes.take_fatal() {
+                        self.lanes.reset();
+                        return Err(fatal);
+                    }
                     tracing::warn!(%error, "outbox relay could not take its lanes");
                     self.count_error("database");
                     failures += 1;
@@ -204,6 +215,10 @@ impl Worker {
                 .await
             {
                 Ok(progress) if progress.outage => {
+                    // Rebalance before claiming again: if other relays can
+                    // reach the broker, this one hands its lanes to them.
+                    self.lanes.set_broker_failing(true);
+                    next_rebalance = Instant::now();
                     // The batches behind it will most likely fail too: settle
                     // them before pausing, so nothing stays in flight.
                     if let Err(error) = self.settle_all().await {
@@ -227,6 +242,7 @@ impl Worker {
                 Ok(progress) => {
                     if progress.answered {
                         failures = 0;
+                        self.lanes.set_broker_failing(false);
                     }
                 }
                 Err(error) => {
@@ -259,12 +275,18 @@ impl Worker {
                 .next_timer(self.config.partition_stall_timeout)
                 .map_or(until, |at| at.min(until));
             let awaits_reports = self.flight.awaits_reports();
+            let renew_at = self.lanes.renew_at();
             let woken = tokio::select! {
                 // Settle delivered rows first: they are published only once
                 // marked, and settling unblocks the keys they hold.
                 biased;
                 () = self.flight.next_reports(&mut self.partitions), if awaits_reports => false,
                 () = tokio::time::sleep_until(timer.into()) => false,
+                // A slow broker must not let the lease expire.
+                () = tokio::time::sleep_until(renew_at.into()) => {
+                    self.lanes.renew().await?;
+                    false
+                }
                 () = self.wakeup.committed(), if room => true,
                 () = tokio::time::sleep_until(poll_at.unwrap_or(until).into()), if room && poll_at.is_some() => true,
                 () = self.cancel.cancelled() => true,
@@ -349,11 +371,19 @@ impl Worker {
         while !self.flight.is_empty() {
             let timer = self.flight.next_timer(self.config.partition_stall_timeout);
             let awaits_reports = self.flight.awaits_reports();
-            tokio::select! {
+            let renew_at = self.lanes.renew_at();
+            // Renew the lease while waiting: late rows take up to
+            // `delivery_timeout`.
+            let renew = tokio::select! {
                 biased;
-                () = self.flight.next_reports(&mut self.partitions), if awaits_reports => {}
-                () = tokio::time::sleep_until(timer.unwrap_or_else(Instant::now).into()), if timer.is_some() => {}
-                else => {}
+                () = self.flight.next_reports(&mut self.partitions), if awaits_reports => false,
+                () = tokio::time::sleep_until(timer.unwrap_or_else(Instant::now).into()), if timer.is_some() => false,
+                () = tokio::time::sleep_until(renew_at.into()), if awaits_reports || timer.is_some() => true,
+                else => false,
+            };
+            if renew && let Err(error) = self.lanes.renew().await {
+                self.forget_in_flight();
+                return Err(error.into());
             }
             if let Err(error) = self.process_flight().await {
                 self.forget_in_flight();
@@ -361,6 +391,22 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// While the relay cannot reach the broker and has handed its lanes
+    /// over, asks the broker for metadata once per rebalance; an answer
+    /// makes it a candidate for lanes again.
+    async fn probe_broker_if_failing(&mut self) {
+        if !self.lanes.broker_failing() || !self.lanes.owned().is_empty() {
+            return;
+        }
+        let timeout = self
+            .config
+            .rebalance_interval
+            .min(self.config.database_timeout);
+        if self.publisher.reachable(timeout).await {
+            self.lanes.set_broker_failing(false);
+        }
     }
 
     /// Drops everything in flight (its connection is gone: it is published
@@ -402,7 +448,12 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        store::release_held(conn, &ids).await?;
+        lanes::bounded(
+            self.config.database_timeout,
+            "releasing held-back rows",
+            store::release_held(conn, &ids),
+        )
+        .await?;
         Ok(())
     }
 
@@ -418,7 +469,12 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let rows = store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size).await?;
+        let rows = lanes::bounded(
+            self.config.database_timeout,
+            "claiming a batch",
+            store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size),
+        )
+        .await?;
         if rows.is_empty() {
             return Ok(0);
         }
@@ -592,8 +648,12 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let settlement =
-            store::settle(conn, &delivered, &retries, self.config.max_attempts).await?;
+        let settlement = lanes::bounded(
+            self.config.database_timeout,
+            "marking a batch",
+            store::settle(conn, &delivered, &retries, self.config.max_attempts),
+        )
+        .await?;
         let parked = settlement.parked;
         self.log_unrecordable(&settlement.unrecordable);
 
@@ -669,8 +729,12 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let settlement =
-            store::settle(conn, &delivered, &retries, self.config.max_attempts).await?;
+        let settlement = lanes::bounded(
+            self.config.database_timeout,
+            "marking a batch",
+            store::settle(conn, &delivered, &retries, self.config.max_attempts),
+        )
+        .await?;
         self.log_unrecordable(&settlement.unrecordable);
         Totals::add(&self.totals.published, delivered.len() as u64);
         Totals::add(&self.totals.parked, settlement.parked);
@@ -727,7 +791,8 @@ impl Worker {
     }
 
     async fn refresh_backlog(&self) {
-        match store::backlog(&self.pool).await {
+        let limit = self.config.database_timeout;
+        match lanes::bounded(limit, "measuring the backlog", store::backlog(&self.pool)).await {
             Ok((rows, oldest_age)) => {
                 metrics::gauge!(metric::BACKLOG).set(rows as f64);
                 metrics::gauge!(metric::OLDEST_UNPUBLISHED_AGE).set(oldest_age);
@@ -741,11 +806,22 @@ impl Worker {
         Totals::add(&self.totals.errors, 1);
     }
 
-    /// Sleeps, unless shutdown is requested.
-    async fn pause(&self, duration: Duration) {
-        tokio::select! {
-            () = tokio::time::sleep(duration) => {}
-            () = self.cancel.cancelled() => {}
+    /// Sleeps, unless shutdown is requested, renewing the lease when due
+    /// (a relay pausing after a broker outage keeps its lanes).
+    async fn pause(&mut self, duration: Duration) {
+        let until = tokio::time::Instant::now() + duration;
+        loop {
+            let renew_at = tokio::time::Instant::from(self.lanes.renew_at());
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return,
+                () = self.cancel.cancelled() => return,
+                () = tokio::time::sleep_until(renew_at), if renew_at < until => {
+                    if let Err(error) = self.lanes.renew().await {
+                        tracing::warn!(%error, "outbox relay could not renew its lease");
+                        self.count_error("database");
+                    }
+                }
+            }
         }
     }
 

@@ -1,6 +1,8 @@
 //! Fault-injection relay: one `outbox_runtime::relay::Relay` over the source
 //! database, tuned for fast fault recovery (short poll, rebalance and retry
 //! intervals; few attempts before parking). Stops gracefully on SIGTERM.
+//! Lease and database timeout are the relay's defaults unless the scenario
+//! sets them (`FAULTS_RELAY_LEASE_MS`, `FAULTS_RELAY_DATABASE_TIMEOUT_MS`).
 
 use std::time::Duration;
 
@@ -29,6 +31,12 @@ async fn main() {
             .parse()
             .expect("FAULTS_STALL_TIMEOUT_MS in milliseconds");
         builder = builder.partition_stall_timeout(Duration::from_millis(ms));
+    }
+    if std::env::var_os(env::RELAY_LEASE_MS).is_some() {
+        builder = builder.lease_timeout(env::millis(env::RELAY_LEASE_MS, 10_000));
+    }
+    if std::env::var_os(env::RELAY_DATABASE_TIMEOUT_MS).is_some() {
+        builder = builder.database_timeout(env::millis(env::RELAY_DATABASE_TIMEOUT_MS, 5_000));
     }
     let relay = builder
         .batch_size(env::get(env::BATCH, 100))

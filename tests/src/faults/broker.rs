@@ -1,7 +1,8 @@
 //! The scenario's own brokers: a tansu broker on a free port, that can be
 //! stopped and restarted (memory storage: a restart loses every topic and
-//! record), or librdkafka's mock cluster of several brokers, one of which can
-//! be taken down and brought back (its partitions keep their records).
+//! record), optionally behind a freezing [`Proxy`]; or librdkafka's mock
+//! cluster of several brokers, one of which can be taken down and brought
+//! back (its partitions keep their records).
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -15,6 +16,7 @@ use rdkafka::mocking::{MockCluster, MockCoordinator};
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::model::{DLQ_TOPIC, TOPIC};
+use super::proxy::Proxy;
 
 /// The brokers a scenario runs against.
 #[derive(Debug)]
@@ -33,6 +35,14 @@ impl Cluster {
             Self::Mock(mock) => mock.address().to_owned(),
         }
     }
+
+    /// The freezing proxy in front of a tansu broker, if it has one.
+    pub fn proxy(&self) -> Option<&Proxy> {
+        match self {
+            Self::Tansu(broker) => broker.proxy(),
+            Self::Mock(_) => None,
+        }
+    }
 }
 
 /// The broker process; killed on drop.
@@ -41,29 +51,56 @@ pub struct Broker {
     port: u16,
     partitions: i32,
     child: Option<Child>,
+    proxy: Option<Proxy>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("bound")
+        .port()
 }
 
 impl Broker {
     /// Starts a broker on a free port and creates the workload's topics with
     /// `partitions` partitions (the dead-letter topic gets one).
     pub async fn start(partitions: i32) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .expect("free port")
-            .local_addr()
-            .expect("bound")
-            .port();
         let mut broker = Self {
-            port,
+            port: free_port(),
             partitions,
             child: None,
+            proxy: None,
         };
         broker.restart().await;
         broker
     }
 
-    /// `host:port` for `bootstrap.servers`.
+    /// Like [`start`](Self::start), behind a [`Proxy`] whose address the
+    /// broker advertises, so that every client (after bootstrap too) goes
+    /// through it and the proxy can freeze one process's connections.
+    pub async fn start_behind_proxy(partitions: i32) -> Self {
+        let port = free_port();
+        let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await;
+        let mut broker = Self {
+            port,
+            partitions,
+            child: None,
+            proxy: Some(proxy),
+        };
+        broker.restart().await;
+        broker
+    }
+
+    /// The proxy in front of the broker, if it has one.
+    pub fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
+    }
+
+    /// `host:port` for `bootstrap.servers` (the proxy's, if there is one).
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        let port = self.proxy.as_ref().map_or(self.port, Proxy::port);
+        format!("127.0.0.1:{port}")
     }
 
     /// Kills the broker (SIGKILL).
@@ -84,9 +121,10 @@ impl Broker {
             )
         });
         let url = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = format!("tcp://{}", self.address());
         let child = Command::new(bin)
             .args(["broker", "--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
+            .args(["--advertised-listener-url", &advertised])
             .args(["--storage-engine", "memory://tansu/"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

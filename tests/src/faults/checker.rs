@@ -117,8 +117,11 @@ pub struct Figures {
     /// Blocked-key scenario: the longest commit-to-apply wait of an event of
     /// a healthy key committed while the key was blocked.
     pub healthy_wait_max: Option<Duration>,
-    /// The liveness figures of the scenario, one line each.
-    pub liveness: Vec<String>,
+    /// The consumer-side liveness figures of the scenario, one line each.
+    pub notes: Vec<String>,
+    /// Liveness figures of a freeze scenario, in seconds from the freeze
+    /// (see [`super::freeze`]).
+    pub liveness: Vec<(String, f64)>,
     /// A partial broker outage's figures (scenario `partial_broker_outage`).
     pub outage: Option<OutageFigures>,
 }
@@ -144,6 +147,16 @@ pub struct OutageFigures {
     /// Events of its partitions published while it was down, from its first
     /// second on (must be 0: nothing can reach them).
     pub down_published: usize,
+}
+
+impl Figures {
+    /// The liveness figure whose name starts with `name`.
+    pub fn liveness(&self, name: &str) -> Option<f64> {
+        self.liveness
+            .iter()
+            .find(|(figure, _)| figure.starts_with(name))
+            .map(|(_, seconds)| *seconds)
+    }
 }
 
 impl fmt::Display for Figures {
@@ -202,6 +215,13 @@ impl fmt::Display for Figures {
                 o.down_published
             )?;
         }
+        for (figure, seconds) in &self.liveness {
+            writeln!(
+                f,
+                "[faults] {}: liveness: {figure}: {seconds:.2} s",
+                self.scenario
+            )?;
+        }
         for g in &self.groups {
             writeln!(
                 f,
@@ -221,7 +241,7 @@ impl fmt::Display for Figures {
                 g.dead_lettered_events
             )?;
         }
-        for line in &self.liveness {
+        for line in &self.notes {
             writeln!(f, "[faults] {}: {line}", self.scenario)?;
         }
         Ok(())

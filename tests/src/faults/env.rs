@@ -31,6 +31,12 @@ pub const BATCH: &str = "FAULTS_BATCH";
 pub const DELIVERY_TIMEOUT_MS: &str = "FAULTS_DELIVERY_TIMEOUT_MS";
 /// Relay `partition_stall_timeout`, in milliseconds (unset: the relay's default).
 pub const STALL_TIMEOUT_MS: &str = "FAULTS_STALL_TIMEOUT_MS";
+/// Relay lease timeout, in milliseconds (unset: the relay's default).
+pub const RELAY_LEASE_MS: &str = "FAULTS_RELAY_LEASE_MS";
+/// Relay database timeout, in milliseconds (unset: the relay's default).
+pub const RELAY_DATABASE_TIMEOUT_MS: &str = "FAULTS_RELAY_DATABASE_TIMEOUT_MS";
+/// Set by hand: keep the databases and logs of scenarios that passed.
+pub const KEEP: &str = "FAULTS_KEEP";
 /// Set by hand: overrides every scenario's relay delivery timeout (ms).
 pub const RELAY_TIMEOUT_OVERRIDE_MS: &str = "FAULTS_RELAY_TIMEOUT_MS";
 /// Set by hand: `0` runs the consumers without re-reading offset gaps.

@@ -52,6 +52,20 @@ impl Member {
         self.starts += 1;
     }
 
+    /// The consumer group it was started with (consumers).
+    pub fn group(&self) -> Option<&str> {
+        self.env
+            .iter()
+            .rev()
+            .find(|(name, _)| name == env::GROUP)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
         self.child

@@ -118,7 +118,7 @@ pub async fn blocked_key(
             .unwrap_or_default()
             .max(Duration::from_secs_f64(max / 1000.0)),
     );
-    figures.liveness.push(format!(
+    figures.notes.push(format!(
         "group {group}: key {blocked} blocked for {:.1}s with {} events committed meanwhile; \
          {} events of healthy keys committed meanwhile waited p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; \
          the blocked key caught up {:.1}s after it was unblocked \
@@ -150,7 +150,7 @@ pub async fn rolling_deploy(dbs: &Databases, deployed_at: DateTime<Utc>, figures
     .fetch_one(&dbs.receiver)
     .await
     .expect("read inbox");
-    figures.liveness.push(format!(
+    figures.notes.push(format!(
         "rolling deploy: {waited} LedgerNote rows received before the new version started \
          waited for it (longest {:.1}s); rows parked: {parked}",
         longest.unwrap_or(0.0)

@@ -15,9 +15,11 @@ use super::checker::{self, Expect, Figures, OutageFigures};
 use super::db::Databases;
 use super::env;
 use super::fleet::{Fleet, Role};
+use super::freeze::{Freeze, FreezeTarget};
 use super::liveness;
 use super::model::{DLQ_TOPIC, TOPIC};
 use super::poison::{self, POISON_HEADER};
+use super::proxy::Proxy;
 use super::topic;
 
 /// The fault a scenario injects while the writers run.
@@ -97,6 +99,16 @@ pub enum Fault {
         /// Between two old consumers' stops.
         gap: Duration,
     },
+    /// Freeze (not close) the connections of `target` `after` into the load,
+    /// for `hold` (see [`super::freeze`]).
+    Freeze {
+        /// Whose connections.
+        target: FreezeTarget,
+        /// When.
+        after: Duration,
+        /// How long.
+        hold: Duration,
+    },
 }
 
 /// One scenario's shape.
@@ -154,6 +166,10 @@ pub struct Scenario {
     pub consumer_env: Vec<(&'static str, String)>,
     /// Extra settings for every writer process.
     pub writer_env: Vec<(&'static str, String)>,
+    /// The relays' `lease_timeout` (`None`: the relay's default, 10 s).
+    pub relay_lease: Option<Duration>,
+    /// The relays' `database_timeout` (`None`: the relay's default, 5 s).
+    pub relay_database_timeout: Option<Duration>,
 }
 
 impl Scenario {
@@ -187,6 +203,8 @@ impl Scenario {
             settle_timeout: Duration::from_secs(90),
             consumer_env: Vec::new(),
             writer_env: Vec::new(),
+            relay_lease: None,
+            relay_database_timeout: None,
         }
     }
 }
@@ -341,13 +359,27 @@ fn restart_postgres() {
 /// checked by the caller with [`Figures::assert_sound`].
 pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Leftovers) {
     let dbs = Databases::create(scenario.name, scenario.keys).await;
-    let mut cluster = match scenario.mock_brokers {
-        Some(count) => Cluster::Mock(MockBrokers::start(
+    let freeze_target = match scenario.fault {
+        Fault::Freeze { target, .. } => Some(target),
+        _ => None,
+    };
+    let mut cluster = match (scenario.mock_brokers, freeze_target) {
+        (Some(count), _) => Cluster::Mock(MockBrokers::start(
             count,
             scenario.partitions,
             &["dedup", "inbox"],
         )),
-        None => Cluster::Tansu(Broker::start(scenario.partitions).await),
+        (None, Some(FreezeTarget::RelayBroker | FreezeTarget::ConsumersBroker)) => {
+            Cluster::Tansu(Broker::start_behind_proxy(scenario.partitions).await)
+        }
+        (None, _) => Cluster::Tansu(Broker::start(scenario.partitions).await),
+    };
+    // Relay 0 reaches the database through a proxy of its own.
+    let db_proxy = match freeze_target {
+        Some(FreezeTarget::RelayDatabase) => {
+            Some(Proxy::start(database_address(&dbs.source_url)).await)
+        }
+        _ => None,
     };
     let brokers = cluster.address();
     let load_end = Instant::now() + scenario.load;
@@ -384,6 +416,17 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             env::STALL_TIMEOUT_MS.to_owned(),
             stall.as_millis().to_string(),
         ));
+    }
+    for (name, value) in [
+        (env::RELAY_LEASE_MS, scenario.relay_lease),
+        (
+            env::RELAY_DATABASE_TIMEOUT_MS,
+            scenario.relay_database_timeout,
+        ),
+    ] {
+        if let Some(value) = value {
+            common.push((name.to_owned(), value.as_millis().to_string()));
+        }
     }
     let logs = log_dir(scenario.name);
     let mut fleet = Fleet::new(logs.clone(), common);
@@ -432,8 +475,12 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             groups.push((mode.to_owned(), mode == "inbox"));
         }
     }
-    for _ in 0..scenario.relays {
-        fleet.start(Role::Relay, bins.relay, &[]);
+    for n in 0..scenario.relays {
+        let through_proxy = db_proxy
+            .as_ref()
+            .filter(|_| n == 0)
+            .map(|proxy| (env::SOURCE_URL, with_port(&dbs.source_url, proxy.port())));
+        fleet.start(Role::Relay, bins.relay, through_proxy.as_slice());
     }
     for _ in 0..scenario.writers {
         fleet.start(Role::Writer, bins.writer, &scenario.writer_env);
@@ -451,13 +498,15 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             | Fault::KillWriters { every } => every,
             Fault::BrokerOutage { after, .. }
             | Fault::BrokerDown { after, .. }
-            | Fault::PostgresRestart { after } => after,
+            | Fault::PostgresRestart { after }
+            | Fault::Freeze { after, .. } => after,
             Fault::RollingDeploy { at, .. } => at,
             Fault::None | Fault::BlockedKey { .. } | Fault::HandlerPanics { .. } => {
                 scenario.load * 2
             }
         };
     let mut deployed_at: Option<DateTime<Utc>> = None;
+    let mut freeze: Option<Freeze> = None;
     let mut broker_lost_before: Option<DateTime<Utc>> = None;
     let mut broker_down: Option<BrokerDown> = None;
     let mut poison_done = scenario.poison_inbound == 0 && scenario.poison_outbox == 0;
@@ -473,6 +522,9 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         faults += revived;
         if revived > 0 {
             last_fault = now;
+        }
+        if let Some(freeze) = freeze.as_mut() {
+            freeze.observe(&dbs.source).await;
         }
         if now < next_fault {
             continue;
@@ -593,7 +645,41 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
                 (faults, last_fault) = (faults + 1, Instant::now());
                 next_fault = load_end + scenario.load * 2;
             }
+            Fault::Freeze { target, hold, .. } => match freeze.as_mut() {
+                None => {
+                    let Some(pids) = freeze_pids(&fleet, target, &logs) else {
+                        // No consumer of some group has partitions yet.
+                        next_fault = now + Duration::from_millis(200);
+                        continue;
+                    };
+                    freeze = Some(
+                        Freeze::begin(
+                            target,
+                            &dbs.source,
+                            db_proxy.as_ref(),
+                            cluster.proxy(),
+                            &pids,
+                        )
+                        .await,
+                    );
+                    faults += 1;
+                    if target != FreezeTarget::ConsumersBroker {
+                        // The frozen relay's batches in flight may be
+                        // published again by the lanes' next owner.
+                        relay_crashes += 2;
+                    }
+                    next_fault = now + hold;
+                }
+                Some(freeze) => {
+                    freeze.thaw(db_proxy.as_ref(), cluster.proxy());
+                    (last_fault, next_fault) = (now, load_end + scenario.load * 2);
+                }
+            },
         }
+    }
+    if let Some(freeze) = freeze.as_mut().filter(|f| !f.thawed()) {
+        freeze.thaw(db_proxy.as_ref(), cluster.proxy());
+        last_fault = Instant::now();
     }
 
     // Faults stop; the crash hook is switched off (one last restart each).
@@ -625,6 +711,9 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             break None;
         }
         faults += fleet.revive() as u32;
+        if let Some(freeze) = freeze.as_mut() {
+            freeze.observe(&dbs.source).await;
+        }
         let (unpublished, unapplied) = backlog(&dbs, &groups, scenario.poison_outbox).await;
         let done = if broker_lost_before.is_some() {
             // Some events died with the broker's memory: wait until nothing
@@ -695,7 +784,7 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         Fault::HandlerPanics { .. } => {
             figures.handler_panics =
                 count_log_lines(&logs, "consumer", "fault injection: a handler bug");
-            figures.liveness.push(format!(
+            figures.notes.push(format!(
                 "handler panics caught: {}; consumer processes restarted: {}",
                 figures.handler_panics, figures.consumer_restarts
             ));
@@ -709,6 +798,11 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
     }
     if let Some(down) = &broker_down {
         figures.outage = Some(down.figures(&dbs.source, &records).await);
+    }
+    if let Some(freeze) = &freeze {
+        figures.liveness = freeze
+            .figures(&dbs.source, &dbs.receiver, &expect.groups)
+            .await;
     }
     println!(
         "{figures}[faults] {}: logs in {}",
@@ -794,6 +888,74 @@ impl BrokerDown {
     }
 }
 
+/// The processes a freeze targets: relay 0, or in each group the first
+/// consumer that was assigned partitions (`None` while a group has none).
+fn freeze_pids(fleet: &Fleet, target: FreezeTarget, logs: &std::path::Path) -> Option<Vec<u32>> {
+    let chosen: Vec<usize> = match target {
+        FreezeTarget::RelayDatabase | FreezeTarget::RelayBroker => {
+            fleet.of(Role::Relay).into_iter().take(1).collect()
+        }
+        FreezeTarget::ConsumersBroker => {
+            let consumers = fleet.of(Role::Consumer);
+            let groups: std::collections::BTreeSet<Option<&str>> = consumers
+                .iter()
+                .map(|&i| fleet.members[i].group())
+                .collect();
+            let mut chosen = Vec::new();
+            for group in groups {
+                let first = consumers.iter().copied().find(|&i| {
+                    fleet.members[i].group() == group
+                        && count_log_lines(
+                            logs,
+                            &format!("{}.", fleet.members[i].name),
+                            "partitions assigned",
+                        ) > 0
+                })?;
+                chosen.push(first);
+            }
+            chosen
+        }
+    };
+    Some(
+        chosen
+            .into_iter()
+            .filter_map(|i| fleet.members[i].pid())
+            .collect(),
+    )
+}
+
+/// `host:port` of a database URL (`postgres://user@host:port/db`).
+fn database_address(url: &str) -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let authority = authority(url);
+    let host_port = authority.rsplit('@').next().unwrap_or(authority);
+    let host_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5432")
+    };
+    host_port
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.find(std::net::SocketAddr::is_ipv4))
+        .expect("a database URL with a TCP host")
+}
+
+fn authority(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+/// The URL with its host and port replaced by 127.0.0.1:`port`.
+fn with_port(url: &str, port: u16) -> String {
+    let authority = authority(url);
+    let replaced = match authority.rsplit_once('@') {
+        Some((user, _)) => format!("{user}@127.0.0.1:{port}"),
+        None => format!("127.0.0.1:{port}"),
+    };
+    url.replacen(authority, &replaced, 1)
+}
+
 /// Lines containing `needle` in the logs of the processes whose name starts
 /// with `process` (e.g. every consumer's `offset gap` lines).
 fn count_log_lines(logs: &std::path::Path, process: &str, needle: &str) -> usize {
@@ -827,8 +989,21 @@ impl Leftovers {
 /// Runs `scenario`, asserts every invariant ([`Figures::assert_sound`]) and
 /// cleans up; on failure the databases and logs are left for inspection.
 pub async fn run_and_check(scenario: &Scenario, bins: &Binaries) -> Figures {
+    run_and_check_with(scenario, bins, |_| {}).await
+}
+
+/// Like [`run_and_check`], with the scenario's own checks (e.g. liveness
+/// bounds) run before the clean-up, so that a failure keeps the logs.
+pub async fn run_and_check_with(
+    scenario: &Scenario,
+    bins: &Binaries,
+    checks: impl FnOnce(&Figures),
+) -> Figures {
     let (figures, expect, leftovers) = run(scenario, bins).await;
     figures.assert_sound(&expect, scenario.batch);
-    leftovers.remove().await;
+    checks(&figures);
+    if std::env::var_os(env::KEEP).is_none() {
+        leftovers.remove().await;
+    }
     figures
 }

@@ -4,7 +4,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox_runtime::ops::status::{self, Breach, ProblemRow, QueueStatus, Status, Thresholds};
+use outbox_runtime::ops::status::{
+    self, Breach, ProblemRow, QueueStatus, RelayMember, Status, Thresholds,
+};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -112,6 +114,43 @@ fn render(status: &Status) -> String {
                 format!("  {}", t.table),
                 format!("{approx}{}", output::plural(t.rows, "row")),
                 output::bytes(t.total_bytes),
+            ]
+        })
+        .collect();
+    out.push_str(&output::table(&rows));
+    out.push_str(&relays(&status.relays));
+    out
+}
+
+/// The relays and their leases: a frozen or vanished relay shows as an
+/// expired lease, one cut from the broker as such.
+fn relays(relays: &[RelayMember]) -> String {
+    let mut out = format!(
+        "\nrelays (outbox_relay_member)\n  running  {}\n",
+        relays.len()
+    );
+    let rows: Vec<Vec<String>> = relays
+        .iter()
+        .map(|r| {
+            let mut state = Vec::new();
+            if r.lease_expired {
+                state.push(format!(
+                    "LEASE EXPIRED (lease {}): frozen or vanished",
+                    output::age(r.lease_secs)
+                ));
+            }
+            if let Some(since) = r.broker_failing_since {
+                state.push(format!(
+                    "cannot reach the broker since {}",
+                    output::time(since)
+                ));
+            }
+            vec![
+                format!("    {} process {}", r.host, r.process_id),
+                format!("backend {}", r.backend_pid),
+                format!("{} of {} lanes", r.lanes_owned, r.lanes),
+                format!("renewed {} ago", output::age(r.renewed_secs_ago)),
+                state.join("; "),
             ]
         })
         .collect();
