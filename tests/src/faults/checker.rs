@@ -25,9 +25,10 @@ pub struct Expect {
     pub poison_inbound: usize,
     /// Poison outbox rows inserted (keys starting with `poison-`).
     pub poison_outbox: usize,
-    /// Broker restart scenario: the broker lost every record before this
-    /// instant, so only rows whose publishing started after it must be on
-    /// the topic, and per-key order there starts at any sequence number.
+    /// Broker restart scenario: the instant the broker came back empty; it
+    /// lost every record acknowledged before, so only rows marked published
+    /// after it must be on the topic, and per-key order there starts at any
+    /// sequence number.
     pub broker_lost_before: Option<DateTime<Utc>>,
 }
 
@@ -365,7 +366,7 @@ pub async fn check(
     figures.order_violations =
         order_violations(firsts.iter().copied(), expect.broker_lost_before.is_some());
     // Rows whose publishing could only have reached the broker that is
-    // still up (their claim transaction began after the restart instant).
+    // still up (marked published after it came back).
     let required: HashSet<Uuid> = match expect.broker_lost_before {
         None => committed.keys().copied().collect(),
         Some(instant) => outbox
