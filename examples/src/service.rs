@@ -175,6 +175,25 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Waits for Ctrl-C / SIGTERM (`Ok`), or for `failure`: the relay or the
+/// consumer stopped on its own (`Err`, logged). Either way the caller then
+/// shuts the service down; on `Err` it exits non-zero, so that an
+/// orchestrator restarts it.
+pub async fn until_signal_or_failure(
+    failure: impl Future<Output = ServiceError>,
+) -> Result<(), ServiceError> {
+    tokio::select! {
+        () = shutdown_signal() => {
+            tracing::info!("stopping: finishing in-flight work");
+            Ok(())
+        }
+        error = failure => {
+            tracing::error!(%error, "stopping the service");
+            Err(error)
+        }
+    }
+}
+
 /// Logs to stderr, filtered by `RUST_LOG` or else by `default`
 /// (librdkafka's own log lines are off unless `RUST_LOG` asks for them).
 pub fn init_tracing(default: &str) {

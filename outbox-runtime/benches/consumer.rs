@@ -16,6 +16,8 @@
 //! Elapsed time is from the first effect (or inbox row) to the last, measured
 //! by the database clock, so consumer-group join time is not counted.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use outbox_core::DomainEvent;
@@ -23,7 +25,7 @@ use outbox_runtime::consumer::{Consumer, Mode, event_handler};
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use sqlx::{Connection, PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -94,20 +96,7 @@ fn kafka() -> ClientConfig {
 }
 
 async fn scratch_database() -> (PgPool, String) {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let name = format!("outbox_bench_consumer_{}", Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .connect_with(options.database(&name))
-        .await
-        .unwrap();
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    let (pool, name) = support::scratch_database("outbox_bench_consumer", 8).await;
     sqlx::raw_sql(
         "CREATE TABLE effect (event_id uuid NOT NULL, amount bigint NOT NULL, variant text NOT NULL,
                               at timestamptz NOT NULL DEFAULT clock_timestamp())",
@@ -116,16 +105,6 @@ async fn scratch_database() -> (PgPool, String) {
     .await
     .unwrap();
     (pool, name)
-}
-
-async fn drop_database(name: &str) {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
-    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-    )))
-    .execute(&mut admin)
-    .await;
 }
 
 fn watermarks(consumer: &StreamConsumer) -> Vec<i64> {
@@ -318,7 +297,7 @@ async fn main() {
     let inbox = elapsed(&pool, "inbox").await;
 
     pool.close().await;
-    drop_database(&db).await;
+    support::drop_database(&db).await;
     let inbox_label = format!(
         "inbox consumer + {} processors claiming {} rows",
         env_or("OUTBOX_BENCH_PROCESSORS", 2),

@@ -16,8 +16,10 @@
 
 use std::time::Instant;
 
-use sqlx::{Connection, PgPool};
-use uuid::Uuid;
+mod support;
+
+use sqlx::PgPool;
+use support::{drop_database, scratch_database};
 
 const TOPIC: &str = "bench.inbox";
 const HANDLED: &str = "Handled";
@@ -26,34 +28,6 @@ const BATCH: usize = 500;
 /// Rows of one part of a shape: how many, their key and their event type
 /// (SQL expressions of the row number `n`).
 type Part<'a> = (usize, &'a str, &'a str);
-
-async fn scratch_database() -> (PgPool, String) {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let name = format!("outbox_bench_claim_{}", Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options.database(&name))
-        .await
-        .unwrap();
-    outbox_runtime::migrations::run(&pool).await.unwrap();
-    (pool, name)
-}
-
-async fn drop_database(name: &str) {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
-    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-    )))
-    .execute(&mut admin)
-    .await;
-}
 
 /// Inserts `count` pending rows of `group`: row `n` gets the key
 /// `key_sql` (an SQL expression of `n`) and the event type `type_sql`.
@@ -158,7 +132,7 @@ async fn main() {
         "{:<44} {:>22} {:>6} {:>24} {:>6}",
         "shape", "claim ms min/med/max", "rows", "previous ms min/med/max", "rows"
     );
-    let (pool, name) = scratch_database().await;
+    let (pool, name) = scratch_database("outbox_bench_claim", 2).await;
     let blocked_rows = pending - pending / 100;
     let shapes: [(&str, Vec<Part<'_>>); 4] = [
         ("one key per row", vec![(pending, "'k' || n", "'Handled'")]),

@@ -7,7 +7,9 @@
 use std::process::ExitCode;
 
 use outbox_examples::orders::{self, OrdersService};
-use outbox_examples::service::{Tuning, create_topics, exit_code, init_tracing, shutdown_signal};
+use outbox_examples::service::{
+    Tuning, create_topics, exit_code, init_tracing, until_signal_or_failure,
+};
 use outbox_examples::setup::{Broker, connect_database, database_url_from_env};
 
 #[tokio::main]
@@ -26,17 +28,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let service =
         OrdersService::start(pool, &servers, "orders", listener, &Tuning::default()).await?;
     tracing::info!(addr = %service.addr, "orders service listening; Ctrl-C to stop");
-    let failure = service.failure();
-    tokio::select! {
-        () = shutdown_signal() => {}
-        error = failure => {
-            // Exit non-zero so that an orchestrator restarts the service.
-            tracing::error!(%error, "stopping the service");
-            let _ = service.shutdown().await;
-            return Err(error.into());
-        }
-    }
-    tracing::info!("stopping: finishing in-flight requests and deliveries");
-    service.shutdown().await?;
+    let stopped = until_signal_or_failure(service.failure()).await;
+    let shut_down = service.shutdown().await;
+    stopped?;
+    shut_down?;
     Ok(())
 }

@@ -6,7 +6,9 @@
 use std::process::ExitCode;
 
 use outbox_examples::payments::{self, PaymentsService};
-use outbox_examples::service::{Tuning, create_topics, exit_code, init_tracing, shutdown_signal};
+use outbox_examples::service::{
+    Tuning, create_topics, exit_code, init_tracing, until_signal_or_failure,
+};
 use outbox_examples::setup::{Broker, connect_database, database_url_from_env};
 
 #[tokio::main]
@@ -22,17 +24,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     create_topics(&Broker::External(servers.clone()), 3).await?;
     let service = PaymentsService::start(pool, &servers, "payments", &Tuning::default())?;
     tracing::info!("payments service running; Ctrl-C to stop");
-    let failure = service.failure();
-    tokio::select! {
-        () = shutdown_signal() => {}
-        error = failure => {
-            // Exit non-zero so that an orchestrator restarts the service.
-            tracing::error!(%error, "stopping the service");
-            let _ = service.shutdown().await;
-            return Err(error.into());
-        }
-    }
-    tracing::info!("stopping: finishing in-flight events");
-    service.shutdown().await?;
+    let stopped = until_signal_or_failure(service.failure()).await;
+    let shut_down = service.shutdown().await;
+    stopped?;
+    shut_down?;
     Ok(())
 }

@@ -644,18 +644,7 @@ impl Worker {
                 Outcome::Straggling => straggling += 1,
             }
         }
-        let conn = self
-            .lanes
-            .connection()
-            .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let settlement = lanes::bounded(
-            self.config.database_timeout,
-            "marking a batch",
-            store::settle(conn, &delivered, &retries, self.config.max_attempts),
-        )
-        .await?;
-        let parked = settlement.parked;
-        self.log_unrecordable(&settlement.unrecordable);
+        let parked = self.record(&delivered, &retries).await?;
 
         span.record("published", delivered.len());
         span.record("held", held);
@@ -725,21 +714,11 @@ impl Worker {
                 _ => unavailable += 1,
             }
         }
-        let conn = self
-            .lanes
-            .connection()
-            .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let settlement = lanes::bounded(
-            self.config.database_timeout,
-            "marking a batch",
-            store::settle(conn, &delivered, &retries, self.config.max_attempts),
-        )
-        .await?;
-        self.log_unrecordable(&settlement.unrecordable);
+        let parked = self.record(&delivered, &retries).await?;
         Totals::add(&self.totals.published, delivered.len() as u64);
-        Totals::add(&self.totals.parked, settlement.parked);
+        Totals::add(&self.totals.parked, parked);
         metrics::counter!(metric::PUBLISHED).increment(delivered.len() as u64);
-        metrics::counter!(metric::PARKED).increment(settlement.parked);
+        metrics::counter!(metric::PARKED).increment(parked);
         if !retries.is_empty() {
             self.count_error("rejected");
         }
@@ -759,6 +738,23 @@ impl Worker {
     }
 
     /// A counted retry of a row the broker refused.
+    /// Marks `delivered` and records `retries` on the relay's connection
+    /// (bounded by `database_timeout`); returns how many rows were parked.
+    async fn record(&mut self, delivered: &[i64], retries: &[Retry]) -> Result<u64, BatchError> {
+        let conn = self
+            .lanes
+            .connection()
+            .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
+        let settlement = lanes::bounded(
+            self.config.database_timeout,
+            "marking a batch",
+            store::settle(conn, delivered, retries, self.config.max_attempts),
+        )
+        .await?;
+        self.log_unrecordable(&settlement.unrecordable);
+        Ok(settlement.parked)
+    }
+
     fn refused(&self, row: &ClaimedRow, error: &str) -> Retry {
         Retry {
             id: row.id,

@@ -1,0 +1,36 @@
+//! What the runtime's benches share: a scratch database of their own.
+
+use sqlx::{Connection, PgPool};
+use uuid::Uuid;
+
+/// Creates a database named `<prefix>_<random>` next to `DATABASE_URL`'s,
+/// with the outbox migrations applied; returns a pool of `connections` and
+/// its name (for [`drop_database`]).
+pub async fn scratch_database(prefix: &str, connections: u32) -> (PgPool, String) {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let name = format!("{prefix}_{}", Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections)
+        .connect_with(options.database(&name))
+        .await
+        .unwrap();
+    outbox_runtime::migrations::run(&pool).await.unwrap();
+    (pool, name)
+}
+
+/// Drops a database made by [`scratch_database`].
+pub async fn drop_database(name: &str) {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await;
+}
