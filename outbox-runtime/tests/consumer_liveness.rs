@@ -647,3 +647,52 @@ async fn the_keep_policy_is_refused_in_dedup_mode() {
         .expect("refused");
     assert!(error.to_string().contains("needs Mode::Inbox"), "{error}");
 }
+
+/// An operator's retry of a parked inbox row (`outbox dead-letters retry
+/// --table inbox`) puts its key back in line: the update trigger gives the
+/// key an entry again, and a processor handles the row.
+#[sqlx::test(migrations = false)]
+async fn a_retried_parked_inbox_row_is_claimed_again(pool: PgPool) {
+    use outbox_runtime::ops::dead_letters::{self, Selection, Table};
+    prepare_db(&pool).await;
+    create_topic(RollOld::TOPIC, 1).await;
+    let group = unique_group("liveness-retry");
+    start_group_at(&group, RollOld::TOPIC, 1, true).await;
+    let key = Uuid::new_v4();
+    let event_id = Uuid::new_v4();
+    let payload = serde_json::json!({ "event_id": event_id, "order_id": key, "amount": 7 });
+    sqlx::query(
+        "INSERT INTO inbox_event
+             (consumer_group, event_id, payload, event_type, topic, partition_key, attempts, parked_at)
+         VALUES ($1, $2, $3, 'RollOld', $4, $5, 5, now())",
+    )
+    .bind(&group)
+    .bind(event_id)
+    .bind(&payload)
+    .bind(RollOld::TOPIC)
+    .bind(key.to_string())
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox_key").await, 0);
+    let retried = dead_letters::retry(&pool, Table::Inbox, &Selection::EventIds(vec![event_id]))
+        .await
+        .unwrap();
+    assert_eq!(retried, [event_id]);
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox_key").await, 1);
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_roll_old)
+        .mode(Mode::Inbox)
+        .processor_poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+        .spawn();
+    wait_until(
+        "the retried row handled",
+        Duration::from_secs(20),
+        || async { applied(&pool, key).await == [7] },
+    )
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox_key").await, 0);
+}
