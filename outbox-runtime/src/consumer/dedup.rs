@@ -16,7 +16,7 @@ use super::handler::{Decoded, ErasedHandler};
 use super::message::{DeadLetterReason, Envelope};
 use super::metric_names as m;
 use super::route::{Routed, route};
-use super::run::{Aside, Ctx};
+use super::shared::{Aside, Shared};
 
 struct Work {
     index: usize,
@@ -51,7 +51,7 @@ enum One {
 }
 
 /// Handles a batch; returns which messages are finished (their offsets may be stored).
-pub(crate) async fn handle_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> {
+pub(crate) async fn handle_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<bool> {
     let mut done = vec![false; batch.len()];
     let mut work = Vec::new();
     let mut aside = Vec::new();
@@ -92,7 +92,7 @@ pub(crate) async fn handle_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool>
     done
 }
 
-async fn fast_path(ctx: &Ctx, work: &mut [Work]) -> Fast {
+async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
     let ids: Vec<Uuid> = work.iter().map(|w| w.envelope.meta.event_id).collect();
     let mut db_retry = 0;
     loop {
@@ -154,7 +154,7 @@ enum Step {
     Handler(String),
 }
 
-async fn handle_one(ctx: &Ctx, w: &mut Work) -> One {
+async fn handle_one(ctx: &Shared, w: &mut Work) -> One {
     let mut attempts = 0;
     let mut db_retry = 0;
     loop {

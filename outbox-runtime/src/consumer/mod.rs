@@ -49,15 +49,18 @@
 //! dead-lettered, and only after the database commit. `docs/consumer.md`
 //! describes the failure semantics and metrics.
 
+mod client_context;
 mod config;
-mod context;
 mod dedup;
 mod dlq;
 mod handler;
 mod inbox;
 mod message;
+mod offsets;
+mod receive;
 mod route;
 mod run;
+mod shared;
 
 pub use config::{ConsumerBuilder, Mode, UnknownEventPolicy};
 pub use dlq::{

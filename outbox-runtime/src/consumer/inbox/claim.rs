@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::super::handler::{ErasedHandler, EventMeta};
 use super::super::metric_names as m;
-use super::super::run::Ctx;
+use super::super::shared::Shared;
 
 pub(super) enum Claimed {
     /// Rows were claimed; there may be more.
@@ -52,7 +52,7 @@ fn candidate_window(batch: usize) -> i64 {
 ///
 /// Rows are looked up by their arrival sequence, which is unique across
 /// groups; the group is implied by the keys they were found through.
-async fn claim(ctx: &Ctx, conn: &mut PgConnection) -> Result<Vec<PgRow>, sqlx::Error> {
+async fn claim(ctx: &Shared, conn: &mut PgConnection) -> Result<Vec<PgRow>, sqlx::Error> {
     let (topics, types) = ctx.dispatch.routes();
     claim_rows(
         conn,
@@ -138,7 +138,7 @@ enum What {
     Park(&'static str, String),
 }
 
-fn read(ctx: &Ctx, row: &PgRow) -> Result<Claim, sqlx::Error> {
+fn read(ctx: &Shared, row: &PgRow) -> Result<Claim, sqlx::Error> {
     let event_id: Uuid = row.try_get("event_id")?;
     let payload: serde_json::Value = row.try_get("payload")?;
     let event_type: Option<String> = row.try_get("event_type")?;
@@ -227,7 +227,7 @@ impl From<sqlx::Error> for Stop {
 /// while every other row is handled. A handler panic is a failure like any
 /// other. So a failing event costs its batch one more pass, never a
 /// transaction per row, and never holds back another key.
-pub(super) async fn claim_and_handle(ctx: &Ctx) -> Result<Claimed, sqlx::Error> {
+pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Error> {
     let mut tx = ctx.pool.begin().await?;
     let rows = claim(ctx, &mut tx).await?;
     if rows.is_empty() {
@@ -271,7 +271,7 @@ pub(super) async fn claim_and_handle(ctx: &Ctx) -> Result<Claimed, sqlx::Error> 
 
 /// One pass over the claimed rows, in arrival order.
 async fn handle(
-    ctx: &Ctx,
+    ctx: &Shared,
     tx: &mut Transaction<'static, Postgres>,
     claims: &[Claim],
     careful: bool,
@@ -356,7 +356,7 @@ async fn handle(
 
 /// Writes a pass's outcomes: failed attempts, parked rows, processed rows.
 /// The update trigger moves each touched key's head (and its wait) along.
-async fn record(ctx: &Ctx, tx: &mut PgConnection, outcomes: &Outcomes) -> sqlx::Result<()> {
+async fn record(ctx: &Shared, tx: &mut PgConnection, outcomes: &Outcomes) -> sqlx::Result<()> {
     let group = &ctx.settings.group_id;
     let mut ids = Vec::new();
     let mut errors = Vec::new();

@@ -6,7 +6,7 @@
 use uuid::Uuid;
 
 use super::super::metric_names as m;
-use super::super::run::Ctx;
+use super::super::shared::Shared;
 
 /// This consumer's entry in `inbox_processor`.
 pub(crate) struct Membership {
@@ -27,7 +27,7 @@ impl Membership {
 
     /// Adopts legacy rows (once), renews the heartbeat and refreshes the
     /// gauges. Best effort: a failure is logged and retried next time.
-    pub(crate) async fn heartbeat(&mut self, ctx: &Ctx) {
+    pub(crate) async fn heartbeat(&mut self, ctx: &Shared) {
         if !self.adopted {
             match adopt_legacy_rows(ctx).await {
                 Ok(()) => self.adopted = true,
@@ -42,7 +42,7 @@ impl Membership {
         report_backlog(ctx).await;
     }
 
-    async fn beat(&self, ctx: &Ctx) -> sqlx::Result<()> {
+    async fn beat(&self, ctx: &Shared) -> sqlx::Result<()> {
         let (topics, types) = ctx.dispatch.routes();
         let heartbeat_ms =
             i32::try_from(ctx.settings.backlog_interval.as_millis()).unwrap_or(i32::MAX);
@@ -74,7 +74,7 @@ impl Membership {
     }
 
     /// Removes this consumer's entry (graceful shutdown).
-    pub(crate) async fn leave(self, ctx: &Ctx) {
+    pub(crate) async fn leave(self, ctx: &Shared) {
         let _ = sqlx::query(
             "DELETE FROM inbox_processor WHERE consumer_group = $1 AND instance_id = $2",
         )
@@ -93,7 +93,7 @@ fn host() -> Option<String> {
 /// one inbox group then, so the first inbox consumer to start takes them
 /// over (rows it already holds itself are left alone). Their keys follow
 /// (the update trigger files them under the new group).
-async fn adopt_legacy_rows(ctx: &Ctx) -> sqlx::Result<()> {
+async fn adopt_legacy_rows(ctx: &Shared) -> sqlx::Result<()> {
     let legacy: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM inbox_event WHERE consumer_group = '')")
             .fetch_one(&ctx.pool)
@@ -136,7 +136,7 @@ async fn adopt_legacy_rows(ctx: &Ctx) -> sqlx::Result<()> {
     Ok(())
 }
 
-async fn report_backlog(ctx: &Ctx) {
+async fn report_backlog(ctx: &Shared) {
     let counts: Result<(i64, i64), _> = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE parked_at IS NULL), count(*) FILTER (WHERE parked_at IS NOT NULL)
          FROM inbox_event WHERE consumer_group = $1 AND NOT processed",

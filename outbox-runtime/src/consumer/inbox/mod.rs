@@ -20,7 +20,7 @@ use rdkafka::message::OwnedMessage;
 
 use super::metric_names as m;
 use super::route::{Routed, route};
-use super::run::{Aside, Ctx};
+use super::shared::{Aside, Shared};
 
 pub(crate) use group::Membership;
 
@@ -43,7 +43,7 @@ pub async fn claim_once_for_benchmark(
 }
 
 /// Stores a batch in the inbox; returns which messages are finished.
-pub(crate) async fn store_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> {
+pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<bool> {
     let mut done = vec![false; batch.len()];
     let mut stored = Vec::new();
     let mut aside = Vec::new();
@@ -111,7 +111,7 @@ pub(crate) async fn store_batch(ctx: &Ctx, batch: &[OwnedMessage]) -> Vec<bool> 
 
 /// One processor: claims and handles due rows until the consumer shuts down.
 /// Processor 0 also keeps the group's membership and gauges up to date.
-pub(crate) async fn process(ctx: Arc<Ctx>, index: usize) {
+pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
     let mut db_retry = 0;
     let mut membership = (index == 0).then(Membership::new);
     let mut heartbeat_at = Instant::now();
