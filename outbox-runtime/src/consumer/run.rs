@@ -124,7 +124,7 @@ impl Consumer {
             kafka.set("fetch.message.max.bytes", needed.to_string());
         }
         if kafka.get("statistics.interval.ms").is_none() {
-            // Feeds the lag gauge (see `context.rs`).
+            // Feeds the lag gauge (see `client_context.rs`).
             kafka.set("statistics.interval.ms", "10000");
         }
         let kafka: StreamConsumer<KafkaContext> =
