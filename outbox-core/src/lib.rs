@@ -54,6 +54,7 @@ pub use event::{DomainEvent, PartitionKey};
 pub use events::Events;
 pub use insert::insert_records;
 pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
+pub use retry::Backoff;
 pub use unit_of_work::{
     IsolationLevel, RetryingUnitOfWork, TransactionSource, UnitOfWork, transaction,
 };

@@ -34,30 +34,74 @@ pub(crate) fn is_serialization_failure(error: &(dyn std::error::Error + 'static)
     false
 }
 
-/// Delay before retry number `retry` (1-based): uniformly random in
-/// `[d/2, d]` with `d = 4 ms * 2^(retry-1)`, capped at 100 ms. The jitter keeps
-/// the transactions that just conflicted from colliding again in lockstep.
-pub(crate) fn backoff(retry: u32) -> Duration {
-    let ceiling_us = (4_000u64 << retry.saturating_sub(1).min(5)).min(100_000);
-    // A fresh `RandomState` is randomly keyed: enough entropy for jitter
-    // without a random-number dependency.
-    let random = RandomState::new().hash_one(retry);
-    Duration::from_micros(ceiling_us / 2 + random % (ceiling_us / 2 + 1))
+/// Exponential backoff with "equal jitter": the delay before retry `n`
+/// (1-based) is `d = initial * 2^(n-1)`, capped at `max`, of which half is
+/// fixed and half random, so that parties that failed together do not retry
+/// in lockstep. The framework's one backoff: transaction retries, handler
+/// retries, the relay's outages and per-row retries use it.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_core::Backoff;
+///
+/// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+/// let third = backoff.delay(3); // between 200 and 400 ms
+/// assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
+/// assert!(backoff.delay(100) <= Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
 }
+
+impl Backoff {
+    /// From `initial` (before the first retry), doubling, up to `max`
+    /// (raised to `initial` if lower).
+    pub const fn new(initial: Duration, max: Duration) -> Self {
+        let max = if max.as_nanos() < initial.as_nanos() {
+            initial
+        } else {
+            max
+        };
+        Self { initial, max }
+    }
+
+    /// The delay before retry number `retry` (1-based; 0 counts as 1).
+    pub fn delay(&self, retry: u32) -> Duration {
+        let ceiling = self
+            .initial
+            .saturating_mul(1u32 << retry.saturating_sub(1).min(20))
+            .min(self.max);
+        let half = ceiling / 2;
+        // A fresh `RandomState` is randomly keyed: enough entropy for jitter
+        // without a random-number dependency.
+        let random = RandomState::new().hash_one(retry) as f64 / u64::MAX as f64;
+        half + half.mul_f64(random)
+    }
+}
+
+/// Backoff between retries of a transaction that hit a serialization
+/// failure or a deadlock: 4 ms doubling up to 100 ms.
+pub(crate) const TRANSACTION_RETRY: Backoff =
+    Backoff::new(Duration::from_millis(4), Duration::from_millis(100));
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn backoff_is_bounded_and_grows() {
-        for retry in 1..20 {
-            let delay = backoff(retry);
-            assert!(delay <= Duration::from_millis(100), "{delay:?}");
-            assert!(delay >= Duration::from_millis(2), "{delay:?}");
+    fn backoff_doubles_within_jitter_and_is_capped() {
+        let (initial, max) = (Duration::from_millis(100), Duration::from_secs(1));
+        let backoff = Backoff::new(initial, max);
+        for retry in 1..40 {
+            let expected = (initial * 2u32.pow((retry - 1).min(20))).min(max);
+            let got = backoff.delay(retry);
+            assert!(got >= expected / 2 && got <= expected, "{retry}: {got:?}");
         }
-        assert!(backoff(1) <= Duration::from_millis(4));
-        assert!(backoff(5) >= Duration::from_millis(32));
+        assert!(TRANSACTION_RETRY.delay(1) <= Duration::from_millis(4));
+        assert!(TRANSACTION_RETRY.delay(5) >= Duration::from_millis(32));
+        assert!(TRANSACTION_RETRY.delay(30) <= Duration::from_millis(100));
     }
 
     #[test]

@@ -235,7 +235,7 @@ impl<S: TransactionSource> RetryingUnitOfWork<S> {
                 attempt = retried + 1,
                 "outbox unit of work: retrying after a serialization failure"
             );
-            tokio::time::sleep(retry::backoff(retried)).await;
+            tokio::time::sleep(retry::TRANSACTION_RETRY.delay(retried)).await;
         }
     }
 }

@@ -70,14 +70,9 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// Delay before retry number `attempt` (1-based): exponential, capped, with jitter
-    /// so that consumers failing together do not retry in lockstep.
+    /// Delay before retry number `attempt` (1-based), see [`outbox_core::Backoff`].
     pub(crate) fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self
-            .backoff_initial
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
-        let capped = exp.min(self.backoff_max);
-        capped.mul_f64(rand::random_range(0.75..=1.0))
+        outbox_core::Backoff::new(self.backoff_initial, self.backoff_max).delay(attempt)
     }
 }
 

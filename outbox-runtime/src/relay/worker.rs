@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::wakeup::CommitListener;
-use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -831,12 +830,9 @@ impl Worker {
     }
 }
 
-/// Exponential backoff with "equal jitter": half the delay fixed, half random,
-/// so relays that failed together do not retry together.
+/// [`outbox_core::Backoff`]'s delay with a 0-based `exponent`.
 pub(super) fn jittered_exponential(initial: Duration, max: Duration, exponent: u32) -> Duration {
-    let delay = initial.saturating_mul(1u32 << exponent.min(20)).min(max);
-    let half = delay / 2;
-    half + half.mul_f64(rand::rng().random::<f64>())
+    outbox_core::Backoff::new(initial, max).delay(exponent.saturating_add(1))
 }
 
 fn error_delay(config: &RelayConfig, failures: u32) -> Duration {
