@@ -9,6 +9,7 @@ use sqlx::{PgConnection, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::super::handler::{ErasedHandler, EventMeta};
+use super::super::message::DeadLetterReason;
 use super::super::metric_names as m;
 use super::super::shared::Shared;
 
@@ -135,7 +136,7 @@ enum What {
     /// service during a rolling deploy.
     NotMine,
     /// Cannot be handled by anyone: parked with this reason.
-    Park(&'static str, String),
+    Park(DeadLetterReason, String),
 }
 
 fn read(ctx: &Shared, row: &PgRow) -> Result<Claim, sqlx::Error> {
@@ -165,7 +166,7 @@ fn read(ctx: &Shared, row: &PgRow) -> Result<Claim, sqlx::Error> {
     };
     let (Some(event_type), Some(topic)) = (event_type, topic) else {
         return Ok(claim(What::Park(
-            "unknown_event_type",
+            DeadLetterReason::UnknownEventType,
             "row has no event_type or topic (not written by an outbox consumer?)".into(),
         )));
     };
@@ -198,7 +199,7 @@ struct Outcomes {
     /// Failed attempts: (event id, error, retry delay; `None` parks the row).
     failed: Vec<(Uuid, String, Option<std::time::Duration>)>,
     /// Rows no handler can take: (event id, reason, error).
-    parked: Vec<(Uuid, &'static str, String)>,
+    parked: Vec<(Uuid, DeadLetterReason, String)>,
 }
 
 /// Why a pass stopped early.
@@ -262,9 +263,9 @@ pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Erro
             .increment(count);
     }
     for (event_id, reason, error) in &outcomes.parked {
-        metrics::counter!(m::INBOX_PARKED, "group" => ctx.group(), "reason" => *reason)
+        metrics::counter!(m::INBOX_PARKED, "group" => ctx.group(), "reason" => reason.as_str())
             .increment(1);
-        tracing::warn!(%event_id, reason, error, "inbox row parked");
+        tracing::warn!(%event_id, %reason, error, "inbox row parked");
     }
     Ok(Claimed::Handled)
 }
@@ -293,7 +294,7 @@ async fn handle(
                 // Parked rows hold back nothing: the key goes on.
                 outcomes
                     .parked
-                    .push((claim.event_id, reason, error.clone()));
+                    .push((claim.event_id, *reason, error.clone()));
                 continue;
             }
         };
@@ -303,7 +304,7 @@ async fn handle(
                 let error = format!("payload does not match `{}`: {error}", meta.event_type);
                 outcomes
                     .parked
-                    .push((claim.event_id, "payload_mismatch", error));
+                    .push((claim.event_id, DeadLetterReason::PayloadMismatch, error));
                 continue;
             }
         };
@@ -337,9 +338,11 @@ async fn handle(
                 let attempt = u32::try_from(claim.attempts).unwrap_or(0) + 1;
                 let message = format!("handler `{}` failed: {error}", handler.name());
                 if attempt >= ctx.settings.max_attempts {
-                    outcomes
-                        .parked
-                        .push((claim.event_id, "handler_failed", message));
+                    outcomes.parked.push((
+                        claim.event_id,
+                        DeadLetterReason::HandlerFailed,
+                        message,
+                    ));
                 } else {
                     outcomes.failed.push((
                         claim.event_id,
