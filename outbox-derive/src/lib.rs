@@ -59,3 +59,26 @@ pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     event_handler::event_handler(args.into(), item.into()).into()
 }
+
+/// `tokens` with every token's span set to `span`, so that a path the user
+/// passed (`crate = "..."`) reports errors where the generated code around it
+/// does.
+pub(crate) fn respanned(
+    tokens: proc_macro2::TokenStream,
+    span: proc_macro2::Span,
+) -> proc_macro2::TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tree| {
+            if let proc_macro2::TokenTree::Group(group) = &tree {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respanned(group.stream(), span));
+                inner.set_span(span);
+                tree = proc_macro2::TokenTree::Group(inner);
+            } else {
+                tree.set_span(span);
+            }
+            tree
+        })
+        .collect()
+}

@@ -23,13 +23,18 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
         Extra::Events => quote!(events),
     });
     let output_span = function.sig.output.span();
-    let private = quote!(::outbox_runtime::consumer::__private);
+    let runtime = match &handler.krate {
+        Some(path) => quote!(#path),
+        None => quote!(::outbox_runtime),
+    };
+    let private = quote!(#runtime::consumer::__private);
     // Spanned on the return type, so an error type without `Display` is
     // reported there, once.
+    let call_private = crate::respanned(private.clone(), output_span);
     let call = quote_spanned! {output_span=>
         ::core::result::Result::map_err(
             #name(tx, event #(, #extra_args)*).await,
-            ::outbox_runtime::consumer::__private::handler_error,
+            #call_private::handler_error,
         )
     };
     quote! {
@@ -39,7 +44,7 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
         #vis struct #name;
 
         #[automatically_derived]
-        impl ::outbox_runtime::consumer::EventHandler for #name {
+        impl #runtime::consumer::EventHandler for #name {
             type Event = #event;
             const NAME: &'static str = #name_str;
 
@@ -47,11 +52,11 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
                 &'__outbox self,
                 tx: &'__outbox mut #private::Transaction<'static, #private::Postgres>,
                 event: #event,
-                meta: &'__outbox ::outbox_runtime::consumer::EventMeta,
+                meta: &'__outbox #runtime::consumer::EventMeta,
                 events: &'__outbox mut #private::Events,
             ) -> #private::BoxFuture<
                 '__outbox,
-                ::core::result::Result<(), ::outbox_runtime::consumer::HandlerError>,
+                ::core::result::Result<(), #runtime::consumer::HandlerError>,
             > {
                 // The user's function, shadowing the struct's value name in here.
                 #function

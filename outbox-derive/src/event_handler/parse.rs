@@ -10,6 +10,41 @@ pub(crate) struct HandlerFn {
     pub(crate) event_type: Type,
     /// The optional parameters after the event, in the user's order.
     pub(crate) extras: Vec<Extra>,
+    /// `crate = "path"`: where `outbox_runtime` is (default `::outbox_runtime`).
+    pub(crate) krate: Option<syn::Path>,
+}
+
+/// Parses the attribute's arguments: only `crate = "path::to::outbox_runtime"`.
+fn args(tokens: TokenStream, errors: &mut Errors) -> Option<syn::Path> {
+    use syn::parse::Parser;
+    let mut krate = None;
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("crate") {
+            let value: syn::LitStr = meta.value()?.parse()?;
+            match value.parse::<syn::Path>() {
+                Ok(path) if krate.is_none() => krate = Some(path),
+                Ok(_) => return Err(meta.error("duplicate argument; give it once")),
+                Err(_) => {
+                    return Err(syn::Error::new(
+                        value.span(),
+                        "`crate` must be a path to the crate that re-exports `outbox_runtime`, e.g. `crate = \"my_app::outbox\"`",
+                    ));
+                }
+            }
+            Ok(())
+        } else {
+            Err(meta.error(
+                "#[event_handler] takes only `crate = \"path::to::outbox_runtime\"`: the topic and event type come from the event's `DomainEvent` impl",
+            ))
+        }
+    });
+    if let Err(error) = parser.parse2(tokens) {
+        match &mut errors.0 {
+            Some(all) => all.combine(error),
+            None => errors.0 = Some(error),
+        }
+    }
+    krate
 }
 
 /// An optional parameter after the event, told apart by its reference kind.
@@ -48,14 +83,9 @@ fn is_shared_ref(ty: &Type) -> bool {
 }
 
 impl HandlerFn {
-    pub(crate) fn from_item(args: TokenStream, function: ItemFn) -> syn::Result<Self> {
+    pub(crate) fn from_item(arguments: TokenStream, function: ItemFn) -> syn::Result<Self> {
         let mut errors = Errors(None);
-        if !args.is_empty() {
-            errors.push(
-                &args,
-                "#[event_handler] takes no arguments: the topic and event type come from the event's `DomainEvent` impl",
-            );
-        }
+        let krate = args(arguments, &mut errors);
         let sig = &function.sig;
         if sig.asyncness.is_none() {
             errors.push(
@@ -165,6 +195,7 @@ impl HandlerFn {
                 extras,
                 function,
                 event_type,
+                krate,
             }),
             (None, None) => Err(syn::Error::new(sig.span(), SHAPE)),
         }

@@ -25,6 +25,7 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
     let inner_name = format_ident!("{}_in_tx", name, span = name.span());
     let is_method = params.iter().any(|p| matches!(p, Param::Receiver { .. }));
     let retrying = args.retries.is_some();
+    let krate = args.krate();
 
     let (outer_attrs, inner_attrs) = split_attrs(&item.attrs);
     let vis = &item.vis;
@@ -53,7 +54,7 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
             Param::Receiver { mutable } => {
                 let receiver = input;
                 inputs.push(syn::parse_quote!(#receiver));
-                inputs.push(syn::parse_quote!(#db: impl ::outbox_core::TransactionSource));
+                inputs.push(syn::parse_quote!(#db: impl #krate::TransactionSource));
                 call_args.push(if *mutable && retrying {
                     quote!(&mut *self)
                 } else {
@@ -78,10 +79,7 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
         }
     }
     if !is_method {
-        inputs.insert(
-            0,
-            syn::parse_quote!(#db: impl ::outbox_core::TransactionSource),
-        );
+        inputs.insert(0, syn::parse_quote!(#db: impl #krate::TransactionSource));
     }
     outer_sig.inputs = inputs;
 
@@ -93,7 +91,7 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
     };
     let isolation = args.isolation.as_ref().map(|(variant, span)| {
         let variant = Ident::new(variant, *span);
-        quote!(.isolation(::outbox_core::IsolationLevel::#variant))
+        quote!(.isolation(#krate::IsolationLevel::#variant))
     });
     let retries = args
         .retries
@@ -111,8 +109,9 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
     } else {
         quote!(async move |#tx, #events| #callee(#(#call_args),*).await)
     };
+    let run_krate = crate::respanned(krate.clone(), output_span);
     let run = quote_spanned! {output_span=>
-        ::outbox_core::transaction(#db) #isolation #retries .run(#closure).await
+        #run_krate::transaction(#db) #isolation #retries .run(#closure).await
     };
     let outer_doc = format!(
         " Runs in its own transaction on `db` (`&PgPool`, `PgPool` or `&mut PgConnection`): \

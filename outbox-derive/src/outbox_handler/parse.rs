@@ -12,6 +12,18 @@ pub(crate) struct HandlerArgs {
     pub isolation: Option<(&'static str, Span)>,
     /// `retries = N`.
     pub retries: Option<(u32, Span)>,
+    /// `crate = "path"`: where `outbox_core` is (default `::outbox_core`).
+    pub krate: Option<syn::Path>,
+}
+
+impl HandlerArgs {
+    /// The path generated code names `outbox_core` by.
+    pub(crate) fn krate(&self) -> TokenStream {
+        match &self.krate {
+            Some(path) => quote::quote!(#path),
+            None => quote::quote!(::outbox_core),
+        }
+    }
 }
 
 /// Accepted spellings of `isolation`, case-insensitive, `_` or space.
@@ -71,9 +83,20 @@ fn arg(args: &mut HandlerArgs, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
         duplicate(args.retries.is_some(), meta)?;
         args.retries = Some((retries, value.span()));
         Ok(())
+    } else if meta.path.is_ident("crate") {
+        let value: LitStr = meta.value()?.parse()?;
+        let path = value.parse::<syn::Path>().map_err(|_| {
+            syn::Error::new(
+                value.span(),
+                "`crate` must be a path to the crate that re-exports `outbox_core`, e.g. `crate = \"my_app::outbox\"`",
+            )
+        })?;
+        duplicate(args.krate.is_some(), meta)?;
+        args.krate = Some(path);
+        Ok(())
     } else {
         Err(meta.error(
-            "unknown `outbox_handler` argument; expected `isolation = \"serializable\"` (or \"repeatable_read\", \"read_committed\") or `retries = N`",
+            "unknown `outbox_handler` argument; expected `isolation = \"serializable\"` (or \"repeatable_read\", \"read_committed\"), `retries = N` or `crate = \"path::to::outbox_core\"`",
         ))
     }
 }
