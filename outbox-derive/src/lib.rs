@@ -10,16 +10,20 @@ mod outbox_handler;
 
 /// Derives `outbox_core::DomainEvent` for a struct with named fields.
 ///
-/// (Not compiled here: this crate cannot depend on `outbox_core`; the same
-/// example is a doctest of `outbox_core`.)
+/// ```
+/// use outbox_core::DomainEvent;
+/// use schemars::JsonSchema;
+/// use serde::Serialize;
+/// use uuid::Uuid;
 ///
-/// ```ignore
 /// #[derive(DomainEvent, Serialize, JsonSchema)]
 /// #[event(topic = "order.events", event_type = "OrderCreated", aggregate = "Order")]
 /// pub struct OrderCreated {
 ///     #[event_id] pub event_id: Uuid,
 ///     #[partition_key] #[aggregate_id] pub order_id: Uuid,
 /// }
+///
+/// assert_eq!(<OrderCreated as DomainEvent>::TOPIC, "order.events");
 /// ```
 ///
 /// Every attribute, its default and the errors it can produce are listed in
@@ -33,15 +37,29 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 /// Turns an async command handler into a unit of work: one transaction for
 /// its writes and the events it records (R-DIST-OBX-1).
 ///
-/// ```ignore
+/// ```no_run
+/// use outbox_core::{Events, outbox_handler};
+/// use sqlx::{PgPool, Postgres, Transaction};
+///
+/// #[derive(Clone)]
+/// pub struct CreateOrder { pub amount: i64 }
+///
 /// #[outbox_handler(isolation = "serializable", retries = 3)] // both optional
 /// pub async fn create_order(
 ///     tx: &mut Transaction<'_, Postgres>,
 ///     events: &mut Events,
 ///     cmd: CreateOrder,
-/// ) -> Result<Order, AppError> { /* ... */ }
+/// ) -> Result<i64, outbox_core::Error> {
+///     let id = sqlx::query_scalar("SELECT $1::int8")
+///         .bind(cmd.amount)
+///         .fetch_one(&mut **tx)
+///         .await?;
+///     Ok(id)
+/// }
 ///
-/// let order = create_order(&pool, cmd).await?; // begin, run, insert events, commit
+/// # async fn place(pool: PgPool) -> Result<(), outbox_core::Error> {
+/// let id = create_order(&pool, CreateOrder { amount: 5 }).await?; // begin, run, insert events, commit
+/// # Ok(()) }
 /// ```
 ///
 /// Generates `create_order(db, cmd)` (runs the unit of work on a `&PgPool`,
@@ -53,8 +71,37 @@ pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     outbox_handler::expand(args.into(), item.into()).into()
 }
 
-/// Turns an async fn into a consumer-side event handler. See `docs/consumer.md`
-/// and `outbox_runtime::consumer`.
+/// Turns an async fn into a consumer-side event handler: a unit struct of the
+/// same name implementing `outbox_runtime::consumer::EventHandler`, to pass to
+/// `ConsumerBuilder::handler`. See `docs/consumer.md` and
+/// `outbox_runtime::consumer`.
+///
+/// ```
+/// use outbox_core::DomainEvent;
+/// use outbox_runtime::consumer::{EventHandler, event_handler};
+/// use sqlx::{Postgres, Transaction};
+///
+/// #[derive(DomainEvent, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+/// #[event(topic = "payment.events", event_type = "PaymentCompleted", aggregate = "Payment")]
+/// pub struct PaymentCompleted {
+///     #[event_id] pub event_id: uuid::Uuid,
+///     #[partition_key] #[aggregate_id] pub order_id: uuid::Uuid,
+/// }
+///
+/// #[event_handler]
+/// async fn on_payment_completed(
+///     tx: &mut Transaction<'_, Postgres>,
+///     event: PaymentCompleted,
+/// ) -> Result<(), sqlx::Error> {
+///     sqlx::query("UPDATE orders SET paid = true WHERE id = $1")
+///         .bind(event.order_id)
+///         .execute(&mut **tx)
+///         .await?;
+///     Ok(())
+/// }
+///
+/// assert_eq!(<on_payment_completed as EventHandler>::NAME, "on_payment_completed");
+/// ```
 #[proc_macro_attribute]
 pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     event_handler::event_handler(args.into(), item.into()).into()

@@ -4,8 +4,6 @@
 //! `outbox_event` rows to Kafka, the dedup and inbox consumers, migrations,
 //! retention and replay.
 
-pub use outbox_core as core;
-
 pub mod consumer;
 pub mod lifecycle;
 pub mod migrations;
