@@ -54,17 +54,6 @@ impl Target {
         Target::DiscardedInbox,
     ];
 
-    /// A short human-readable name, e.g. `published outbox rows`.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Target::PublishedOutbox => "published outbox rows",
-            Target::DiscardedOutbox => "discarded outbox rows",
-            Target::ProcessedEvent => "processed_event rows",
-            Target::ProcessedInbox => "processed inbox rows",
-            Target::DiscardedInbox => "discarded inbox rows",
-        }
-    }
-
     fn sql(self) -> TargetSql {
         // `$1` is the cutoff. Conditions use the alias `t` and are evaluated
         // twice per batch: when choosing rows and again when deleting them.

@@ -41,6 +41,11 @@ pub enum Table {
 }
 
 impl Table {
+    /// The table's name: `outbox_event` or `inbox_event`.
+    pub fn name(self) -> &'static str {
+        self.sql().0
+    }
+
     fn sql(self) -> (&'static str, &'static str, &'static str, &'static str) {
         // (table, id expression, written-at column, "parked and not finished")
         match self {
@@ -196,17 +201,4 @@ async fn update(
     rows.iter()
         .map(|row| sqlx::Row::try_get(row, 0).map_err(OpsError::from))
         .collect()
-}
-
-/// Whether any row of `table` (parked or not) has `topic`: tells a topic with
-/// no dead letters apart from a misspelt one.
-pub async fn topic_exists(pool: &PgPool, table: Table, topic: &str) -> Result<bool, OpsError> {
-    let (name, ..) = table.sql();
-    let exists = sqlx::query_scalar(super::trusted(format!(
-        "SELECT EXISTS (SELECT 1 FROM {name} WHERE topic = $1)"
-    )))
-    .bind(topic)
-    .fetch_one(pool)
-    .await?;
-    Ok(exists)
 }

@@ -16,7 +16,10 @@
 //! use outbox_runtime::ops::replay::{self, Replay, ReplayFilter};
 //!
 //! let filter = ReplayFilter { topic: Some("orders".into()), ..Default::default() };
-//! let producer = replay::producer("127.0.0.1:9092")?;
+//! let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+//!     .set("bootstrap.servers", "127.0.0.1:9092")
+//!     .set("enable.idempotence", "true")
+//!     .create()?;
 //! let report = Replay::new(filter).rate(500.0).run(&pool, &producer, |_sent| {}).await?;
 //! println!("run {} re-published {} events", report.run_id, report.published);
 //! # Ok(()) }
@@ -25,7 +28,6 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -112,18 +114,6 @@ struct Row {
     topic: String,
     partition_key: String,
     traceparent: Option<String>,
-}
-
-/// An idempotent producer (`enable.idempotence=true`, `acks=all`) for
-/// replays, with a 30 s delivery timeout.
-pub fn producer(brokers: &str) -> Result<FutureProducer, OpsError> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("message.timeout.ms", "30000")
-        .set("linger.ms", "5")
-        .create()?)
 }
 
 /// A replay run's settings.

@@ -1,11 +1,12 @@
 //! The `outbox` binary end to end: exit codes, `--json` output, one-line
 //! errors for bad input.
 
-mod cli_support;
+#[path = "../../outbox-runtime/tests/ops_support/mod.rs"]
+mod ops_support;
 
 use std::process::{Command, Output};
 
-use cli_support::{OutboxRow, count};
+use ops_support::{OutboxRow, count};
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};

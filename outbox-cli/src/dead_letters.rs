@@ -105,7 +105,7 @@ impl Select {
             None => Selection::All,
         };
         if let Selection::Topic(topic) = &selection
-            && !dead_letters::topic_exists(pool, self.table(), topic).await?
+            && !crate::db::topic_exists(pool, self.table(), topic).await?
         {
             return Err(CliError::Usage(format!(
                 "no {} row has topic '{topic}' (check the spelling)",

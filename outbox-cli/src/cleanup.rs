@@ -95,7 +95,7 @@ pub async fn run(pool: &PgPool, args: CleanupArgs, json: bool) -> Result<ExitCod
             if !json {
                 println!(
                     "would delete {matched} {} (before {})",
-                    target.describe(),
+                    describe(target),
                     output::time(cutoff)
                 );
             }
@@ -110,7 +110,7 @@ pub async fn run(pool: &PgPool, args: CleanupArgs, json: bool) -> Result<ExitCod
             if !json {
                 println!(
                     "deleted {deleted} {} (before {})",
-                    target.describe(),
+                    describe(target),
                     output::time(cutoff)
                 );
             }
@@ -142,7 +142,7 @@ async fn purge(
     } else {
         None
     };
-    let mut progress = Progress::start(&format!("deleting {}", target.describe()), total, json);
+    let mut progress = Progress::start(&format!("deleting {}", describe(target)), total, json);
     let mut purge = Purge::new(target, cutoff).batch_size(args.batch_size);
     let mut deleted = 0;
     while !purge.is_done() {
@@ -155,4 +155,15 @@ async fn purge(
     }
     progress.finish();
     Ok(deleted)
+}
+
+/// A short human-readable name, e.g. `published outbox rows`.
+fn describe(target: Target) -> &'static str {
+    match target {
+        Target::PublishedOutbox => "published outbox rows",
+        Target::DiscardedOutbox => "discarded outbox rows",
+        Target::ProcessedEvent => "processed_event rows",
+        Target::ProcessedInbox => "processed inbox rows",
+        Target::DiscardedInbox => "discarded inbox rows",
+    }
 }

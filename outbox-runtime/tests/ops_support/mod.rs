@@ -1,8 +1,18 @@
-//! Fixtures shared by the `cli_*` tests: rows in every state the operator
-//! tooling distinguishes, written with plain SQL.
+//! Fixtures shared by the operator tooling's tests (the `ops` library's here,
+//! the `outbox` binary's in `outbox-cli`): rows in every state the tooling
+//! distinguishes, written with plain SQL, and a topic to read back.
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -137,4 +147,90 @@ pub async fn processed_row(pool: &PgPool, group: &str, ago: i64) -> Uuid {
 
 pub async fn count(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+pub fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+pub async fn new_topic() -> String {
+    let topic = format!("cli-replay-{}", uuid::Uuid::new_v4());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    results.into_iter().for_each(|r| {
+        r.unwrap();
+    });
+    topic
+}
+
+pub struct Received {
+    pub key: String,
+    pub payload: String,
+    pub headers: HashMap<String, String>,
+}
+
+/// Reads the topic's only partition from the start up to an end marker this
+/// function appends, so "exactly these records" needs no waiting for silence.
+pub async fn read_back(topic: &str) -> Vec<Received> {
+    let marker: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    marker
+        .send(
+            FutureRecord::to(topic).key("end-marker").payload("{}"),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set(
+            "group.id",
+            format!("cli-replay-test-{}", uuid::Uuid::new_v4()),
+        )
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&assignment).unwrap();
+    let mut received = Vec::new();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(20), consumer.recv())
+            .await
+            .expect("records arrive")
+            .unwrap();
+        let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
+        if key == "end-marker" {
+            return received;
+        }
+        let headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        let value = String::from_utf8(h.value.unwrap().to_vec()).unwrap();
+                        (h.key.to_owned(), value)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        received.push(Received {
+            key,
+            payload: String::from_utf8(message.payload().unwrap().to_vec()).unwrap(),
+            headers,
+        });
+    }
 }

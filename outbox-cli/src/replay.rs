@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::ops::dead_letters::{self, Table};
+use outbox_runtime::ops::dead_letters::Table;
 use outbox_runtime::ops::replay::{self, Replay, ReplayFilter};
 use sqlx::PgPool;
 
@@ -92,7 +92,7 @@ pub async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode
         )));
     }
     if let Some(topic) = &filter.topic
-        && !dead_letters::topic_exists(pool, Table::Outbox, topic).await?
+        && !crate::db::topic_exists(pool, Table::Outbox, topic).await?
     {
         return Err(CliError::Usage(format!(
             "no outbox_event row has topic '{topic}' (check the spelling)"
@@ -112,7 +112,7 @@ pub async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode
     let brokers = args.brokers.as_deref().ok_or_else(|| {
         CliError::Usage("no brokers given: pass --brokers or set KAFKA_BROKERS".into())
     })?;
-    let producer = replay::producer(brokers)
+    let producer = producer(brokers)
         .map_err(|e| CliError::Usage(format!("cannot create the Kafka producer: {e}")))?;
     let mut run = Replay::new(filter.clone()).batch_size(args.batch_size as usize);
     if let Some(topic) = &args.target_topic {
@@ -139,4 +139,18 @@ pub async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An idempotent producer (`enable.idempotence=true`, `acks=all`) for
+/// replays, with a 30 s delivery timeout.
+fn producer(
+    brokers: &str,
+) -> Result<rdkafka::producer::FutureProducer, rdkafka::error::KafkaError> {
+    rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "30000")
+        .set("linger.ms", "5")
+        .create()
 }

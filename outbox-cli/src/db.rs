@@ -53,3 +53,22 @@ pub async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, Cli
         .acquire_timeout(timeout)
         .connect_lazy_with(options))
 }
+
+/// Whether any row of `table` (parked or not) has `topic`: tells a topic with
+/// no dead letters apart from a misspelt one.
+pub async fn topic_exists(
+    pool: &PgPool,
+    table: outbox_runtime::ops::dead_letters::Table,
+    topic: &str,
+) -> Result<bool, CliError> {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE topic = $1)",
+        table.name()
+    );
+    let exists = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(topic)
+        .fetch_one(pool)
+        .await
+        .map_err(outbox_runtime::ops::OpsError::from)?;
+    Ok(exists)
+}

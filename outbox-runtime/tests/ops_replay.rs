@@ -2,108 +2,16 @@
 //! exactly the selected events arrive again, with their key, value and
 //! headers; failures and the rate limit are recorded and honoured.
 
-mod cli_support;
+mod ops_support;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
-use cli_support::OutboxRow;
+use ops_support::{OutboxRow, brokers, new_topic, read_back};
 use outbox_runtime::ops::OpsError;
 use outbox_runtime::ops::replay::{self, HEADER_REPLAY, Replay, ReplayFilter};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use sqlx::PgPool;
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-async fn new_topic() -> String {
-    let topic = format!("cli-replay-{}", uuid::Uuid::new_v4());
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap();
-    results.into_iter().for_each(|r| {
-        r.unwrap();
-    });
-    topic
-}
-
-struct Received {
-    key: String,
-    payload: String,
-    headers: HashMap<String, String>,
-}
-
-/// Reads the topic's only partition from the start up to an end marker this
-/// function appends, so "exactly these records" needs no waiting for silence.
-async fn read_back(topic: &str) -> Vec<Received> {
-    let marker: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    marker
-        .send(
-            FutureRecord::to(topic).key("end-marker").payload("{}"),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set(
-            "group.id",
-            format!("cli-replay-test-{}", uuid::Uuid::new_v4()),
-        )
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(topic, 0, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&assignment).unwrap();
-    let mut received = Vec::new();
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(20), consumer.recv())
-            .await
-            .expect("records arrive")
-            .unwrap();
-        let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
-        if key == "end-marker" {
-            return received;
-        }
-        let headers = message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| {
-                        let value = String::from_utf8(h.value.unwrap().to_vec()).unwrap();
-                        (h.key.to_owned(), value)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        received.push(Received {
-            key,
-            payload: String::from_utf8(message.payload().unwrap().to_vec()).unwrap(),
-            headers,
-        });
-    }
-}
 
 #[sqlx::test(migrations = false)]
 async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: PgPool) {
@@ -144,7 +52,7 @@ async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: P
         ..Default::default()
     };
     assert_eq!(replay::count(&pool, &filter).await.unwrap(), 3);
-    let producer = replay::producer(&brokers()).unwrap();
+    let producer = producer();
     let mut progress = Vec::new();
     let report = Replay::new(filter.clone())
         .batch_size(2)
@@ -221,7 +129,7 @@ async fn replay_honours_the_rate_and_the_target_topic(pool: PgPool) {
         topic: Some("cli-replay-source".into()),
         ..Default::default()
     };
-    let producer = replay::producer(&brokers()).unwrap();
+    let producer = producer();
     let started = Instant::now();
     let report = Replay::new(filter)
         .target_topic(target.clone())
@@ -279,35 +187,12 @@ async fn a_failed_replay_is_recorded_with_its_error(pool: PgPool) {
     assert!(recorded.unwrap().contains("kafka"), "{error}");
 }
 
-#[sqlx::test(migrations = false)]
-async fn the_binary_replays_and_reports_json(pool: PgPool) {
-    use sqlx::ConnectOptions;
-    outbox_runtime::migrations::run(&pool).await.unwrap();
-    let topic = new_topic().await;
-    let source: &'static str = Box::leak(format!("{topic}-source").into_boxed_str());
-    for _ in 0..3 {
-        OutboxRow::new(source).published(60, 30).insert(&pool).await;
-    }
-    let url = pool.connect_options().to_url_lossy().to_string();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args([
-            "--database-url",
-            &url,
-            "replay",
-            "--json",
-            "--topic",
-            source,
-        ])
-        .args(["--target-topic", &topic])
-        .env("KAFKA_BROKERS", brokers())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(
-        (report["selected"].as_i64(), report["published"].as_i64()),
-        (Some(3), Some(3))
-    );
-    assert_eq!(read_back(&topic).await.len(), 3);
+/// An idempotent producer, as `outbox replay` makes one.
+fn producer() -> rdkafka::producer::FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()
+        .unwrap()
 }
