@@ -6,9 +6,13 @@
 //! files consumers read: one JSON Schema (draft 2020-12) per event at
 //! `<topic>/<event_type>.json` and one AsyncAPI 3.0 document `asyncapi.yaml`.
 //! Its [`check`](SchemaExport::check) mode compares them with committed files,
-//! so CI notices when the code and `schemas/` drift apart.
+//! so CI notices when the code and `schemas/` drift apart. The export is the
+//! feature `schema-export` (off by default): only the tool that writes
+//! `schemas/` needs it.
 //!
 //! ```no_run
+//! # #[cfg(feature = "schema-export")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use outbox_core::schema::{ExportOptions, SchemaExport};
 //!
 //! let export = ExportOptions::new()
@@ -17,17 +21,25 @@
 //!     .export(&outbox_core::schema::registered_events())?;
 //! export.write_to("schemas")?;
 //! export.check("schemas")?;
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # Ok(()) }
+//! # #[cfg(not(feature = "schema-export"))]
+//! # fn main() {}
 //! ```
 
+#[cfg(feature = "schema-export")]
 mod asyncapi;
+#[cfg(feature = "schema-export")]
 mod check;
+#[cfg(feature = "schema-export")]
 mod export;
+#[cfg(feature = "schema-export")]
 mod json;
-#[cfg(test)]
+#[cfg(all(test, feature = "schema-export"))]
 mod tests;
 
+#[cfg(feature = "schema-export")]
 pub use check::{Difference, DifferenceKind, Differences};
+#[cfg(feature = "schema-export")]
 pub use export::{ExportError, ExportOptions, SchemaExport, WriteReport};
 
 /// Static description of one event type.

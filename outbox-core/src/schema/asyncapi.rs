@@ -36,7 +36,7 @@ pub(super) fn render(
     version: &str,
     description: Option<&str>,
     events: &[DocumentEvent<'_>],
-) -> Result<String, serde_yaml::Error> {
+) -> Result<String, String> {
     let mut channels = BTreeMap::<String, Channel>::new();
     let mut operations = BTreeMap::<String, Operation>::new();
     let mut components = Components::default();
@@ -72,7 +72,7 @@ pub(super) fn render(
         );
     }
 
-    serde_yaml::to_string(&Document {
+    let document = serde_json::to_value(Document {
         asyncapi: "3.0.0",
         info: Info {
             title: title.to_owned(),
@@ -84,6 +84,67 @@ pub(super) fn render(
         operations,
         components,
     })
+    .map_err(|e| e.to_string())?;
+    to_yaml(&document)
+}
+
+/// Keys that come first in a mapping, in this order (AsyncAPI's usual
+/// layout: what the document is, then what it holds); other keys follow
+/// sorted, as in the value.
+const LEADING_KEYS: [&str; 14] = [
+    "asyncapi",
+    "info",
+    "title",
+    "version",
+    "description",
+    "defaultContentType",
+    "address",
+    "action",
+    "channel",
+    "summary",
+    "channels",
+    "operations",
+    "messages",
+    "components",
+];
+
+/// Writes a JSON value as a YAML document with yaml-rust2's emitter.
+fn to_yaml(document: &Value) -> Result<String, String> {
+    fn convert(value: &Value) -> yaml_rust2::Yaml {
+        use yaml_rust2::Yaml;
+        match value {
+            Value::Null => Yaml::Null,
+            Value::Bool(b) => Yaml::Boolean(*b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => Yaml::Integer(i),
+                None => Yaml::Real(n.to_string()),
+            },
+            Value::String(s) => Yaml::String(s.clone()),
+            Value::Array(items) => Yaml::Array(items.iter().map(convert).collect()),
+            Value::Object(map) => {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_by_key(|(k, _)| {
+                    LEADING_KEYS
+                        .iter()
+                        .position(|leading| leading == k)
+                        .unwrap_or(LEADING_KEYS.len())
+                });
+                Yaml::Hash(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (Yaml::String(k.clone()), convert(v)))
+                        .collect(),
+                )
+            }
+        }
+    }
+    let mut out = String::new();
+    yaml_rust2::YamlEmitter::new(&mut out)
+        .dump(&convert(document))
+        .map_err(|e| e.to_string())?;
+    // The emitter starts with a document marker and ends without a newline.
+    let body = out.strip_prefix("---\n").unwrap_or(&out);
+    Ok(format!("{body}\n"))
 }
 
 /// Converts the event's 2020-12 schema into the draft-07 dialect AsyncAPI

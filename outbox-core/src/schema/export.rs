@@ -141,7 +141,7 @@ impl ExportOptions {
             &document_events,
         )
         .map_err(|e| ExportError {
-            problems: vec![ExportProblem::Yaml(e.to_string())],
+            problems: vec![ExportProblem::Yaml(e)],
         })?;
         files.insert(ASYNCAPI_FILE.to_owned(), yaml);
         Ok(SchemaExport { files })
