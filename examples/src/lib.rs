@@ -21,3 +21,19 @@ pub mod setup;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust code blocks of the guides compile too (`docs/handler.md` is
+/// tested by `outbox-core`).
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/relay.md")]
+pub struct RelayGuideDoctests;
+
+/// See [`RelayGuideDoctests`].
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/consumer.md")]
+pub struct ConsumerGuideDoctests;
+
+/// See [`RelayGuideDoctests`].
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/attributes.md")]
+pub struct AttributesGuideDoctests;
