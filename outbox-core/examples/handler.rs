@@ -10,8 +10,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-/// The fact other services learn about. (With the `derive` feature ready,
-/// `#[derive(DomainEvent)]` writes this impl.)
+/// The fact other services learn about, with its `DomainEvent` impl written
+/// by hand to show what `#[derive(DomainEvent)]` generates.
 #[derive(Debug, Serialize)]
 struct OrderCreated {
     event_id: Uuid,

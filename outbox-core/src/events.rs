@@ -113,7 +113,8 @@ impl Events {
         self.failure.as_ref()
     }
 
-    /// The records to insert, or the deferred failure that must abort the unit of work.
+    /// The deferred failure of [`record`](Events::record) that must abort the
+    /// unit of work, taken out (`Ok` if every event serialized).
     pub(crate) fn take_failure(&mut self) -> Result<(), Error> {
         match self.failure.take() {
             Some(error) => Err(error),

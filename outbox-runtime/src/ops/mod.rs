@@ -4,10 +4,10 @@
 //! These are the SQL (and, for replay, the Kafka publishing) behind the
 //! `outbox` command-line tool, exposed as a library so services, health
 //! endpoints and tests can run them too. Every operation is safe to run while
-//! relays and consumers are running: writes happen in short transactions that
-//! lock only the rows they change (`FOR UPDATE SKIP LOCKED`), and the
-//! conditions that make a row eligible are re-checked in the same statement
-//! that changes it.
+//! relays and consumers are running: writes happen in short statements that
+//! re-check, in the statement that changes a row, the condition that made it
+//! eligible (retention deletes in batches chosen `FOR UPDATE SKIP LOCKED`, so
+//! it never waits for a relay's or processor's lock).
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {

@@ -23,8 +23,9 @@ pub struct RelayConfig {
     /// this interval while polls find nothing (commits in another process are
     /// seen within this interval).
     pub poll_interval: Duration,
-    /// How long librdkafka may try to deliver a message (`message.timeout.ms`)
-    /// and therefore the longest a batch's claim transaction stays open.
+    /// How long librdkafka may try to deliver a message (`message.timeout.ms`):
+    /// the longest a row stays in flight before its delivery counts as
+    /// failed (the claim itself holds no transaction open meanwhile).
     /// Default `30 s`.
     pub delivery_timeout: Duration,
     /// How long a batch waits for its last delivery reports once other rows
