@@ -696,3 +696,76 @@ async fn a_retried_parked_inbox_row_is_claimed_again(pool: PgPool) {
     running.shutdown().await.unwrap();
     assert_eq!(count(&pool, "SELECT count(*) FROM inbox_key").await, 0);
 }
+
+test_event!(Transient, "consumer-test.liveness.transient", "Transient");
+
+/// Fails the first two times it sees amount 50 (the batch's first pass and
+/// its careful pass), then succeeds.
+#[event_handler]
+async fn on_transient(tx: &mut Transaction<'_, Postgres>, event: Transient) -> Result<(), String> {
+    static FAILURES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    if event.amount == 50 && FAILURES.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2 {
+        return Err("a transient failure".into());
+    }
+    sqlx::query("INSERT INTO effect (event_id, amount) VALUES ($1, $2)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Dedup mode: one failing event costs its batch one more pass, not a
+/// transaction per event, and the events after it in its partition are
+/// applied after it (offset order).
+#[sqlx::test(migrations = false)]
+async fn dedup_a_failing_event_costs_its_batch_one_more_pass(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(Transient::TOPIC, 1).await;
+    let group = unique_group("liveness-transient");
+    start_group_at(&group, Transient::TOPIC, 1, true).await;
+    let key = Uuid::new_v4();
+    let events: Vec<Transient> = (0..100)
+        .map(|amount| Transient {
+            event_id: Uuid::new_v4(),
+            order_id: key,
+            amount,
+        })
+        .collect();
+    let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();
+    // Stored before the consumer starts, so that one batch holds them all.
+    produce_all(&events).await;
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_transient)
+        .batch_size(500)
+        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .build()
+        .unwrap()
+        .spawn();
+    wait_until("every event applied", Duration::from_secs(30), || async {
+        effects_of(&pool, &ids).await == 100
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT amount FROM effect WHERE event_id = ANY($1) ORDER BY at")
+            .bind(&ids)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(applied, (0..100).collect::<Vec<_>>(), "offset order");
+    // processed_at is the transaction's start: one value per transaction.
+    let transactions: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT processed_at) FROM processed_event WHERE consumer_group = $1",
+    )
+    .bind(&group)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    println!("[liveness] 100 events with one transient failure: {transactions} transactions");
+    assert!(
+        transactions <= 10,
+        "{transactions} transactions: a transaction per event after the failure?"
+    );
+}

@@ -2,9 +2,15 @@
 //!
 //! A batch first runs optimistically in a single transaction (one dedup insert
 //! for all its event ids, then each new event's handler, one commit). If any
-//! handler fails, that transaction rolls back as a whole and the batch is
-//! handled again one event per transaction, each with its own retry budget, so
-//! a failing event never takes its neighbours' effects with it.
+//! handler fails, that transaction rolls back as a whole and a careful pass
+//! runs the batch again in one transaction with a savepoint per event: a
+//! failing event's dedup row and effects are undone, the events after it in
+//! its partition wait, every other event is committed. The failing event is
+//! then retried on its own, in place (its partition waits, in offset order),
+//! with its retry budget, and dead-lettered when that is spent; then the
+//! events that waited behind it go on. So a failing event never takes its
+//! neighbours' effects with it, and costs its batch one more pass, not a
+//! transaction per event.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -77,13 +83,28 @@ pub(crate) async fn handle_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<bo
             Fast::Committed => work.iter().for_each(|w| done[w.index] = true),
             Fast::Interrupted => return done,
             Fast::HandlerFailed => {
-                for w in &mut work {
-                    match handle_one(ctx, w).await {
-                        One::Done => done[w.index] = true,
-                        One::DeadLetter(error) => aside
-                            .push((w.index, Aside::Dead(DeadLetterReason::HandlerFailed, error))),
-                        One::Interrupted => return done,
+                let mut pending: Vec<usize> = (0..work.len()).collect();
+                while !pending.is_empty() {
+                    let Careful { finished, failed } = match careful(ctx, &mut work, &pending).await
+                    {
+                        Some(pass) => pass,
+                        None => return done,
+                    };
+                    let mut resolved: HashSet<usize> = finished.iter().copied().collect();
+                    finished.iter().for_each(|&i| done[work[i].index] = true);
+                    for (i, error) in failed {
+                        let w = &mut work[i];
+                        match handle_one(ctx, w, 1, error).await {
+                            One::Done => done[w.index] = true,
+                            One::DeadLetter(error) => aside.push((
+                                w.index,
+                                Aside::Dead(DeadLetterReason::HandlerFailed, error),
+                            )),
+                            One::Interrupted => return done,
+                        }
+                        resolved.insert(i);
                     }
+                    pending.retain(|i| !resolved.contains(i));
                 }
             }
         }
@@ -149,13 +170,116 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
     }
 }
 
+/// What a careful pass did: the work it finished (handled or found to be a
+/// duplicate) and the first failing event of each partition, with its error.
+struct Careful {
+    finished: Vec<usize>,
+    failed: Vec<(usize, String)>,
+}
+
+/// Runs the `pending` work (indices into `work`, in offset order) in one
+/// transaction, each event under a savepoint. `None` when shutting down.
+async fn careful(ctx: &Shared, work: &mut [Work], pending: &[usize]) -> Option<Careful> {
+    let mut db_retry = 0;
+    loop {
+        let attempt = async {
+            let mut tx = ctx.pool.begin().await?;
+            let mut pass = Careful {
+                finished: Vec::new(),
+                failed: Vec::new(),
+            };
+            let mut blocked: HashSet<(String, i32)> = HashSet::new();
+            let mut handled = 0u64;
+            for &i in pending {
+                let w = &mut work[i];
+                let partition = (
+                    w.envelope.meta.topic.clone(),
+                    w.envelope.meta.partition.unwrap_or_default(),
+                );
+                if blocked.contains(&partition) {
+                    continue; // behind a failed event of its partition
+                }
+                sqlx::query("SAVEPOINT outbox_dedup_event")
+                    .execute(&mut *tx)
+                    .await?;
+                let inserted = sqlx::query(
+                    "INSERT INTO processed_event (consumer_group, event_id) VALUES ($1, $2)
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(&ctx.settings.group_id)
+                .bind(w.envelope.meta.event_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if inserted == 0 {
+                    pass.finished.push(i); // a duplicate
+                    continue;
+                }
+                let event = w.event();
+                match ctx
+                    .call(&*w.handler, &mut tx, event, &w.envelope.meta)
+                    .await
+                {
+                    Ok(()) => {
+                        sqlx::query("RELEASE SAVEPOINT outbox_dedup_event")
+                            .execute(&mut *tx)
+                            .await?;
+                        pass.finished.push(i);
+                        handled += 1;
+                    }
+                    Err(error) => {
+                        // Undoes the dedup row too: the event is not processed.
+                        sqlx::query("ROLLBACK TO SAVEPOINT outbox_dedup_event")
+                            .execute(&mut *tx)
+                            .await?;
+                        if !ctx.db_reachable().await {
+                            // An outage, not the event's fault.
+                            return Err(sqlx::Error::PoolTimedOut);
+                        }
+                        blocked.insert(partition);
+                        pass.failed.push((i, error.to_string()));
+                    }
+                }
+            }
+            tx.commit().await?;
+            ctx.committed();
+            let group = ctx.group();
+            metrics::counter!(m::HANDLED, "group" => group.clone()).increment(handled);
+            metrics::counter!(m::DUPLICATES, "group" => group)
+                .increment(pass.finished.len() as u64 - handled);
+            Ok::<_, sqlx::Error>(pass)
+        }
+        .await;
+        match attempt {
+            Ok(pass) => return Some(pass),
+            Err(error) => {
+                if !ctx.db_failed(&error, &mut db_retry).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 enum Step {
     Db(sqlx::Error),
     Handler(String),
 }
 
-async fn handle_one(ctx: &Shared, w: &mut Work) -> One {
-    let mut attempts = 0;
+/// Retries one event in place until it is handled, found to be a duplicate
+/// or out of attempts (`failed_before` attempts already failed, the last
+/// with `last_error`).
+async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: String) -> One {
+    let mut attempts = failed_before;
+    if attempts >= ctx.settings.max_attempts {
+        return One::DeadLetter(format!(
+            "handler `{}` failed {attempts} times; last error: {last_error}",
+            w.handler.name()
+        ));
+    }
+    if !ctx.pause(ctx.settings.backoff(attempts)).await {
+        return One::Interrupted;
+    }
     let mut db_retry = 0;
     loop {
         let attempt = async {
