@@ -7,6 +7,7 @@ mod cleanup;
 mod db;
 mod dead_letters;
 mod error;
+mod kafka;
 mod migrate;
 mod notify;
 mod output;

@@ -49,14 +49,8 @@ pub struct ReplayArgs {
     /// Send to this topic instead of each event's own.
     #[arg(long, value_name = "TOPIC")]
     target_topic: Option<String>,
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        env = "KAFKA_BROKERS",
-        value_name = "HOST:PORT,...",
-        hide_env_values = true
-    )]
-    brokers: Option<String>,
+    #[command(flatten)]
+    kafka: crate::kafka::KafkaArgs,
     /// Send at most N events per second on average.
     #[arg(long, value_name = "N", value_parser = args::positive)]
     rate: Option<i64>,
@@ -109,11 +103,13 @@ pub async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let brokers = args.brokers.as_deref().ok_or_else(|| {
-        CliError::Usage("no brokers given: pass --brokers or set KAFKA_BROKERS".into())
+    let settings = args.kafka.settings()?;
+    let producer = producer(&settings).map_err(|e| {
+        CliError::Usage(format!(
+            "cannot create the Kafka producer: {}",
+            settings.redact(&e.to_string())
+        ))
     })?;
-    let producer = producer(brokers)
-        .map_err(|e| CliError::Usage(format!("cannot create the Kafka producer: {e}")))?;
     let mut run = Replay::new(filter.clone()).batch_size(args.batch_size as usize);
     if let Some(topic) = &args.target_topic {
         run = run.target_topic(topic.clone());
@@ -141,16 +137,20 @@ pub async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-/// An idempotent producer (`enable.idempotence=true`, `acks=all`) for
-/// replays, with a 30 s delivery timeout.
+/// An idempotent producer (`enable.idempotence=true`, `acks=all`, as the
+/// relay's) for replays: the user's settings, a 30 s delivery timeout and a
+/// 5 ms linger unless they set those.
 fn producer(
-    brokers: &str,
+    settings: &outbox_runtime::kafka_settings::KafkaSettings,
 ) -> Result<rdkafka::producer::FutureProducer, rdkafka::error::KafkaError> {
-    rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let mut config = settings.client_config();
+    for (key, default) in [("message.timeout.ms", "30000"), ("linger.ms", "5")] {
+        if config.get(key).is_none() {
+            config.set(key, default);
+        }
+    }
+    config
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("message.timeout.ms", "30000")
-        .set("linger.ms", "5")
         .create()
 }

@@ -39,3 +39,96 @@ async fn the_binary_replays_and_reports_json(pool: PgPool) {
     );
     assert_eq!(read_back(&topic).await.len(), 3);
 }
+
+/// Runs `outbox replay --json` of `source` into `target` with `extra`
+/// arguments and no `KAFKA_*` variable but `env`.
+fn replay(
+    pool: &PgPool,
+    source: &str,
+    target: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    use sqlx::ConnectOptions;
+    let url = pool.connect_options().to_url_lossy().to_string();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command
+        .args([
+            "--database-url",
+            &url,
+            "replay",
+            "--json",
+            "--topic",
+            source,
+        ])
+        .args(["--target-topic", target])
+        .args(extra);
+    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("KAFKA_")) {
+        command.env_remove(name);
+    }
+    command.envs(env.iter().copied()).output().unwrap()
+}
+
+/// The kcat conventions reach librdkafka: `--kafka-config` names the broker,
+/// `-X` sets (and overrides) settings, and an error never shows a secret.
+#[sqlx::test(migrations = false)]
+async fn kafka_settings_come_from_a_file_the_environment_and_x_flags(pool: PgPool) {
+    outbox_runtime::migrations::run(&pool).await.unwrap();
+    let topic = new_topic().await;
+    let source: &'static str = Box::leak(format!("{topic}-source").into_boxed_str());
+    OutboxRow::new(source).published(60, 30).insert(&pool).await;
+    let dir = std::env::temp_dir().join(format!("outbox-cli-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("client.properties");
+    std::fs::write(
+        &file,
+        format!("# the test broker\nbootstrap.servers={}\n", brokers()),
+    )
+    .unwrap();
+
+    // The file alone names the broker.
+    let output = replay(
+        &pool,
+        source,
+        &topic,
+        &["--kafka-config", file.to_str().unwrap()],
+        &[],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(read_back(&topic).await.len(), 1);
+
+    // -X reaches librdkafka: a value it refuses is reported, exit 2, and the
+    // secret set beside it is not printed.
+    let output = replay(
+        &pool,
+        source,
+        &topic,
+        &[
+            "--kafka-config",
+            file.to_str().unwrap(),
+            "-X",
+            "compression.codec=bogus",
+            "-X",
+            "sasl.password=TOPSECRET",
+        ],
+        &[("KAFKA_SASL_USERNAME", "orders")],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("compression.codec") && stderr.contains("bogus"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("TOPSECRET"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("TOPSECRET"));
+
+    // No broker anywhere: a usage error naming the ways to give one.
+    let output = replay(&pool, source, &topic, &[], &[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--kafka-config"));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -5,6 +5,7 @@
 //! retention and replay.
 
 pub mod consumer;
+pub mod kafka_settings;
 pub mod lifecycle;
 pub mod migrations;
 pub mod ops;
