@@ -21,10 +21,13 @@ pub enum NotifyCommand {
 }
 
 pub async fn run(pool: &PgPool, command: NotifyCommand, json: bool) -> Result<ExitCode, CliError> {
-    match command {
-        NotifyCommand::Enable => notify::enable(pool).await?,
-        NotifyCommand::Disable => notify::disable(pool).await?,
-        NotifyCommand::Status => {}
+    let changed = match command {
+        NotifyCommand::Enable => notify::enable(pool).await,
+        NotifyCommand::Disable => notify::disable(pool).await,
+        NotifyCommand::Status => Ok(()),
+    };
+    if let Err(error) = changed {
+        return Err(without_privilege(&error).unwrap_or_else(|| error.into()));
     }
     let enabled = notify::is_enabled(pool).await?;
     if json {
@@ -43,4 +46,17 @@ pub async fn run(pool: &PgPool, command: NotifyCommand, json: bool) -> Result<Ex
         println!("notifications off: relays in other processes poll");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A refusal for lack of privilege (`insufficient_privilege`, or not the
+/// table's owner), with the hint to run the command as the migration role.
+fn without_privilege(error: &sqlx::Error) -> Option<CliError> {
+    let code = error.as_database_error()?.code()?;
+    (code == "42501").then(|| {
+        CliError::Usage(format!(
+            "{}; creating or dropping the trigger needs the rights of the role that owns \
+             outbox_event: run `outbox notify` as the role that runs your migrations",
+            outbox_core::DbErrorDisplay(error)
+        ))
+    })
 }

@@ -530,3 +530,46 @@ async fn out_of_range_durations_and_times_exit_2(pool: PgPool) {
         assert_usage_error(&unparsable, &format!("'{flag} <DURATION>': out of range"));
     }
 }
+
+/// `outbox notify enable` run by a role without the right to create the
+/// trigger (an application role, not the migration role) exits 2 with a
+/// hint, not with PostgreSQL's bare "permission denied".
+#[sqlx::test(migrations = false)]
+async fn notify_without_the_right_to_create_triggers_says_which_role_to_use(pool: PgPool) {
+    assert!(outbox(Some(&pool), &["migrate"]).status.success());
+    let role = format!("outbox_app_{}", uuid::Uuid::new_v4().simple());
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN; GRANT CONNECT ON DATABASE \"{database}\" TO {role};
+         GRANT USAGE ON SCHEMA public TO {role}; GRANT SELECT ON outbox_event TO {role};"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let options: &PgConnectOptions = &pool.connect_options();
+    let as_app = options.clone().username(&role).to_url_lossy().to_string();
+    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .env_remove("DATABASE_URL")
+        .args(["--database-url", &as_app, "notify", "enable"])
+        .output()
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "REVOKE ALL ON outbox_event FROM {role}; REVOKE ALL ON SCHEMA public FROM {role};
+         REVOKE ALL ON DATABASE \"{database}\" FROM {role}; DROP ROLE {role};"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_usage_error(
+        &output,
+        "run `outbox notify` as the role that runs your migrations",
+    );
+    assert!(
+        stderr(&output).contains("SQLSTATE 42501"),
+        "{}",
+        stderr(&output)
+    );
+}
