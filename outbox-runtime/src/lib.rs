@@ -5,6 +5,9 @@
 //! retention and replay.
 
 pub mod consumer;
+/// The core crate, for code the macros generate. Not a public API.
+#[doc(hidden)]
+pub use outbox_core as __private_core;
 pub mod kafka_settings;
 pub mod lifecycle;
 pub mod migrations;

@@ -43,6 +43,14 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
         #[derive(Debug, Clone, Copy, Default)]
         #vis struct #name;
 
+        #private::inventory::submit! {
+            #runtime::consumer::HandlerDescriptor::__new(
+                <#event as #runtime::__private_core::DomainEvent>::TOPIC,
+                <#event as #runtime::__private_core::DomainEvent>::EVENT_TYPE,
+                #name_str,
+            )
+        }
+
         #[automatically_derived]
         impl #runtime::consumer::EventHandler for #name {
             type Event = #event;

@@ -118,6 +118,45 @@ pub mod metric_names {
     pub const OFFSET_GAPS: &str = "outbox_consumer_offset_gaps_total";
 }
 
+/// An `#[event_handler]` linked into this binary: which (topic, event type)
+/// it handles. Every `#[event_handler]` registers one; see
+/// [`registered_handlers`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct HandlerDescriptor {
+    /// The topic of its event.
+    pub topic: &'static str,
+    /// Its event type.
+    pub event_type: &'static str,
+    /// The handler's name.
+    pub name: &'static str,
+}
+
+impl HandlerDescriptor {
+    /// For code `#[event_handler]` generates. Not a public API.
+    #[doc(hidden)]
+    pub const fn __new(topic: &'static str, event_type: &'static str, name: &'static str) -> Self {
+        Self {
+            topic,
+            event_type,
+            name,
+        }
+    }
+}
+
+outbox_core::__private::inventory::collect!(HandlerDescriptor);
+
+/// Every `#[event_handler]` linked into this binary, sorted by topic, event
+/// type and name: what `outbox_runtime::topics` derives the dead-letter
+/// topics a service needs from.
+pub fn registered_handlers() -> Vec<&'static HandlerDescriptor> {
+    let mut handlers: Vec<_> = outbox_core::__private::inventory::iter::<HandlerDescriptor>
+        .into_iter()
+        .collect();
+    handlers.sort_by_key(|h| (h.topic, h.event_type, h.name));
+    handlers
+}
+
 /// A consumer could not be built.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -169,6 +208,7 @@ pub enum ConsumerError {
 #[doc(hidden)]
 pub mod __private {
     pub use futures::future::BoxFuture;
+    pub use outbox_core::__private::inventory;
     pub use outbox_core::Events;
     pub use sqlx::{Postgres, Transaction};
 
