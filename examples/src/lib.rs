@@ -6,12 +6,15 @@
 //!   consumer of `payment.events` that marks orders paid.
 //! - [`payments`]: a dedup-mode consumer of `order.events` that charges each
 //!   order once and records `PaymentCompleted` through its own outbox.
+//! - [`observability`]: what both serve to operators: `/metrics`
+//!   (Prometheus), `/health/live` and `/health/ready`.
 //! - the `demo` binary runs both on embedded defaults and drives orders
 //!   through HTTP; `orders` and `payments` run one service each.
 
 pub mod demo;
 pub mod events;
 pub mod http_error;
+pub mod observability;
 pub mod orders;
 pub mod payments;
 pub mod service;

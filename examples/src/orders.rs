@@ -16,12 +16,12 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::events::{OrderCreated, PaymentCompleted};
 use crate::http_error::ApiError;
-use crate::service::{ServiceError, Tuning, consumer_config, kafka_config};
+use crate::observability::{self, Liveness};
+use crate::service::{HttpServer, ServiceError, Tuning, consumer_config, kafka_config};
 
 /// The command behind `POST /orders`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +102,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// The HTTP API.
+/// The HTTP API (without the probes of [`observability::router`]).
 pub fn router(pool: PgPool) -> Router {
     Router::new()
         .route("/orders", post(post_order))
@@ -204,10 +204,9 @@ async fn get_order(
 
 /// A running orders service: HTTP server, relay and payment consumer.
 pub struct OrdersService {
-    /// Where the HTTP API listens.
+    /// Where the HTTP API (with `/metrics` and `/health/*`) listens.
     pub addr: SocketAddr,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-    stop_http: CancellationToken,
+    server: HttpServer,
     relay: RelayHandle,
     consumer: ConsumerHandle,
 }
@@ -215,7 +214,9 @@ pub struct OrdersService {
 impl OrdersService {
     /// Starts the service on `listener`, with its relay and its inbox-mode
     /// consumer of `payment.events` (group `group_id`), against the Kafka
-    /// cluster at `bootstrap_servers`.
+    /// cluster at `bootstrap_servers`. Besides the orders API the listener
+    /// serves `/metrics`, `/health/live` and `/health/ready`
+    /// ([`observability`]).
     pub async fn start(
         pool: PgPool,
         bootstrap_servers: &str,
@@ -233,18 +234,19 @@ impl OrdersService {
                 .processor_poll_interval(tuning.poll_interval)
                 .build()?
                 .spawn();
-        let addr = listener.local_addr().map_err(ServiceError::Listen)?;
-        let stop_http = CancellationToken::new();
-        let stopped = stop_http.clone();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, router(pool))
-                .with_graceful_shutdown(async move { stopped.cancelled().await })
-                .await
-        });
+        let liveness = Liveness::new()
+            .relay("relay", &relay)
+            .consumer(format!("consumer {group_id}"), &consumer);
+        let probes = observability::router(
+            pool.clone(),
+            liveness,
+            tuning.readiness.clone(),
+            observability::prometheus(),
+        );
+        let server = HttpServer::start(listener, router(pool).merge(probes))?;
         Ok(Self {
-            addr,
+            addr: server.addr,
             server,
-            stop_http,
             relay,
             consumer,
         })
@@ -259,13 +261,10 @@ impl OrdersService {
     /// Stops accepting requests, then stops the consumer and the relay, each
     /// finishing what it has in flight.
     pub async fn shutdown(self) -> Result<(), ServiceError> {
-        self.stop_http.cancel();
-        let served = self.server.await;
+        let served = self.server.shutdown().await;
         let consumer = self.consumer.shutdown().await;
         self.relay.shutdown().await;
-        served
-            .map_err(|e| ServiceError::Task(e.to_string()))?
-            .map_err(ServiceError::Listen)?;
+        served?;
         consumer?;
         Ok(())
     }

@@ -1,16 +1,21 @@
 //! The payments service: a dedup-mode consumer of `order.events` "charges"
 //! each order and records `PaymentCompleted` through its own outbox, in the
-//! same transaction as the dedup row; its relay publishes it.
+//! same transaction as the dedup row; its relay publishes it. A small HTTP
+//! server answers `/metrics`, `/health/live` and `/health/ready`.
+
+use std::net::SocketAddr;
 
 use chrono::Utc;
 use outbox_core::Events;
 use outbox_runtime::consumer::{Consumer, ConsumerHandle, event_handler};
 use outbox_runtime::relay::{Relay, RelayHandle};
 use sqlx::{PgPool, Postgres, Transaction};
+use tokio::net::TcpListener;
 use uuid::Uuid;
 
 use crate::events::{OrderCreated, PaymentCompleted};
-use crate::service::{ServiceError, Tuning, consumer_config, kafka_config};
+use crate::observability::{self, Liveness};
+use crate::service::{HttpServer, ServiceError, Tuning, consumer_config, kafka_config};
 
 /// Errors of the payment handler.
 #[derive(Debug, thiserror::Error)]
@@ -68,29 +73,51 @@ pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// A running payments service: its consumer and its relay.
+/// A running payments service: its consumer, its relay and the HTTP server
+/// of its probes.
 pub struct PaymentsService {
+    /// Where `/metrics`, `/health/live` and `/health/ready` are served.
+    pub addr: SocketAddr,
+    server: HttpServer,
     relay: RelayHandle,
     consumer: ConsumerHandle,
 }
 
 impl PaymentsService {
-    /// Starts the dedup-mode consumer of `order.events` (group `group_id`) and
-    /// the relay of the payments outbox.
-    pub fn start(
+    /// Starts the dedup-mode consumer of `order.events` (group `group_id`),
+    /// the relay of the payments outbox, and the probes ([`observability`])
+    /// on `listener`.
+    pub async fn start(
         pool: PgPool,
         bootstrap_servers: &str,
         group_id: &str,
+        listener: TcpListener,
         tuning: &Tuning,
     ) -> Result<Self, ServiceError> {
         let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
             .poll_interval(tuning.poll_interval)
             .spawn()?;
-        let consumer = Consumer::builder(pool, consumer_config(bootstrap_servers), group_id)
-            .handler(on_order_created)
-            .build()?
-            .spawn();
-        Ok(Self { relay, consumer })
+        let consumer =
+            Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id)
+                .handler(on_order_created)
+                .build()?
+                .spawn();
+        let liveness = Liveness::new()
+            .relay("relay", &relay)
+            .consumer(format!("consumer {group_id}"), &consumer);
+        let probes = observability::router(
+            pool,
+            liveness,
+            tuning.readiness.clone(),
+            observability::prometheus(),
+        );
+        let server = HttpServer::start(listener, probes)?;
+        Ok(Self {
+            addr: server.addr,
+            server,
+            relay,
+            consumer,
+        })
     }
 
     /// Resolves when the relay or the consumer stopped on its own; see
@@ -99,10 +126,13 @@ impl PaymentsService {
         crate::service::failure(&self.relay, &self.consumer)
     }
 
-    /// Stops the consumer, then the relay, each finishing what it has in flight.
+    /// Stops the HTTP server, then the consumer, then the relay, each
+    /// finishing what it has in flight.
     pub async fn shutdown(self) -> Result<(), ServiceError> {
+        let served = self.server.shutdown().await;
         let consumer = self.consumer.shutdown().await;
         self.relay.shutdown().await;
+        served?;
         consumer?;
         Ok(())
     }

@@ -1,8 +1,13 @@
-//! What both example services share: errors, tuning, Kafka settings, topics
-//! and the shutdown signal.
+//! What both example services share: errors, tuning, Kafka settings, topics,
+//! the HTTP server and the shutdown signal.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use outbox_runtime::consumer::ConsumerHandle;
 use outbox_runtime::lifecycle::Stopped;
@@ -91,13 +96,48 @@ pub fn failure(
 pub struct Tuning {
     /// Relay and inbox processor idle poll interval.
     pub poll_interval: Duration,
+    /// When `/health/ready` fails.
+    pub readiness: crate::observability::Readiness,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
         Self {
             poll_interval: Duration::from_millis(100),
+            readiness: crate::observability::Readiness::default(),
         }
+    }
+}
+
+/// A service's HTTP server: serves its router on a listener until shut down.
+pub struct HttpServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    stop: CancellationToken,
+}
+
+impl HttpServer {
+    /// Serves `router` on `listener`.
+    pub fn start(listener: TcpListener, router: Router) -> Result<Self, ServiceError> {
+        let addr = listener.local_addr().map_err(ServiceError::Listen)?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await
+        });
+        Ok(Self { addr, task, stop })
+    }
+
+    /// Stops accepting connections and waits for the requests in progress.
+    pub async fn shutdown(self) -> Result<(), ServiceError> {
+        self.stop.cancel();
+        self.task
+            .await
+            .map_err(|e| ServiceError::Task(e.to_string()))?
+            .map_err(ServiceError::Listen)
     }
 }
 

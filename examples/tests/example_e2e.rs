@@ -1,13 +1,26 @@
 //! The example system end to end against the real broker and PostgreSQL:
-//! every order ends up paid, each event handled exactly once.
+//! every order ends up paid, each event handled exactly once; both services
+//! answer `/metrics`, `/health/live` and `/health/ready` over HTTP, and the
+//! metrics the Grafana dashboard queries come out of the exporter under the
+//! names and types the dashboard expects.
 
-use std::time::Duration;
+mod support;
 
-use outbox_examples::demo::{DemoConfig, run};
-use outbox_examples::orders::parse_create_order;
-use outbox_examples::setup::Broker;
-use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use outbox_examples::demo::{Demo, DemoConfig};
+use outbox_examples::observability::{self, Liveness, Readiness};
+use outbox_examples::orders::{self, OrdersService, parse_create_order};
+use outbox_examples::service::{HttpServer, Tuning};
+use outbox_examples::setup::{Broker, connect_database};
+use outbox_runtime::consumer::metric_names as consumer;
+use outbox_runtime::ops::status::Thresholds;
+use outbox_runtime::relay::{Relay, telemetry as relay};
+use serde_json::{Value, json};
 use sqlx::Connection;
+use support::dashboard::{Kind, documented, documented_metric, exposition_types, queried};
 
 fn server_url() -> String {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (set in .cargo/config.toml)");
@@ -15,6 +28,10 @@ fn server_url() -> String {
     // names its own databases.
     let (server, _database) = url.rsplit_once('/').expect("DATABASE_URL names a database");
     server.to_owned()
+}
+
+fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
 async fn drop_databases(server: &str, name: &str) {
@@ -30,9 +47,23 @@ async fn drop_databases(server: &str, name: &str) {
     }
 }
 
+/// `GET http://addr/path`: status and body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let response = reqwest::get(format!("http://{addr}{path}"))
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+async fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
+    let (status, body) = get(addr, path).await;
+    let body = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    (status, body)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_order_is_paid_once_through_the_real_broker() {
-    let brokers = std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let server = server_url();
     let name = format!("outbox_e2e_{}", uuid::Uuid::new_v4().simple());
     let config = DemoConfig {
@@ -43,8 +74,25 @@ async fn every_order_is_paid_once_through_the_real_broker() {
         group_suffix: format!("-{name}"),
         progress_every: None,
     };
-    let summary = run(&config, &Broker::External(brokers)).await;
+    let demo = Demo::start(&config, &Broker::External(brokers()))
+        .await
+        .expect("start the services");
+    let summary = demo.drive_and_wait().await;
+    let probed = async {
+        for addr in [demo.orders_addr(), demo.payments_addr()] {
+            services_answer_their_probes(addr).await;
+        }
+        dashboard_metrics_are_exported(demo.orders_addr()).await;
+        readiness_follows_the_outbox(&server, &name, demo.orders_addr()).await;
+    };
+    // Catch a failed probe so that the services stop and the databases go.
+    let probed = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(probed)).await;
+    let stopped = demo.shutdown().await;
     drop_databases(&server, &name).await;
+    if let Err(panic) = probed {
+        std::panic::resume_unwind(panic);
+    }
+    stopped.expect("clean shutdown");
     let summary = summary.expect("demo run");
     assert!(summary.complete(), "incomplete run:\n{summary}");
     assert_eq!(summary.lost(), 0);
@@ -54,6 +102,264 @@ async fn every_order_is_paid_once_through_the_real_broker() {
     assert_eq!(summary.order_events_handled, 120);
     assert_eq!(summary.payment_events_handled, 120);
     assert_eq!(summary.payments_completed, 120);
+    let latency = summary.latency.order_paid.expect("round-trip latencies");
+    assert_eq!(latency.samples, 120);
+    assert!(latency.p50 <= latency.p99 && latency.p99 < Duration::from_secs(60));
+}
+
+/// Live (relay and consumer running), ready (database reachable, outbox
+/// within the default thresholds) and a Prometheus scrape with the
+/// framework's metrics.
+async fn services_answer_their_probes(addr: SocketAddr) {
+    let (status, live) = get_json(addr, "/health/live").await;
+    assert_eq!(status, 200, "{live}");
+    assert_eq!(live["status"], "live");
+    let tasks: Vec<&str> = live["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task"].as_str().unwrap())
+        .collect();
+    assert_eq!(tasks.len(), 2, "{live}");
+    assert_eq!(tasks[0], "relay");
+    assert!(tasks[1].starts_with("consumer "), "{live}");
+
+    let (status, ready) = get_json(addr, "/health/ready").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["status"], "ready");
+    assert_eq!(ready["breaches"], json!([]));
+    assert!(ready["outbox_pending"].is_i64(), "{ready}");
+
+    let response = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains(&format!("# TYPE {} counter", relay::PUBLISHED)),
+        "{text}"
+    );
+}
+
+/// Metrics that a healthy run does not record: counters of failures (they
+/// appear with the first one) and gauges set only when their state changes
+/// from the initial one.
+const ONLY_ON_TROUBLE: [&str; 12] = [
+    relay::ERRORS,
+    relay::HELD_BACK,
+    relay::MEMBERS_EVICTED,
+    relay::BROKER_FAILING,
+    relay::UNAVAILABLE_PARTITIONS,
+    consumer::HANDLER_ERRORS,
+    consumer::DEAD_LETTERED,
+    consumer::UNKNOWN_SKIPPED,
+    consumer::DB_ERRORS,
+    consumer::INBOX_PARKED,
+    consumer::OFFSET_GAPS,
+    outbox_runtime::lifecycle::TASKS_FAILED,
+];
+
+/// Every metric the dashboard queries is in the exporter's output with the
+/// type its docs give it (a histogram with `_bucket` series), unless a
+/// healthy run does not record it ([`ONLY_ON_TROUBLE`]).
+async fn dashboard_metrics_are_exported(addr: SocketAddr) {
+    let documented = documented();
+    let wanted: BTreeMap<&str, Kind> = queried()
+        .keys()
+        .map(|series| documented_metric(series, &documented).expect("documented"))
+        .collect();
+    // Gauges refreshed on an interval need a moment after start-up: the lag
+    // comes with librdkafka's first statistics, 10 s after a consumer starts.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, text) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        let types = exposition_types(&text);
+        let mut missing = BTreeSet::new();
+        for (&metric, &kind) in &wanted {
+            match types.get(metric) {
+                Some(exported) => {
+                    let expected = match kind {
+                        Kind::Counter => "counter",
+                        Kind::Gauge => "gauge",
+                        Kind::Histogram => "histogram",
+                    };
+                    assert_eq!(exported, expected, "{metric} is exported as a {exported}");
+                    if kind == Kind::Histogram {
+                        assert!(
+                            text.contains(&format!("{metric}_bucket{{")),
+                            "{metric} has no buckets: {text}"
+                        );
+                    }
+                }
+                None if ONLY_ON_TROUBLE.contains(&metric) => {}
+                None => {
+                    missing.insert(metric);
+                }
+            }
+        }
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard queries metrics a healthy run does not export: {missing:?}\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// An unpublished event older than the threshold (its retry put an hour
+/// away, so the relay leaves it) makes `/health/ready` answer 503 naming
+/// `max-age`; once it is gone the service is ready again.
+async fn readiness_follows_the_outbox(server: &str, name: &str, addr: SocketAddr) {
+    let pool = connect_database(&format!("{server}/{name}"), "_orders")
+        .await
+        .unwrap();
+    let event_id = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
+                                   topic, partition_key, created_at, attempts, next_attempt_at)
+         VALUES ($1, 'Order', 'stale', 'OrderCreated', '{}', 'order.events', 'stale',
+                 now() - interval '1 hour', 1, now() + interval '1 hour')",
+    )
+    .bind(event_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (status, ready) = get_json(addr, "/health/ready").await;
+    sqlx::query("DELETE FROM outbox_event WHERE event_id = $1")
+        .bind(event_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{ready}");
+    assert_eq!(ready["status"], "not ready");
+    assert_eq!(ready["breaches"][0]["threshold"], "max-age", "{ready}");
+    assert!(
+        ready["breaches"][0]["actual"]
+            .as_str()
+            .unwrap()
+            .contains("oldest unpublished event is 3600s old"),
+        "{ready}"
+    );
+    let (status, ready) = get_json(addr, "/health/ready").await;
+    assert_eq!(status, 200, "{ready}");
+}
+
+/// A service whose relay stops on its own answers 503 on `/health/live`,
+/// naming the relay and why. Its relay is refused here the way a real one
+/// can be: another relay with another lane count already runs on its
+/// database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_fails_when_the_relay_stops_on_its_own() {
+    let server = server_url();
+    let name = format!("outbox_e2e_live_{}", uuid::Uuid::new_v4().simple());
+    let pool = connect_database(&format!("{server}/{name}"), "_orders")
+        .await
+        .unwrap();
+    orders::migrate(&pool).await.unwrap();
+    let mut kafka = rdkafka::ClientConfig::new();
+    kafka.set("bootstrap.servers", brokers());
+    let other = Relay::builder(pool.clone(), kafka)
+        .lanes(7)
+        .spawn()
+        .unwrap();
+    // The other relay has registered once it owns its lanes.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let members: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_relay_member")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if members > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first relay never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let service = OrdersService::start(
+        pool.clone(),
+        &brokers(),
+        &format!("orders-{name}"),
+        listener,
+        &Tuning::default(),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (status, live) = loop {
+        let (status, live) = get_json(service.addr, "/health/live").await;
+        if status != 200 || Instant::now() > deadline {
+            break (status, live);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let _ = service.shutdown().await;
+    other.shutdown().await;
+    pool.close().await;
+    drop_databases(&server, &name).await;
+    assert_eq!(status, 503, "{live}");
+    assert_eq!(live["status"], "dead");
+    let relay = &live["tasks"][0];
+    assert_eq!(relay["task"], "relay", "{live}");
+    assert_eq!(relay["running"], false, "{live}");
+    let reason = relay["stopped"].as_str().unwrap();
+    assert!(
+        reason.starts_with("failed: ") && reason.contains("lane"),
+        "{live}"
+    );
+    assert_eq!(live["tasks"][1]["running"], true, "{live}");
+}
+
+/// `/health/ready` answers 503 within its timeout when the database cannot
+/// be reached, naming it; `/health/live` does not depend on the database.
+#[tokio::test]
+async fn readiness_fails_when_the_database_is_unreachable() {
+    // Nothing listens on port 1.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/none")
+        .unwrap();
+    let readiness = Readiness {
+        thresholds: Thresholds::default(),
+        timeout: Duration::from_millis(500),
+    };
+    let router = observability::router(
+        pool,
+        Liveness::new(),
+        readiness,
+        observability::prometheus(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = HttpServer::start(listener, router).unwrap();
+    let asked = Instant::now();
+    let (status, ready) = get_json(server.addr, "/health/ready").await;
+    let took = asked.elapsed();
+    let (live_status, _) = get(server.addr, "/health/live").await;
+    server.shutdown().await.unwrap();
+    assert_eq!(status, 503, "{ready}");
+    assert!(
+        ready["database"]
+            .as_str()
+            .unwrap()
+            .starts_with("unreachable"),
+        "{ready}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(live_status, 200);
 }
 
 #[test]

@@ -15,7 +15,11 @@
 //! its own consumer group and runs the same effect (one INSERT per event).
 //! Elapsed time is from the first effect (or inbox row) to the last, measured
 //! by the database clock, so consumer-group join time is not counted.
+//!
+//! Chart (`charts::dir()`, `docs/benchmarks/` unless `BENCH_CHARTS_DIR` is
+//! set): `consumer-drain.svg`, each variant's throughput over time.
 
+mod charts;
 mod support;
 
 use std::time::{Duration, Instant};
@@ -185,6 +189,31 @@ async fn elapsed(pool: &PgPool, variant: &str) -> f64 {
     .unwrap()
 }
 
+/// `(seconds since the variant's start, effects so far)` in 10 ms steps,
+/// from the same start as [`elapsed`].
+async fn timeline(pool: &PgPool, variant: &str) -> Vec<(f64, f64)> {
+    let from = if variant == "inbox" {
+        "(SELECT min(received_at) FROM inbox_event)"
+    } else {
+        "(SELECT min(at) FROM effect WHERE variant = $1)"
+    };
+    let steps: Vec<(f64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT ceil(extract(epoch FROM at - {from}) * 100)::float8 / 100, count(*)
+         FROM effect WHERE variant = $1 GROUP BY 1 ORDER BY 1"
+    )))
+    .bind(variant)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut done = 0.0;
+    let mut samples = vec![(0.0, 0.0)];
+    for (at, count) in steps {
+        done += count as f64;
+        samples.push((at, done));
+    }
+    samples
+}
+
 async fn wait_effects(pool: &PgPool, variant: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
@@ -296,13 +325,38 @@ async fn main() {
     running.shutdown().await.unwrap();
     let inbox = elapsed(&pool, "inbox").await;
 
-    pool.close().await;
-    support::drop_database(&db).await;
     let inbox_label = format!(
         "inbox consumer + {} processors claiming {} rows",
         env_or("OUTBOX_BENCH_PROCESSORS", 2),
         env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500)
     );
+    let mut drains = Vec::new();
+    for (label, variant) in [
+        ("baseline: one transaction per message", "baseline"),
+        ("dedup consumer (default settings)", "dedup"),
+        (inbox_label.as_str(), "inbox"),
+    ] {
+        drains.push((label.to_owned(), timeline(&pool, variant).await));
+    }
+    let keys = match env_or("OUTBOX_BENCH_KEYS", 0) {
+        0 => "one key per event".to_owned(),
+        keys => format!("{keys} keys"),
+    };
+    let chart = charts::throughput(
+        "consumer-drain.svg",
+        &format!("Consumers draining {n} events: throughput over time"),
+        &format!(
+            "commit {}, {PARTITIONS} partitions, {keys}, database clock; \
+             2-core machine shared with other work",
+            charts::commit()
+        ),
+        Duration::from_millis(250),
+        &drains,
+    );
+    println!("chart: {}", chart.display());
+
+    pool.close().await;
+    support::drop_database(&db).await;
     let rate = |secs: f64| n as f64 / secs;
     println!("| variant | events | seconds | events/s | vs baseline |");
     println!("|---|---:|---:|---:|---:|");

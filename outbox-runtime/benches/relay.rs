@@ -22,7 +22,13 @@
 //! `RELAY_BENCH_ROUNDS` [3] rounds of the throughput figures; ratios are
 //! taken within a round, and their medians printed. The benchmark works in its own databases `outbox_bench_relay`
 //! and `outbox_bench_relay_large` (dropped and recreated at start).
+//!
+//! Charts (`charts::dir()`, `docs/benchmarks/` unless `BENCH_CHARTS_DIR` is
+//! set): `relay-latency.svg` (the latency distributions beside the broker
+//! floor) and `relay-drain.svg` (throughput over time of every drain).
 #![allow(missing_docs)]
+
+mod charts;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -59,12 +65,17 @@ struct Latency {
     publish_p99: Duration,
     consumer_p50: Duration,
     consumer_p99: Duration,
+    /// Every event's commit-to-publish and commit-to-consumer latency.
+    publish: Vec<Duration>,
+    consumer: Vec<Duration>,
 }
 
 struct Bench {
     pool: PgPool,
     brokers: String,
     batch: usize,
+    /// `(seconds since spawn, rows published)` of each relay drain, for the chart.
+    drains: Mutex<Vec<Vec<(f64, f64)>>>,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -81,11 +92,13 @@ async fn main() {
         pool: bench_database("outbox_bench_relay").await,
         brokers: brokers.clone(),
         batch,
+        drains: Mutex::default(),
     };
     let large = Bench {
         pool: bench_database("outbox_bench_relay_large").await,
         brokers,
         batch,
+        drains: Mutex::default(),
     };
     println!(
         "relay benchmark: backlog {events}, baseline sample {baseline_events}, batch {batch}, \
@@ -154,7 +167,8 @@ async fn main() {
     );
 
     let latency = bench.latency(rate, latency_secs).await;
-    let (floor_p50, floor_p99) = bench.broker_floor(rate, latency_secs).await;
+    let floor = bench.broker_floor(rate, latency_secs).await;
+    let (floor_p50, floor_p99) = (pick(&floor, 0.50), pick(&floor, 0.99));
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
         "commit-to-publish latency at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms (target p99 <= 25 ms)",
@@ -175,6 +189,48 @@ async fn main() {
         ms(latency.publish_p50) - ms(floor_p50),
         ms(latency.publish_p99) - ms(floor_p99)
     );
+
+    let caption = format!(
+        "commit {}, {events} events per drain, batch {batch}, {PARTITIONS} partitions, {KEYS} keys; \
+         latency at {rate}/s for {latency_secs} s; 2-core machine shared with other work",
+        charts::commit()
+    );
+    let latency_chart = charts::latency(
+        "relay-latency.svg",
+        &format!("Relay latency at {:.0} events/s", latency.rate),
+        &caption,
+        &[
+            ("commit to publish (relay)", &latency.publish),
+            ("broker floor: send to ack", &floor),
+            ("commit to consumer", &latency.consumer),
+        ],
+    );
+    let mut drains: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for (table, runs) in [
+        ("empty table".to_owned(), &bench.drains),
+        (format!("{published_rows} published rows"), &large.drains),
+    ] {
+        for (round, samples) in runs.lock().unwrap().iter().enumerate() {
+            drains.push((format!("{table}, round {}", round + 1), samples.clone()));
+        }
+    }
+    let drain_chart = charts::throughput(
+        "relay-drain.svg",
+        &format!("Relay drain of {events} events: throughput over time"),
+        &caption,
+        Duration::from_millis(100),
+        &drains,
+    );
+    println!(
+        "charts: {}, {}",
+        latency_chart.display(),
+        drain_chart.display()
+    );
+}
+
+/// The value at quantile `q` of sorted `values`.
+fn pick(values: &[Duration], q: f64) -> Duration {
+    values[((values.len() as f64 * q) as usize).min(values.len() - 1)]
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -331,10 +387,20 @@ impl Bench {
         self.insert(&topic, n, false).await;
         let started = Instant::now();
         let relay = self.relay();
-        while relay.summary().published < n as u64 {
+        let mut samples = vec![(0.0, 0.0)];
+        loop {
+            let published = relay.summary().published;
+            let at = started.elapsed().as_secs_f64();
+            if published >= n as u64 || at - samples.last().unwrap().0 >= 0.02 {
+                samples.push((at, published as f64));
+            }
+            if published >= n as u64 {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let elapsed = started.elapsed();
+        self.drains.lock().unwrap().push(samples);
         relay.shutdown().await;
         n as f64 / elapsed.as_secs_f64()
     }
@@ -570,14 +636,16 @@ impl Bench {
             publish_p99: pick(0.99),
             consumer_p50: at(0.50),
             consumer_p99: at(0.99),
+            publish: to_publish,
+            consumer: latencies,
         }
     }
 
     /// The broker's share of the latency: the same producer configuration
     /// sending one message per tick at `rate`/s over the latency run's keys,
     /// each timed from `send` to its acknowledgement. The relay cannot
-    /// publish faster than this.
-    async fn broker_floor(&self, rate: usize, secs: usize) -> (Duration, Duration) {
+    /// publish faster than this. Every message's latency, sorted.
+    async fn broker_floor(&self, rate: usize, secs: usize) -> Vec<Duration> {
         let topic = self.topic("floor").await;
         let producer: FutureProducer = idempotent(&self.brokers).create().unwrap();
         // Warm up as the relay is in the latency run: metadata fetched,
@@ -629,9 +697,7 @@ impl Bench {
             "the reader got everything"
         );
         latencies.sort();
-        let at =
-            |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
-        (at(0.50), at(0.99))
+        latencies
     }
 
     /// Adds `n` already-published rows (as months of traffic would leave).

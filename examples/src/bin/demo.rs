@@ -14,7 +14,7 @@ use outbox_examples::setup::{Broker, database_url_from_env};
 ///
 /// With no KAFKA_BROKERS set, librdkafka's in-process mock cluster is used.
 /// DATABASE_URL (default postgres://postgres@127.0.0.1:5432/outbox_demo) names
-/// the server; the services use the databases <name>_orders and <name>_payments,
+/// the server; the services use the databases `<name>_orders` and `<name>_payments`,
 /// created and migrated on first use.
 #[derive(Debug, Parser)]
 #[command(version)]

@@ -1,11 +1,14 @@
-//! The orders service on its own: HTTP API, relay, and inbox consumer of
-//! `payment.events`, until Ctrl-C / SIGTERM.
+//! The orders service on its own: HTTP API (with `/metrics`, `/health/live`
+//! and `/health/ready`) at `ORDERS_ADDR` (default 127.0.0.1:8080), relay, and
+//! inbox consumer of `payment.events`, until Ctrl-C / SIGTERM.
 //!
 //! Needs a real broker: `KAFKA_BROKERS=127.0.0.1:9092 cargo run -p outbox-examples --bin orders`.
 //! (The `demo` binary runs both services on an in-process mock cluster.)
+//! Readiness thresholds: `READY_*` (see `outbox_examples::observability::Readiness::from_env`).
 
 use std::process::ExitCode;
 
+use outbox_examples::observability::Readiness;
 use outbox_examples::orders::{self, OrdersService};
 use outbox_examples::service::{
     Tuning, create_topics, exit_code, init_tracing, until_signal_or_failure,
@@ -21,13 +24,19 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let servers = Broker::external_from_env()?;
     let addr = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let tuning = Tuning {
+        readiness: Readiness::from_env()?,
+        ..Tuning::default()
+    };
     let pool = connect_database(&database_url_from_env(), "_orders").await?;
     orders::migrate(&pool).await?;
     create_topics(&Broker::External(servers.clone()), 3).await?;
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    let service =
-        OrdersService::start(pool, &servers, "orders", listener, &Tuning::default()).await?;
-    tracing::info!(addr = %service.addr, "orders service listening; Ctrl-C to stop");
+    let service = OrdersService::start(pool, &servers, "orders", listener, &tuning).await?;
+    tracing::info!(
+        addr = %service.addr,
+        "orders service listening (/orders, /metrics, /health/live, /health/ready); Ctrl-C to stop"
+    );
     let stopped = until_signal_or_failure(service.failure()).await;
     let shut_down = service.shutdown().await;
     stopped?;

@@ -1,10 +1,13 @@
 //! The payments service on its own: dedup consumer of `order.events` and the
-//! relay of its outbox, until Ctrl-C / SIGTERM.
+//! relay of its outbox, with `/metrics`, `/health/live` and `/health/ready` at
+//! `PAYMENTS_ADDR` (default 127.0.0.1:8081), until Ctrl-C / SIGTERM.
 //!
 //! Needs a real broker: `KAFKA_BROKERS=127.0.0.1:9092 cargo run -p outbox-examples --bin payments`.
+//! Readiness thresholds: `READY_*` (see `outbox_examples::observability::Readiness::from_env`).
 
 use std::process::ExitCode;
 
+use outbox_examples::observability::Readiness;
 use outbox_examples::payments::{self, PaymentsService};
 use outbox_examples::service::{
     Tuning, create_topics, exit_code, init_tracing, until_signal_or_failure,
@@ -19,11 +22,20 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let servers = Broker::external_from_env()?;
+    let addr = std::env::var("PAYMENTS_ADDR").unwrap_or_else(|_| "127.0.0.1:8081".into());
+    let tuning = Tuning {
+        readiness: Readiness::from_env()?,
+        ..Tuning::default()
+    };
     let pool = connect_database(&database_url_from_env(), "_payments").await?;
     payments::migrate(&pool).await?;
     create_topics(&Broker::External(servers.clone()), 3).await?;
-    let service = PaymentsService::start(pool, &servers, "payments", &Tuning::default())?;
-    tracing::info!("payments service running; Ctrl-C to stop");
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    let service = PaymentsService::start(pool, &servers, "payments", listener, &tuning).await?;
+    tracing::info!(
+        addr = %service.addr,
+        "payments service running (/metrics, /health/live, /health/ready); Ctrl-C to stop"
+    );
     let stopped = until_signal_or_failure(service.failure()).await;
     let shut_down = service.shutdown().await;
     stopped?;

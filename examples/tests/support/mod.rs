@@ -1,0 +1,3 @@
+//! Helpers of the examples' tests.
+
+pub mod dashboard;
