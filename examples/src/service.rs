@@ -14,9 +14,6 @@ use outbox_runtime::lifecycle::Stopped;
 use outbox_runtime::relay::RelayHandle;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::types::RDKafkaErrorCode;
 
 use crate::setup::Broker;
 
@@ -158,39 +155,44 @@ pub fn consumer_config(bootstrap_servers: &str) -> ClientConfig {
     config
 }
 
-/// The example's topics.
-pub const TOPICS: [&str; 2] = ["order.events", "payment.events"];
-
-/// Creates the example's topics ([`TOPICS`]) on `broker` if they do not exist yet.
+/// Creates the topics the example services need on `broker` if they do not
+/// exist yet: the events' topics with `partitions` partitions and the
+/// dead-letter topics of the consumed ones (what `outbox topics apply` does
+/// from the `schemas` binary's registries; [`outbox_runtime::topics`]).
 pub async fn create_topics(broker: &Broker, partitions: i32) -> Result<(), ServiceError> {
+    let wanted = outbox_runtime::topics::required(
+        &outbox_runtime::topics::TopicDefaults::default().partitions(partitions),
+    );
     let servers = match broker {
         Broker::Mock(cluster) => {
             // The mock cluster has no CreateTopics API; it is configured directly.
-            for topic in TOPICS {
-                cluster.create_topic(topic, partitions, 1)?;
+            for spec in &wanted {
+                cluster.create_topic(&spec.name, spec.partitions, spec.replication)?;
             }
             return Ok(());
         }
         Broker::External(servers) => servers,
     };
-    let admin: AdminClient<DefaultClientContext> = kafka_config(servers).create()?;
-    let topics: Vec<NewTopic<'_>> = TOPICS
-        .iter()
-        .map(|name| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
-        .collect();
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    for result in admin.create_topics(&topics, &options).await? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => {
-                return Err(ServiceError::CreateTopic {
-                    topic,
-                    reason: code.to_string(),
-                });
-            }
-        }
-    }
+    let kafka = kafka_config(servers);
+    let plan = outbox_runtime::topics::plan(&kafka, &wanted)
+        .await
+        .map_err(topic_error)?;
+    outbox_runtime::topics::apply(&kafka, &plan)
+        .await
+        .map_err(topic_error)?;
     Ok(())
+}
+
+fn topic_error(error: outbox_runtime::topics::TopicsError) -> ServiceError {
+    match error {
+        outbox_runtime::topics::TopicsError::Create { topic, reason } => {
+            ServiceError::CreateTopic { topic, reason }
+        }
+        other => ServiceError::CreateTopic {
+            topic: "(all)".into(),
+            reason: other.to_string(),
+        },
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

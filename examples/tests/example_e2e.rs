@@ -267,6 +267,10 @@ async fn liveness_fails_when_the_relay_stops_on_its_own() {
         .await
         .unwrap();
     orders::migrate(&pool).await.unwrap();
+    // The consumer needs its topics (dead-letter topic included) to start.
+    outbox_examples::service::create_topics(&Broker::External(brokers()), 3)
+        .await
+        .unwrap();
     let mut kafka = rdkafka::ClientConfig::new();
     kafka.set("bootstrap.servers", brokers());
     let other = Relay::builder(pool.clone(), kafka)

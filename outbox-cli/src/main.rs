@@ -15,6 +15,7 @@ mod progress;
 mod replay;
 mod schemas;
 mod status;
+mod topics;
 
 use std::process::ExitCode;
 
@@ -80,6 +81,8 @@ enum Command {
     Notify(notify::NotifyCommand),
     /// Export or check event schemas (runs your service's exporter).
     Schemas(schemas::SchemasArgs),
+    /// Plan or create the topics your service needs (from its exporter).
+    Topics(topics::TopicsArgs),
 }
 
 fn main() -> ExitCode {
@@ -99,9 +102,11 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let Cli { global, command } = cli;
-    if let Command::Schemas(args) = command {
-        return schemas::run(args);
-    }
+    let command = match command {
+        Command::Schemas(args) => return schemas::run(args),
+        Command::Topics(args) => return topics::run(args, global.json).await,
+        command => command,
+    };
     let pool = db::connect(global.database_url.as_deref(), global.connect_timeout).await?;
     let json = global.json;
     match command {
@@ -111,6 +116,6 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::DeadLetters(command) => dead_letters::run(&pool, command, json).await,
         Command::Replay(args) => replay::run(&pool, args, json).await,
         Command::Notify(command) => notify::run(&pool, command, json).await,
-        Command::Schemas(_) => unreachable!("handled before connecting"),
+        Command::Schemas(_) | Command::Topics(_) => unreachable!("need no database"),
     }
 }

@@ -303,6 +303,7 @@ async fn main() {
     let group = format!("bench-dedup-{}", Uuid::new_v4().simple());
     start_group(&group, &start);
     let running = Consumer::builder(pool.clone(), kafka(), &group)
+        .create_missing_dlq_topics(true)
         .handler(on_paid_dedup)
         .build()
         .unwrap()
@@ -314,6 +315,7 @@ async fn main() {
     let group = format!("bench-inbox-{}", Uuid::new_v4().simple());
     start_group(&group, &start);
     let running = Consumer::builder(pool.clone(), kafka(), &group)
+        .create_missing_dlq_topics(true)
         .handler(on_paid_inbox)
         .mode(Mode::Inbox)
         .processor_batch_size(env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500))

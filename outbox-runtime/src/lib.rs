@@ -14,3 +14,4 @@ pub mod migrations;
 pub mod ops;
 mod redact;
 pub mod relay;
+pub mod topics;

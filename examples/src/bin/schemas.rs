@@ -5,6 +5,7 @@
 //! cargo run -p outbox-examples --bin schemas -- export            # writes schemas/
 //! cargo run -p outbox-examples --bin schemas -- check             # exit 1 if schemas/ is stale
 //! cargo run -p outbox-examples --bin schemas -- check --dir other/
+//! cargo run -p outbox-examples --bin schemas -- topics            # the topics, as JSON, for `outbox topics`
 //! ```
 //!
 //! Exit codes: 0 success, 1 stale schemas or a failed export, 2 usage error.
@@ -37,11 +38,17 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Print the topics of the registered events and event handlers as JSON
+    /// (what `outbox topics plan | apply --exporter ...` reads).
+    Topics,
 }
 
 fn main() -> ExitCode {
     // Usage errors exit with 2 (clap's convention).
     let cli = Cli::parse();
+    if let Command::Topics = cli.command {
+        return print_topics();
+    }
     let export = match schema_export() {
         Ok(export) => export,
         Err(e) => {
@@ -75,6 +82,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Topics => unreachable!("answered before the export"),
         Command::Check { dir } => {
             let dir = dir.unwrap_or_else(default_dir);
             match export.check(&dir) {
@@ -91,6 +99,22 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// The example services' topics: their events' and the ones their handlers
+/// consume.
+fn print_topics() -> ExitCode {
+    let registered = outbox_runtime::topics::Registered::linked();
+    match serde_json::to_string(&registered) {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -67,6 +67,7 @@ pub(crate) struct Settings {
     pub(crate) processor_poll_interval: Duration,
     pub(crate) backlog_interval: Duration,
     pub(crate) refetch_offset_gaps: bool,
+    pub(crate) create_missing_dlq_topics: bool,
 }
 
 impl Settings {
@@ -119,6 +120,7 @@ impl ConsumerBuilder {
                 processor_poll_interval: Duration::from_millis(500),
                 backlog_interval: Duration::from_secs(10),
                 refetch_offset_gaps: false,
+                create_missing_dlq_topics: false,
             },
         }
     }
@@ -152,7 +154,9 @@ impl ConsumerBuilder {
     }
 
     /// Suffix of the dead-letter topic (`<topic><suffix>`). Default `.dlq`.
-    /// The topic must exist (or the broker must auto-create topics).
+    /// The topic must exist: a consumer whose dead-letter topic is missing
+    /// does not start (see [`create_missing_dlq_topics`](Self::create_missing_dlq_topics)
+    /// and `outbox topics apply`).
     pub fn dlq_suffix(mut self, suffix: impl Into<String>) -> Self {
         self.settings.dlq_suffix = suffix.into();
         self
@@ -195,6 +199,17 @@ impl ConsumerBuilder {
     /// once when this consumer stores rows). Default 500 ms.
     pub fn processor_poll_interval(mut self, interval: Duration) -> Self {
         self.settings.processor_poll_interval = interval;
+        self
+    }
+
+    /// Create missing dead-letter topics at start (1 partition, replication
+    /// factor 1) instead of refusing to start. Default `false`: production
+    /// topics are provisioned (`outbox topics apply`, with the partitions,
+    /// replication and configs the cluster needs), and a consumer whose
+    /// dead-letter topic is missing stops at start naming it. Meant for
+    /// development and tests.
+    pub fn create_missing_dlq_topics(mut self, create: bool) -> Self {
+        self.settings.create_missing_dlq_topics = create;
         self
     }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::{ClientConfig, Message};
 
 use super::message::DeadLetterReason;
@@ -27,6 +27,8 @@ pub const HEADER_DLQ_VALUE_DROPPED: &str = "dlq_value_dropped";
 
 pub(crate) struct DeadLetters {
     producer: FutureProducer,
+    /// The connection and security settings, for an admin client.
+    connection: ClientConfig,
     suffix: String,
     group: String,
 }
@@ -52,6 +54,7 @@ impl DeadLetters {
                 config.set(key, value);
             }
         }
+        let connection = config.clone();
         config
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
@@ -62,9 +65,63 @@ impl DeadLetters {
             );
         Ok(Self {
             producer: config.create()?,
+            connection,
             suffix,
             group,
         })
+    }
+
+    /// The dead-letter topics of `topics` the cluster does not have; `None`
+    /// when the broker did not answer (then nobody knows, and the consumer
+    /// starts anyway: an unreachable broker is an outage it waits out).
+    pub(crate) async fn missing(&self, topics: &[&str]) -> Option<Vec<String>> {
+        let wanted: Vec<String> = topics.iter().map(|t| self.topic_for(t)).collect();
+        let producer = self.producer.clone();
+        let existing = tokio::task::spawn_blocking(move || {
+            let metadata = producer
+                .client()
+                .fetch_metadata(None, Duration::from_secs(10))
+                .ok()?;
+            Some(
+                metadata
+                    .topics()
+                    .iter()
+                    .filter(|t| t.error().is_none())
+                    .map(|t| t.name().to_owned())
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .await
+        .ok()??;
+        Some(
+            wanted
+                .into_iter()
+                .filter(|topic| !existing.contains(topic))
+                .collect(),
+        )
+    }
+
+    /// Creates the dead-letter topics `names` (1 partition, replication 1:
+    /// provision production topics with `outbox topics apply`).
+    pub(crate) async fn create(&self, names: &[String]) -> Result<(), crate::topics::TopicsError> {
+        let plan = crate::topics::Plan {
+            entries: names
+                .iter()
+                .map(|name| crate::topics::PlanEntry {
+                    spec: crate::topics::TopicSpec {
+                        name: name.clone(),
+                        role: crate::topics::TopicRole::DeadLetters,
+                        partitions: 1,
+                        replication: 1,
+                        configs: Default::default(),
+                    },
+                    existing_partitions: None,
+                })
+                .collect(),
+        };
+        crate::topics::apply(&self.connection, &plan)
+            .await
+            .map(drop)
     }
 
     pub(crate) fn topic_for(&self, topic: &str) -> String {

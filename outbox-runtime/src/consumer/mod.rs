@@ -191,6 +191,19 @@ pub enum ConsumerError {
         #[source]
         source: rdkafka::error::KafkaError,
     },
+    /// The dead-letter topics of some subscribed topics do not exist.
+    #[error(
+        "dead-letter topic(s) {} do not exist: create them with `outbox topics apply` \
+         (or, in development, ConsumerBuilder::create_missing_dlq_topics(true))",
+        topics.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+    )]
+    MissingDeadLetterTopics {
+        /// The missing topics.
+        topics: Vec<String>,
+    },
+    /// Creating the missing dead-letter topics failed.
+    #[error("could not create the dead-letter topics: {0}")]
+    CreateDeadLetterTopics(#[from] crate::topics::TopicsError),
     /// An inbox processor ended on its own (a panic outside a handler, or
     /// any end that was not a shutdown); the consumer stopped with it.
     #[error("{0}")]

@@ -20,6 +20,19 @@ impl Consumer {
     pub(super) async fn receive(self) -> Result<(), ConsumerError> {
         let ctx = &self.ctx;
         let topics = ctx.dispatch.topics();
+        match ctx.dlq.missing(&topics).await {
+            Some(missing) if !missing.is_empty() => {
+                if !ctx.settings.create_missing_dlq_topics {
+                    return Err(ConsumerError::MissingDeadLetterTopics { topics: missing });
+                }
+                ctx.dlq.create(&missing).await?;
+                tracing::info!(topics = ?missing, "created the missing dead-letter topics");
+            }
+            Some(_) => {}
+            None => tracing::warn!(
+                "could not check that the dead-letter topics exist (broker unreachable); starting anyway"
+            ),
+        }
         self.kafka
             .subscribe(&topics)
             .map_err(|source| ConsumerError::Subscribe {
