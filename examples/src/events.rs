@@ -14,6 +14,11 @@ use uuid::Uuid;
 
 /// An order was placed. Keyed by the order, so all events of one order keep
 /// their order on `order.events`.
+///
+/// The fields the design seed defines (`event_id`, `order_id`, `customer_id`,
+/// `amount`, `created_at`) are required; what this example adds is optional,
+/// so that events of services written from the seed are read as well
+/// (`docs/wire-format.md`, "Working with seed-format services").
 #[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
 #[event(
     topic = "order.events",
@@ -30,8 +35,9 @@ pub struct OrderCreated {
     pub order_id: Uuid,
     /// Who ordered.
     pub customer_id: Uuid,
-    /// What was ordered.
-    pub product_id: Uuid,
+    /// What was ordered (not in the seed's event: optional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product_id: Option<Uuid>,
     /// Price in minor currency units (cents).
     pub amount: i64,
     /// When the order was created.

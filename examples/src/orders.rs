@@ -68,7 +68,7 @@ pub async fn create_order(
         event_id: Uuid::now_v7(),
         order_id,
         customer_id: cmd.customer_id,
-        product_id: cmd.product_id,
+        product_id: Some(cmd.product_id),
         amount: cmd.amount,
         created_at,
     });

@@ -50,7 +50,7 @@ fn valid_samples() -> BTreeMap<String, Vec<Value>> {
                 event_id: Uuid::new_v4(),
                 order_id,
                 customer_id: Uuid::new_v4(),
-                product_id: Uuid::new_v4(),
+                product_id: Some(Uuid::new_v4()),
                 amount: 4_200,
                 created_at: at + chrono::Duration::nanoseconds(123_456_789),
             })
