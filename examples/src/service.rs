@@ -138,11 +138,18 @@ impl HttpServer {
     }
 }
 
-/// Kafka client settings for `bootstrap_servers`.
+/// Kafka client settings for `bootstrap_servers`, plus every librdkafka
+/// setting given as a `KAFKA_*` environment variable (kcat's convention, as
+/// the `outbox` tool: `KAFKA_SECURITY_PROTOCOL=SASL_SSL`,
+/// `KAFKA_SASL_USERNAME`, `KAFKA_SASL_PASSWORD`, `KAFKA_SSL_CA_LOCATION`...;
+/// see `outbox_runtime::kafka_settings`), so the services reach a TLS or SASL
+/// cluster without code changes.
 pub fn kafka_config(bootstrap_servers: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap_servers);
-    config
+    let mut settings = outbox_runtime::kafka_settings::KafkaSettings::new();
+    settings
+        .env(std::env::vars())
+        .set("bootstrap.servers", bootstrap_servers);
+    settings.client_config()
 }
 
 /// Consumer settings: [`kafka_config`] plus a short session, so a restarted
