@@ -98,8 +98,22 @@ stop_broker() {
   rm -f "$pidfile"
 }
 
+# The `ssl` feature builds librdkafka with OpenSSL: its headers must be there.
+ensure_openssl_headers() {
+  if [ -f /usr/include/openssl/ssl.h ] || pkg-config --exists openssl 2>/dev/null; then
+    return
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing the OpenSSL headers (libssl-dev) for the ssl feature"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q libssl-dev >&2 \
+      || die "could not install libssl-dev (needed to build the ssl feature)"
+  else
+    say "warning: OpenSSL headers missing; install libssl-dev to build the ssl feature"
+  fi
+}
+
 case "${1:-up}" in
-  up) ensure_postgres; ensure_broker ;;
+  up) ensure_postgres; ensure_broker; ensure_openssl_headers ;;
   down) stop_broker ;;
   tansu) tansu_bin ;;
   *) die "usage: scripts/services.sh [up|down|tansu]" ;;
