@@ -18,7 +18,7 @@ use crate::setup::{Broker, connect_database};
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct DemoConfig {
-    /// Base `DATABASE_URL`; the services use `<db>_orders` and `<db>_payments`.
+    /// Base `EXAMPLE_DATABASE_URL`; the services use `<db>_orders` and `<db>_payments`.
     pub database_url: String,
     /// Orders to create.
     pub orders: usize,

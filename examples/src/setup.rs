@@ -9,14 +9,20 @@ use rdkafka::producer::DefaultProducerContext;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-/// Default `DATABASE_URL` of the examples: the local PostgreSQL. Each service
+/// The variable that names the examples' database server and base name. Not
+/// `DATABASE_URL`, which `.cargo/config.toml` sets for the tests (and so for
+/// every `cargo run` of this workspace): the demo's databases stay apart from
+/// the tests'.
+pub const DATABASE_URL_VAR: &str = "EXAMPLE_DATABASE_URL";
+
+/// Default `EXAMPLE_DATABASE_URL`: the local PostgreSQL. Each service
 /// uses its own database named after this one (`outbox_demo_orders`,
 /// `outbox_demo_payments`), as two real services would.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_demo";
 
-/// `DATABASE_URL` from the environment, or [`DEFAULT_DATABASE_URL`].
+/// `EXAMPLE_DATABASE_URL` from the environment, or [`DEFAULT_DATABASE_URL`].
 pub fn database_url_from_env() -> String {
-    std::env::var("DATABASE_URL")
+    std::env::var(DATABASE_URL_VAR)
         .ok()
         .filter(|url| !url.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())
@@ -31,7 +37,7 @@ pub enum SetupError {
     )]
     NoBrokers,
     /// The database URL does not parse.
-    #[error("DATABASE_URL `{url}` is not a valid PostgreSQL URL: {reason}")]
+    #[error("EXAMPLE_DATABASE_URL `{url}` is not a valid PostgreSQL URL: {reason}")]
     BadDatabaseUrl {
         /// The URL as given (password redacted).
         url: String,
@@ -41,8 +47,8 @@ pub enum SetupError {
     /// The server does not answer or refuses the login.
     #[error(
         "cannot reach PostgreSQL at {server}: {reason}\n\
-         hint: start it (scripts/services.sh up) or point DATABASE_URL at a server you can reach, \
-         e.g. DATABASE_URL=postgres://user:password@host:5432/outbox_demo"
+         hint: start it (scripts/services.sh up) or point EXAMPLE_DATABASE_URL at a server you can reach, \
+         e.g. EXAMPLE_DATABASE_URL=postgres://user:password@host:5432/outbox_demo"
     )]
     DatabaseUnreachable {
         /// host:port of the server.
@@ -71,7 +77,7 @@ pub enum SetupError {
 /// (`outbox_demo` + `_orders`), creating it first if it does not exist.
 ///
 /// Errors are meant for people: an unreachable server says so and how to
-/// point `DATABASE_URL` elsewhere.
+/// point `EXAMPLE_DATABASE_URL` elsewhere.
 pub async fn connect_database(url: &str, suffix: &str) -> Result<PgPool, SetupError> {
     let options = PgConnectOptions::from_str(url).map_err(|e| SetupError::BadDatabaseUrl {
         url: redact(url),

@@ -13,7 +13,7 @@ use outbox_examples::setup::{Broker, database_url_from_env};
 /// Orders -> outbox -> Kafka -> payments -> outbox -> Kafka -> orders, end to end.
 ///
 /// With no KAFKA_BROKERS set, librdkafka's in-process mock cluster is used.
-/// DATABASE_URL (default postgres://postgres@127.0.0.1:5432/outbox_demo) names
+/// EXAMPLE_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/outbox_demo) names
 /// the server; the services use the databases `<name>_orders` and `<name>_payments`,
 /// created and migrated on first use.
 #[derive(Debug, Parser)]
