@@ -25,18 +25,22 @@ pub mod setup;
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-/// The Rust code blocks of the guides compile too (`docs/handler.md` is
-/// tested by `outbox-core`).
+/// The Rust code blocks of the guides compile too.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/handler.md")]
+pub struct HandlerGuideDoctests;
+
+/// See [`HandlerGuideDoctests`].
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/relay.md")]
 pub struct RelayGuideDoctests;
 
-/// See [`RelayGuideDoctests`].
+/// See [`HandlerGuideDoctests`].
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/consumer.md")]
 pub struct ConsumerGuideDoctests;
 
-/// See [`RelayGuideDoctests`].
+/// See [`HandlerGuideDoctests`].
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/attributes.md")]
 pub struct AttributesGuideDoctests;

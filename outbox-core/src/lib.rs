@@ -62,11 +62,6 @@ pub use unit_of_work::{
 #[cfg(feature = "derive")]
 pub use outbox_derive::{DomainEvent, outbox_handler};
 
-// The handler guide's examples are compiled as doctests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/handler.md")]
-struct HandlerGuide;
-
 /// Re-exports used by generated code. Not a public API: may change in any release.
 #[doc(hidden)]
 pub mod __private {
