@@ -6,10 +6,10 @@
 //! (`cargo run -p outbox-examples --bin schemas -- export`).
 
 use chrono::{DateTime, Utc};
-use outbox_core::DomainEvent;
-use outbox_core::schema::{ExportError, ExportOptions, SchemaExport, registered_events};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use txoutbox_core::DomainEvent;
+use txoutbox_core::schema::{ExportError, ExportOptions, SchemaExport, registered_events};
 use uuid::Uuid;
 
 /// An order was placed. Keyed by the order, so all events of one order keep
@@ -123,7 +123,7 @@ pub fn schema_export() -> Result<SchemaExport, ExportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::OutboxRecord;
+    use txoutbox_core::OutboxRecord;
 
     #[test]
     fn payments_are_keyed_by_order_and_belong_to_the_payment() {

@@ -20,13 +20,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox_runtime::consumer::ConsumerHandle;
-use outbox_runtime::lifecycle::Stopped;
-use outbox_runtime::ops::status::{self, Breach, Thresholds};
-use outbox_runtime::relay::{RelayHandle, telemetry};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
+use txoutbox_runtime::consumer::ConsumerHandle;
+use txoutbox_runtime::lifecycle::Stopped;
+use txoutbox_runtime::ops::status::{self, Breach, Thresholds};
+use txoutbox_runtime::relay::{RelayHandle, telemetry};
 
 /// Bucket bounds (seconds) of `outbox_relay_batch_duration_seconds`: from a
 /// quick local batch to the relay's default delivery timeout (30 s).

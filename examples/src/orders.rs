@@ -9,13 +9,13 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
-use outbox_core::{Events, outbox_handler};
-use outbox_runtime::consumer::{Consumer, ConsumerHandle, Mode, event_handler};
-use outbox_runtime::relay::{Relay, RelayHandle};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::net::TcpListener;
+use txoutbox_core::{Events, outbox_handler};
+use txoutbox_runtime::consumer::{Consumer, ConsumerHandle, Mode, event_handler};
+use txoutbox_runtime::relay::{Relay, RelayHandle};
 use uuid::Uuid;
 
 use crate::events::{OrderCreated, PaymentCompleted};
@@ -34,15 +34,15 @@ pub struct CreateOrder {
     pub amount: i64,
 }
 
-/// Errors of the orders commands. `From<outbox_core::Error>` is all the
+/// Errors of the orders commands. `From<txoutbox_core::Error>` is all the
 /// framework asks of a handler's error type.
 #[derive(Debug, thiserror::Error)]
 pub enum OrdersError {
     /// The outbox write path failed (database, serialization).
     #[error(transparent)]
-    Outbox(#[from] outbox_core::Error),
+    Outbox(#[from] txoutbox_core::Error),
     /// The handler's own statements failed.
-    #[error("database error: {}", outbox_core::DbErrorDisplay(.0))]
+    #[error("database error: {}", txoutbox_core::DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
 }
 
@@ -94,7 +94,7 @@ async fn on_payment_completed(
 
 /// Creates the orders schema: the framework's tables and `orders`.
 pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
-    outbox_runtime::migrations::run(pool).await?;
+    txoutbox_runtime::migrations::run(pool).await?;
     sqlx::raw_sql(include_str!("../migrations/orders.sql"))
         .execute(pool)
         .await
@@ -196,7 +196,7 @@ async fn get_order(
     .bind(id)
     .fetch_optional(&pool)
     .await
-    .map_err(|e| ApiError::internal(outbox_core::DbErrorDisplay(&e)))?;
+    .map_err(|e| ApiError::internal(txoutbox_core::DbErrorDisplay(&e)))?;
     order
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("no order {id}")))

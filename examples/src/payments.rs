@@ -6,11 +6,11 @@
 use std::net::SocketAddr;
 
 use chrono::Utc;
-use outbox_core::Events;
-use outbox_runtime::consumer::{Consumer, ConsumerHandle, event_handler};
-use outbox_runtime::relay::{Relay, RelayHandle};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::net::TcpListener;
+use txoutbox_core::Events;
+use txoutbox_runtime::consumer::{Consumer, ConsumerHandle, event_handler};
+use txoutbox_runtime::relay::{Relay, RelayHandle};
 use uuid::Uuid;
 
 use crate::events::{OrderCreated, PaymentCompleted};
@@ -22,9 +22,9 @@ use crate::service::{HttpServer, ServiceError, Tuning, consumer_config, kafka_co
 pub enum PaymentsError {
     /// The outbox write path failed.
     #[error(transparent)]
-    Outbox(#[from] outbox_core::Error),
+    Outbox(#[from] txoutbox_core::Error),
     /// The handler's own statements failed.
-    #[error("database error: {}", outbox_core::DbErrorDisplay(.0))]
+    #[error("database error: {}", txoutbox_core::DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
 }
 
@@ -65,7 +65,7 @@ async fn on_order_created(
 
 /// Creates the payments schema: the framework's tables and `payments`.
 pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
-    outbox_runtime::migrations::run(pool).await?;
+    txoutbox_runtime::migrations::run(pool).await?;
     sqlx::raw_sql(include_str!("../migrations/payments.sql"))
         .execute(pool)
         .await

@@ -9,9 +9,9 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use outbox_runtime::consumer::ConsumerHandle;
-use outbox_runtime::lifecycle::Stopped;
-use outbox_runtime::relay::RelayHandle;
+use txoutbox_runtime::consumer::ConsumerHandle;
+use txoutbox_runtime::lifecycle::Stopped;
+use txoutbox_runtime::relay::RelayHandle;
 
 use rdkafka::ClientConfig;
 
@@ -25,19 +25,19 @@ pub enum ServiceError {
     Setup(#[from] crate::setup::SetupError),
     /// The framework's migrations failed.
     #[error(transparent)]
-    Migrate(#[from] outbox_runtime::migrations::MigrateError),
+    Migrate(#[from] txoutbox_runtime::migrations::MigrateError),
     /// A domain migration failed.
-    #[error("database error: {}", outbox_core::DbErrorDisplay(.0))]
+    #[error("database error: {}", txoutbox_core::DbErrorDisplay(.0))]
     Database(#[source] sqlx::Error),
     /// The relay refused its configuration.
     #[error(transparent)]
-    Relay(#[from] outbox_runtime::relay::RelayError),
+    Relay(#[from] txoutbox_runtime::relay::RelayError),
     /// The consumer could not be built.
     #[error(transparent)]
-    ConsumerBuild(#[from] outbox_runtime::consumer::BuildError),
+    ConsumerBuild(#[from] txoutbox_runtime::consumer::BuildError),
     /// The consumer stopped with an error.
     #[error(transparent)]
-    Consumer(#[from] outbox_runtime::consumer::ConsumerError),
+    Consumer(#[from] txoutbox_runtime::consumer::ConsumerError),
     /// Kafka administration (topic creation) failed.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
@@ -142,10 +142,10 @@ impl HttpServer {
 /// setting given as a `KAFKA_*` environment variable (kcat's convention, as
 /// the `outbox` tool: `KAFKA_SECURITY_PROTOCOL=SASL_SSL`,
 /// `KAFKA_SASL_USERNAME`, `KAFKA_SASL_PASSWORD`, `KAFKA_SSL_CA_LOCATION`...;
-/// see `outbox_runtime::kafka_settings`), so the services reach a TLS or SASL
+/// see `txoutbox_runtime::kafka_settings`), so the services reach a TLS or SASL
 /// cluster without code changes.
 pub fn kafka_config(bootstrap_servers: &str) -> ClientConfig {
-    let mut settings = outbox_runtime::kafka_settings::KafkaSettings::new();
+    let mut settings = txoutbox_runtime::kafka_settings::KafkaSettings::new();
     settings
         .env(std::env::vars())
         .set("bootstrap.servers", bootstrap_servers);
@@ -165,10 +165,10 @@ pub fn consumer_config(bootstrap_servers: &str) -> ClientConfig {
 /// Creates the topics the example services need on `broker` if they do not
 /// exist yet: the events' topics with `partitions` partitions and the
 /// dead-letter topics of the consumed ones (what `outbox topics apply` does
-/// from the `schemas` binary's registries; [`outbox_runtime::topics`]).
+/// from the `schemas` binary's registries; [`txoutbox_runtime::topics`]).
 pub async fn create_topics(broker: &Broker, partitions: i32) -> Result<(), ServiceError> {
-    let wanted = outbox_runtime::topics::required(
-        &outbox_runtime::topics::TopicDefaults::default().partitions(partitions),
+    let wanted = txoutbox_runtime::topics::required(
+        &txoutbox_runtime::topics::TopicDefaults::default().partitions(partitions),
     );
     let servers = match broker {
         Broker::Mock(cluster) => {
@@ -181,18 +181,18 @@ pub async fn create_topics(broker: &Broker, partitions: i32) -> Result<(), Servi
         Broker::External(servers) => servers,
     };
     let kafka = kafka_config(servers);
-    let plan = outbox_runtime::topics::plan(&kafka, &wanted)
+    let plan = txoutbox_runtime::topics::plan(&kafka, &wanted)
         .await
         .map_err(topic_error)?;
-    outbox_runtime::topics::apply(&kafka, &plan)
+    txoutbox_runtime::topics::apply(&kafka, &plan)
         .await
         .map_err(topic_error)?;
     Ok(())
 }
 
-fn topic_error(error: outbox_runtime::topics::TopicsError) -> ServiceError {
+fn topic_error(error: txoutbox_runtime::topics::TopicsError) -> ServiceError {
     match error {
-        outbox_runtime::topics::TopicsError::Create { topic, reason } => {
+        txoutbox_runtime::topics::TopicsError::Create { topic, reason } => {
             ServiceError::CreateTopic { topic, reason }
         }
         other => ServiceError::CreateTopic {

@@ -59,7 +59,7 @@ pub enum SetupError {
     /// A statement of the set-up failed.
     #[error(
         "database set-up of `{database}` failed: {}",
-        outbox_core::DbErrorDisplay(.source)
+        txoutbox_core::DbErrorDisplay(.source)
     )]
     Database {
         /// Database name.
@@ -93,7 +93,7 @@ pub async fn connect_database(url: &str, suffix: &str) -> Result<PgPool, SetupEr
     let server = format!("{}:{}", options.get_host(), options.get_port());
     let unreachable = |e: sqlx::Error| SetupError::DatabaseUnreachable {
         server: server.clone(),
-        reason: outbox_core::DbErrorDisplay(&e).to_string(),
+        reason: txoutbox_core::DbErrorDisplay(&e).to_string(),
     };
 
     let maintenance = options.clone().database("postgres");

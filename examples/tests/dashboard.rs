@@ -70,8 +70,8 @@ fn every_dashboard_query_uses_a_documented_framework_metric_as_its_kind_allows()
 
 #[test]
 fn the_dashboard_shows_what_an_operator_needs() {
-    use outbox_runtime::consumer::metric_names as consumer;
-    use outbox_runtime::relay::telemetry as relay;
+    use txoutbox_runtime::consumer::metric_names as consumer;
+    use txoutbox_runtime::relay::telemetry as relay;
 
     let documented = documented();
     let shown: BTreeSet<&str> = queried()
@@ -93,7 +93,7 @@ fn the_dashboard_shows_what_an_operator_needs() {
         consumer::INBOX_PARKED_ROWS,
         consumer::INBOX_BACKLOG,
         consumer::INBOX_UNCLAIMED_KEYS,
-        outbox_runtime::lifecycle::TASKS_FAILED,
+        txoutbox_runtime::lifecycle::TASKS_FAILED,
     ] {
         assert!(
             shown.contains(needed),

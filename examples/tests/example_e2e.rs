@@ -15,12 +15,12 @@ use outbox_examples::observability::{self, Liveness, Readiness};
 use outbox_examples::orders::{self, OrdersService, parse_create_order};
 use outbox_examples::service::{HttpServer, Tuning};
 use outbox_examples::setup::{Broker, connect_database};
-use outbox_runtime::consumer::metric_names as consumer;
-use outbox_runtime::ops::status::Thresholds;
-use outbox_runtime::relay::{Relay, telemetry as relay};
 use serde_json::{Value, json};
 use sqlx::Connection;
 use support::dashboard::{Kind, documented, documented_metric, exposition_types, queried};
+use txoutbox_runtime::consumer::metric_names as consumer;
+use txoutbox_runtime::ops::status::Thresholds;
+use txoutbox_runtime::relay::{Relay, telemetry as relay};
 
 fn server_url() -> String {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (set in .cargo/config.toml)");
@@ -164,7 +164,7 @@ const ONLY_ON_TROUBLE: [&str; 12] = [
     consumer::DB_ERRORS,
     consumer::INBOX_PARKED,
     consumer::OFFSET_GAPS,
-    outbox_runtime::lifecycle::TASKS_FAILED,
+    txoutbox_runtime::lifecycle::TASKS_FAILED,
 ];
 
 /// Every metric the dashboard queries is in the exporter's output with the

@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use chrono::{TimeZone, Utc};
-use outbox_core::OutboxRecord;
-use outbox_core::schema::registered_events;
 use outbox_examples::events::{
     CancellationReason, OrderCancelled, OrderCreated, PaymentCompleted, schema_export,
 };
 use serde_json::Value;
+use txoutbox_core::OutboxRecord;
+use txoutbox_core::schema::registered_events;
 use uuid::Uuid;
 
 fn workspace() -> PathBuf {

@@ -4,9 +4,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::ops::cleanup::{self, Purge, Target};
 use serde::Serialize;
 use sqlx::PgPool;
+use txoutbox_runtime::ops::cleanup::{self, Purge, Target};
 
 use crate::args;
 use crate::error::CliError;

@@ -3,9 +3,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use outbox_core::DbErrorDisplay;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
+use txoutbox_core::DbErrorDisplay;
 
 use crate::error::CliError;
 
@@ -58,7 +58,7 @@ pub async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, Cli
 /// no dead letters apart from a misspelt one.
 pub async fn topic_exists(
     pool: &PgPool,
-    table: outbox_runtime::ops::dead_letters::Table,
+    table: txoutbox_runtime::ops::dead_letters::Table,
     topic: &str,
 ) -> Result<bool, CliError> {
     let sql = format!(
@@ -69,6 +69,6 @@ pub async fn topic_exists(
         .bind(topic)
         .fetch_one(pool)
         .await
-        .map_err(outbox_runtime::ops::OpsError::from)?;
+        .map_err(txoutbox_runtime::ops::OpsError::from)?;
     Ok(exists)
 }

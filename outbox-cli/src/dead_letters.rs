@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use outbox_runtime::ops::dead_letters::{self, DeadLetter, Selection, Table};
 use sqlx::PgPool;
+use txoutbox_runtime::ops::dead_letters::{self, DeadLetter, Selection, Table};
 use uuid::Uuid;
 
 use crate::args;

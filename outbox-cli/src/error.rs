@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use outbox_core::DbErrorDisplay;
-use outbox_runtime::ops::OpsError;
+use txoutbox_core::DbErrorDisplay;
+use txoutbox_runtime::ops::OpsError;
 
 /// A failure, classified by exit code.
 #[derive(Debug)]

@@ -1,9 +1,9 @@
 //! How the tool reaches Kafka: kcat's conventions (see
-//! `outbox_runtime::kafka_settings`), so TLS and SASL clusters work.
+//! `txoutbox_runtime::kafka_settings`), so TLS and SASL clusters work.
 
 use std::path::PathBuf;
 
-use outbox_runtime::kafka_settings::KafkaSettings;
+use txoutbox_runtime::kafka_settings::KafkaSettings;
 
 use crate::error::CliError;
 

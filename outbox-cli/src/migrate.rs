@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 
-use outbox_runtime::migrations::{self, MIGRATIONS};
 use serde::Serialize;
 use sqlx::PgPool;
+use txoutbox_runtime::migrations::{self, MIGRATIONS};
 
 use crate::error::CliError;
 use crate::output;

@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use outbox_runtime::relay::notify;
 use sqlx::PgPool;
+use txoutbox_runtime::relay::notify;
 
 use crate::error::CliError;
 use crate::output;
@@ -56,7 +56,7 @@ fn without_privilege(error: &sqlx::Error) -> Option<CliError> {
         CliError::Usage(format!(
             "{}; creating or dropping the trigger needs the rights of the role that owns \
              outbox_event: run `outbox notify` as the role that runs your migrations",
-            outbox_core::DbErrorDisplay(error)
+            txoutbox_core::DbErrorDisplay(error)
         ))
     })
 }

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::ops::dead_letters::Table;
-use outbox_runtime::ops::replay::{self, Replay, ReplayFilter};
 use sqlx::PgPool;
+use txoutbox_runtime::ops::dead_letters::Table;
+use txoutbox_runtime::ops::replay::{self, Replay, ReplayFilter};
 
 use crate::args;
 use crate::error::CliError;
@@ -141,7 +141,7 @@ pub async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode
 /// relay's) for replays: the user's settings, a 30 s delivery timeout and a
 /// 5 ms linger unless they set those.
 fn producer(
-    settings: &outbox_runtime::kafka_settings::KafkaSettings,
+    settings: &txoutbox_runtime::kafka_settings::KafkaSettings,
 ) -> Result<rdkafka::producer::FutureProducer, rdkafka::error::KafkaError> {
     let mut config = settings.client_config();
     for (key, default) in [("message.timeout.ms", "30000"), ("linger.ms", "5")] {

@@ -4,11 +4,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox_runtime::ops::status::{
-    self, Breach, ProblemRow, QueueStatus, RelayMember, Status, Thresholds,
-};
 use serde::Serialize;
 use sqlx::PgPool;
+use txoutbox_runtime::ops::status::{
+    self, Breach, ProblemRow, QueueStatus, RelayMember, Status, Thresholds,
+};
 
 use crate::args;
 use crate::error::CliError;

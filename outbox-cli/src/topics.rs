@@ -4,13 +4,13 @@
 //! Which topics a service needs comes from its registries (the events it
 //! links, the topics its `#[event_handler]`s consume), which only a binary of
 //! the service can read: `--exporter` runs it with `topics` and reads the
-//! JSON it prints (`outbox_runtime::topics::Registered`). `--topic` and
+//! JSON it prints (`txoutbox_runtime::topics::Registered`). `--topic` and
 //! `--consumes` add topics by hand.
 
 use std::collections::BTreeMap;
 use std::process::{Command, ExitCode};
 
-use outbox_runtime::topics::{self, Plan, Registered, TopicDefaults};
+use txoutbox_runtime::topics::{self, Plan, Registered, TopicDefaults};
 
 use crate::error::CliError;
 use crate::kafka::KafkaArgs;

@@ -81,7 +81,7 @@ async fn migrate_then_status_as_a_health_check(pool: PgPool) {
         .iter()
         .map(|m| m["version"].as_i64().unwrap())
         .collect();
-    let shipped: Vec<i64> = outbox_runtime::migrations::MIGRATIONS
+    let shipped: Vec<i64> = txoutbox_runtime::migrations::MIGRATIONS
         .iter()
         .map(|m| m.version)
         .collect();
@@ -133,7 +133,7 @@ async fn migrate_then_status_as_a_health_check(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn cleanup_dry_run_then_delete(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     for _ in 0..5 {
         OutboxRow::new("t")
             .published(10 * 86_400, 9 * 86_400)
@@ -179,7 +179,7 @@ async fn cleanup_dry_run_then_delete(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn dead_letters_from_the_command_line(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     let (id, event_id) = OutboxRow::new("orders")
         .parked(9, "unknown topic")
         .insert(&pool)
@@ -276,7 +276,7 @@ async fn dead_letters_from_the_command_line(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn replay_checks_its_input_before_sending(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     for _ in 0..4 {
         OutboxRow::new("orders")
             .published(600, 500)
@@ -413,7 +413,7 @@ async fn notify_enable_status_disable(pool: PgPool) {
         .await
         .unwrap();
     listener
-        .listen(outbox_runtime::relay::notify::CHANNEL)
+        .listen(txoutbox_runtime::relay::notify::CHANNEL)
         .await
         .unwrap();
     OutboxRow::new("orders").insert(&pool).await;
@@ -445,7 +445,7 @@ async fn notify_enable_status_disable(pool: PgPool) {
 /// usage error naming the flag and the range, never a chrono overflow panic.
 #[sqlx::test(migrations = false)]
 async fn out_of_range_durations_and_times_exit_2(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     OutboxRow::new("orders")
         .published(600, 500)
         .insert(&pool)

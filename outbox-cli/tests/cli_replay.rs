@@ -10,7 +10,7 @@ use sqlx::PgPool;
 #[sqlx::test(migrations = false)]
 async fn the_binary_replays_and_reports_json(pool: PgPool) {
     use sqlx::ConnectOptions;
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     let topic = new_topic().await;
     let source: &'static str = Box::leak(format!("{topic}-source").into_boxed_str());
     for _ in 0..3 {
@@ -73,11 +73,11 @@ fn replay(
 /// `-X` sets (and overrides) settings, and an error never shows a secret.
 #[sqlx::test(migrations = false)]
 async fn kafka_settings_come_from_a_file_the_environment_and_x_flags(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     let topic = new_topic().await;
     let source: &'static str = Box::leak(format!("{topic}-source").into_boxed_str());
     OutboxRow::new(source).published(60, 30).insert(&pool).await;
-    let dir = std::env::temp_dir().join(format!("outbox-cli-{}", uuid::Uuid::new_v4()));
+    let dir = std::env::temp_dir().join(format!("txoutbox-cli-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("client.properties");
     std::fs::write(

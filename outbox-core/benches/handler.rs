@@ -5,15 +5,15 @@
 //! and their ratio are printed.
 //!
 //! Needs PostgreSQL at `DATABASE_URL` (a scratch database is created and
-//! dropped). Run: `cargo bench -p outbox-core --bench handler`.
+//! dropped). Run: `cargo bench -p txoutbox-core --bench handler`.
 //! `BENCH_ITERATIONS` (default 2000) sets the samples per variant and size.
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{DomainEvent, Events, outbox_handler};
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool, Postgres, Transaction};
+use txoutbox_core::{DomainEvent, Events, outbox_handler};
 use uuid::Uuid;
 
 #[derive(Serialize)]
@@ -60,7 +60,7 @@ async fn place_order(
     events: &mut Events,
     amount: i64,
     lines: usize,
-) -> Result<i64, outbox_core::Error> {
+) -> Result<i64, txoutbox_core::Error> {
     let order_id: i64 = sqlx::query_scalar(INSERT_ORDER)
         .bind(amount)
         .fetch_one(&mut **tx)

@@ -1,13 +1,13 @@
 //! A command handler with `#[outbox_handler]`, end to end.
 //!
 //! Run with PostgreSQL at `DATABASE_URL`:
-//! `cargo run -p outbox-core --example handler`.
+//! `cargo run -p txoutbox-core --example handler`.
 //! It works in a scratch database that it creates and drops.
 
-use outbox_core::{DomainEvent, Events, outbox_handler};
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool, Postgres, Transaction};
+use txoutbox_core::{DomainEvent, Events, outbox_handler};
 use uuid::Uuid;
 
 /// The fact other services learn about, with its `DomainEvent` impl written
@@ -35,11 +35,11 @@ impl DomainEvent for OrderCreated {
     }
 }
 
-/// The application's error: it only needs `From<outbox_core::Error>`.
+/// The application's error: it only needs `From<txoutbox_core::Error>`.
 #[derive(Debug, thiserror::Error)]
 enum AppError {
     #[error(transparent)]
-    Outbox(#[from] outbox_core::Error),
+    Outbox(#[from] txoutbox_core::Error),
     #[error(transparent)]
     Db(#[from] sqlx::Error),
     #[error("amount must be positive")]
@@ -90,7 +90,7 @@ async fn demo(pool: &PgPool) -> Result<(), AppError> {
     assert_eq!(rows.len(), 1, "the rejected command wrote nothing");
 
     // In tests: run the handler body in a transaction that is rolled back.
-    let run = outbox_core::testing::record_events(pool, async |tx, events| {
+    let run = txoutbox_core::testing::record_events(pool, async |tx, events| {
         create_order_in_tx(tx, events, CreateOrder { amount: 7 }).await
     })
     .await?;
@@ -113,7 +113,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = PgPoolOptions::new()
         .connect_with(options.database(&database))
         .await?;
-    // In a service: `outbox_runtime::migrations::run(&pool)`; the SQL file is
+    // In a service: `txoutbox_runtime::migrations::run(&pool)`; the SQL file is
     // used directly here to keep this example free of the Kafka runtime.
     sqlx::raw_sql(include_str!(
         "../../outbox-runtime/migrations/0001_outbox_inbox_base.sql"

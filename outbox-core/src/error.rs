@@ -4,7 +4,7 @@ use sqlx::postgres::PgDatabaseError;
 
 /// Errors of the outbox write path.
 ///
-/// Your handler's error type needs `From<outbox_core::Error>` so that `?` works
+/// Your handler's error type needs `From<txoutbox_core::Error>` so that `?` works
 /// on framework calls.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -33,7 +33,7 @@ pub enum Error {
     /// `docs/wire-format.md`).
     #[error(
         "event `{event_type}` has a partition key of {len} bytes; the outbox accepts at most {max} \
-         (outbox_core::MAX_PARTITION_KEY_BYTES): use a shorter key, e.g. an id or a hash of it"
+         (txoutbox_core::MAX_PARTITION_KEY_BYTES): use a shorter key, e.g. an id or a hash of it"
     )]
     PartitionKeyTooLong {
         /// The event type that failed.
@@ -63,7 +63,7 @@ pub enum Error {
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::PgPool) {
-/// use outbox_core::DbErrorDisplay;
+/// use txoutbox_core::DbErrorDisplay;
 ///
 /// if let Err(error) = sqlx::query("SELECT * FROM missing").execute(&pool).await {
 ///     // relation "missing" does not exist (SQLSTATE 42P01)
@@ -73,7 +73,7 @@ pub enum Error {
 /// ```
 ///
 /// ```
-/// use outbox_core::DbErrorDisplay;
+/// use txoutbox_core::DbErrorDisplay;
 ///
 /// let error = sqlx::Error::PoolTimedOut;
 /// assert_eq!(DbErrorDisplay(&error).to_string(), error.to_string());

@@ -34,14 +34,14 @@ pub trait DomainEvent: serde::Serialize + Send + Sync + 'static {
 ///
 /// ```
 /// struct OrderId(u64);
-/// impl outbox_core::PartitionKey for OrderId {
+/// impl txoutbox_core::PartitionKey for OrderId {
 ///     fn to_partition_key(&self) -> String { format!("order-{}", self.0) }
 /// }
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as a partition key or aggregate id",
     label = "this field's type has no stable text form for a Kafka key",
-    note = "use a String, Uuid or integer field, or implement `outbox_core::PartitionKey` for `{Self}`"
+    note = "use a String, Uuid or integer field, or implement `txoutbox_core::PartitionKey` for `{Self}`"
 )]
 pub trait PartitionKey {
     /// The key as text; must be stable across processes and releases.

@@ -29,7 +29,7 @@ use crate::{DomainEvent, Error, OutboxRecord};
 /// [`try_record`](Events::try_record) to handle the failure inside the handler.
 ///
 /// ```
-/// # use outbox_core::{DomainEvent, Events};
+/// # use txoutbox_core::{DomainEvent, Events};
 /// # #[derive(serde::Serialize)]
 /// # struct OrderCreated { event_id: uuid::Uuid, order_id: u64 }
 /// # impl DomainEvent for OrderCreated {

@@ -23,12 +23,12 @@ SELECT * FROM UNNEST(
 /// its own transaction (and for tests that need outbox rows).
 ///
 /// ```no_run
-/// # async fn f(pool: sqlx::PgPool, records: Vec<outbox_core::OutboxRecord>) -> Result<(), sqlx::Error> {
+/// # async fn f(pool: sqlx::PgPool, records: Vec<txoutbox_core::OutboxRecord>) -> Result<(), sqlx::Error> {
 /// let mut tx = pool.begin().await?;
 /// // ... your own statements on &mut *tx ...
-/// outbox_core::insert_records(&mut tx, &records).await?;
+/// txoutbox_core::insert_records(&mut tx, &records).await?;
 /// tx.commit().await?;
-/// outbox_core::wakeup::notify_committed();
+/// txoutbox_core::wakeup::notify_committed();
 /// # Ok(()) }
 /// ```
 pub async fn insert_records(

@@ -1,4 +1,4 @@
-//! # outbox-core
+//! # txoutbox-core
 //!
 //! The vocabulary of the transactional outbox: domain events, the records they
 //! become in the `outbox_event` table and on the wire, and the write path that
@@ -8,7 +8,7 @@
 //! Declare an event with `#[derive(DomainEvent)]`:
 //!
 //! ```
-//! use outbox_core::DomainEvent;
+//! use txoutbox_core::DomainEvent;
 //! use serde::{Deserialize, Serialize};
 //! use schemars::JsonSchema;
 //! use uuid::Uuid;
@@ -27,7 +27,7 @@
 //! let event = OrderCreated { event_id: Uuid::new_v4(), order_id: Uuid::new_v4(), amount: 42 };
 //! assert_eq!(OrderCreated::TOPIC, "order.events");
 //! assert_eq!(event.partition_key(), event.order_id.to_string());
-//! let record = outbox_core::OutboxRecord::from_event(&event).unwrap();
+//! let record = txoutbox_core::OutboxRecord::from_event(&event).unwrap();
 //! assert_eq!(record.payload["event_id"], event.event_id.to_string());
 //! ```
 //!
@@ -60,7 +60,7 @@ pub use unit_of_work::{
 };
 
 #[cfg(feature = "derive")]
-pub use outbox_derive::{DomainEvent, outbox_handler};
+pub use txoutbox_derive::{DomainEvent, outbox_handler};
 
 /// Re-exports used by generated code. Not a public API: may change in any release.
 #[doc(hidden)]

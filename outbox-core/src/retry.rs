@@ -42,7 +42,7 @@ pub(crate) fn is_serialization_failure(error: &(dyn std::error::Error + 'static)
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::Backoff;
+/// use txoutbox_core::Backoff;
 ///
 /// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
 /// let third = backoff.delay(3); // between 200 and 400 ms

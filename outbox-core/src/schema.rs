@@ -13,12 +13,12 @@
 //! ```no_run
 //! # #[cfg(feature = "schema-export")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_core::schema::{ExportOptions, SchemaExport};
+//! use txoutbox_core::schema::{ExportOptions, SchemaExport};
 //!
 //! let export = ExportOptions::new()
 //!     .title("orders")
 //!     .version("1.0.0")
-//!     .export(&outbox_core::schema::registered_events())?;
+//!     .export(&txoutbox_core::schema::registered_events())?;
 //! export.write_to("schemas")?;
 //! export.check("schemas")?;
 //! # Ok(()) }
@@ -80,7 +80,7 @@ pub fn registered_events() -> Vec<&'static EventDescriptor> {
 /// #[derive(serde::Serialize, schemars::JsonSchema)]
 /// struct Ping { n: u32 }
 ///
-/// let schema = outbox_core::schema::json_schema_for::<Ping>();
+/// let schema = txoutbox_core::schema::json_schema_for::<Ping>();
 /// assert_eq!(schema.get("$schema").unwrap(), "https://json-schema.org/draft/2020-12/schema");
 /// assert_eq!(schema.get("required").unwrap(), &serde_json::json!(["n"]));
 /// ```

@@ -19,7 +19,7 @@ use crate::{DomainEvent, Error, Events, OutboxRecord, TransactionSource, insert_
 /// ```no_run
 /// # #[derive(serde::Serialize)]
 /// # struct OrderCreated { event_id: uuid::Uuid, order_id: i64 }
-/// # impl outbox_core::DomainEvent for OrderCreated {
+/// # impl txoutbox_core::DomainEvent for OrderCreated {
 /// #     const TOPIC: &'static str = "orders";
 /// #     const EVENT_TYPE: &'static str = "OrderCreated";
 /// #     const AGGREGATE_TYPE: &'static str = "Order";
@@ -28,7 +28,7 @@ use crate::{DomainEvent, Error, Events, OutboxRecord, TransactionSource, insert_
 /// #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
 /// #     fn partition_key(&self) -> String { self.order_id.to_string() }
 /// # }
-/// use outbox_core::{Events, outbox_handler};
+/// use txoutbox_core::{Events, outbox_handler};
 /// use sqlx::{Postgres, Transaction};
 ///
 /// #[outbox_handler]
@@ -36,13 +36,13 @@ use crate::{DomainEvent, Error, Events, OutboxRecord, TransactionSource, insert_
 ///     tx: &mut Transaction<'_, Postgres>,
 ///     events: &mut Events,
 ///     order_id: i64,
-/// ) -> Result<i64, outbox_core::Error> {
+/// ) -> Result<i64, txoutbox_core::Error> {
 ///     events.record(OrderCreated { event_id: uuid::Uuid::new_v4(), order_id });
 ///     Ok(order_id)
 /// }
 ///
 /// # async fn t(pool: sqlx::PgPool) {
-/// let run = outbox_core::testing::record_events(&pool, async |tx, events| {
+/// let run = txoutbox_core::testing::record_events(&pool, async |tx, events| {
 ///     create_order_in_tx(tx, events, 7).await
 /// })
 /// .await

@@ -15,7 +15,7 @@ tokio::task_local! {
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use outbox_core::trace::{current_traceparent, with_traceparent};
+/// use txoutbox_core::trace::{current_traceparent, with_traceparent};
 /// let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned();
 /// let seen = with_traceparent(Some(tp.clone()), async { current_traceparent() }).await;
 /// assert_eq!(seen, Some(tp));

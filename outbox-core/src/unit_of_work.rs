@@ -96,13 +96,13 @@ impl TransactionSource for &mut PgConnection {
 /// early return), panics, or the insert or commit fails, the transaction is
 /// rolled back and nothing of it is written.
 ///
-/// Your error type needs only `From<outbox_core::Error>` (framework failures:
+/// Your error type needs only `From<txoutbox_core::Error>` (framework failures:
 /// begin, serialization, outbox insert, commit, are converted into it).
 ///
 /// ```no_run
 /// # #[derive(serde::Serialize)]
 /// # struct OrderCreated { event_id: uuid::Uuid, order_id: i64 }
-/// # impl outbox_core::DomainEvent for OrderCreated {
+/// # impl txoutbox_core::DomainEvent for OrderCreated {
 /// #     const TOPIC: &'static str = "orders";
 /// #     const EVENT_TYPE: &'static str = "OrderCreated";
 /// #     const AGGREGATE_TYPE: &'static str = "Order";
@@ -111,19 +111,19 @@ impl TransactionSource for &mut PgConnection {
 /// #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
 /// #     fn partition_key(&self) -> String { self.order_id.to_string() }
 /// # }
-/// # async fn f(pool: sqlx::PgPool) -> Result<(), outbox_core::Error> {
-/// use outbox_core::IsolationLevel;
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), txoutbox_core::Error> {
+/// use txoutbox_core::IsolationLevel;
 ///
-/// let order_id: i64 = outbox_core::transaction(&pool)
+/// let order_id: i64 = txoutbox_core::transaction(&pool)
 ///     .isolation(IsolationLevel::Serializable)
 ///     .retries(3)
 ///     .run(async |tx, events| {
 ///         let id: i64 = sqlx::query_scalar("INSERT INTO orders (amount) VALUES (42) RETURNING id")
 ///             .fetch_one(&mut **tx)
 ///             .await
-///             .map_err(outbox_core::Error::from)?;
+///             .map_err(txoutbox_core::Error::from)?;
 ///         events.record(OrderCreated { event_id: uuid::Uuid::new_v4(), order_id: id });
-///         Ok::<_, outbox_core::Error>(id)
+///         Ok::<_, txoutbox_core::Error>(id)
 ///     })
 ///     .await?;
 /// # Ok(()) }

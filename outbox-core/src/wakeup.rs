@@ -28,8 +28,8 @@ pub fn listener() -> CommitListener {
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let mut listener = outbox_core::wakeup::listener();
-/// outbox_core::wakeup::notify_committed();
+/// let mut listener = txoutbox_core::wakeup::listener();
+/// txoutbox_core::wakeup::notify_committed();
 /// listener.committed().await; // returns at once: a commit happened since the last wait
 /// # });
 /// ```

@@ -1,9 +1,9 @@
 //! Values and payloads produced by `#[derive(DomainEvent)]`.
 
-use outbox_core::schema::registered_events;
-use outbox_core::{DomainEvent, OutboxRecord, PartitionKey};
 use schemars::JsonSchema;
 use serde::Serialize;
+use txoutbox_core::schema::registered_events;
+use txoutbox_core::{DomainEvent, OutboxRecord, PartitionKey};
 use uuid::Uuid;
 
 #[derive(DomainEvent, Serialize, JsonSchema)]
@@ -82,7 +82,7 @@ struct StockCounted {
 
 /// Re-exporting crates point the derive at their re-export.
 mod platform {
-    pub use ::outbox_core as events;
+    pub use ::txoutbox_core as events;
 }
 
 #[derive(DomainEvent, Serialize, JsonSchema)]

@@ -6,7 +6,7 @@
 //! at the offending token):
 //!
 //! ```text
-//! TRYBUILD=overwrite cargo test -p outbox-core --test ui
+//! TRYBUILD=overwrite cargo test -p txoutbox-core --test ui
 //! ```
 //!
 //! `tests/ui/pass/*.rs` must compile and run cleanly (one of them under

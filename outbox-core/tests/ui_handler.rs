@@ -3,7 +3,7 @@
 //! (`.stderr`), and a `pass/` set that must compile and run.
 //!
 //! After changing a message, regenerate the snapshots with
-//! `TRYBUILD=overwrite cargo test -p outbox-core --test ui_handler` and review
+//! `TRYBUILD=overwrite cargo test -p txoutbox-core --test ui_handler` and review
 //! the diff by eye.
 
 #[test]

@@ -1,4 +1,4 @@
-//! Procedural macros of the outbox framework. Use them through `outbox_core`
+//! Procedural macros of the outbox framework. Use them through `txoutbox_core`
 //! (which re-exports them); this crate holds only the thin entry points, the
 //! work happens in one module per macro (parse, validate, expand).
 
@@ -8,10 +8,10 @@ mod domain_event;
 mod event_handler;
 mod outbox_handler;
 
-/// Derives `outbox_core::DomainEvent` for a struct with named fields.
+/// Derives `txoutbox_core::DomainEvent` for a struct with named fields.
 ///
 /// ```
-/// use outbox_core::DomainEvent;
+/// use txoutbox_core::DomainEvent;
 /// use schemars::JsonSchema;
 /// use serde::Serialize;
 /// use uuid::Uuid;
@@ -38,7 +38,7 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 /// its writes and the events it records (R-DIST-OBX-1).
 ///
 /// ```no_run
-/// use outbox_core::{Events, outbox_handler};
+/// use txoutbox_core::{Events, outbox_handler};
 /// use sqlx::{PgPool, Postgres, Transaction};
 ///
 /// #[derive(Clone)]
@@ -49,7 +49,7 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 ///     tx: &mut Transaction<'_, Postgres>,
 ///     events: &mut Events,
 ///     cmd: CreateOrder,
-/// ) -> Result<i64, outbox_core::Error> {
+/// ) -> Result<i64, txoutbox_core::Error> {
 ///     let id = sqlx::query_scalar("SELECT $1::int8")
 ///         .bind(cmd.amount)
 ///         .fetch_one(&mut **tx)
@@ -57,7 +57,7 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 ///     Ok(id)
 /// }
 ///
-/// # async fn place(pool: PgPool) -> Result<(), outbox_core::Error> {
+/// # async fn place(pool: PgPool) -> Result<(), txoutbox_core::Error> {
 /// let id = create_order(&pool, CreateOrder { amount: 5 }).await?; // begin, run, insert events, commit
 /// # Ok(()) }
 /// ```
@@ -72,13 +72,13 @@ pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Turns an async fn into a consumer-side event handler: a unit struct of the
-/// same name implementing `outbox_runtime::consumer::EventHandler`, to pass to
+/// same name implementing `txoutbox_runtime::consumer::EventHandler`, to pass to
 /// `ConsumerBuilder::handler`. See `docs/consumer.md` and
-/// `outbox_runtime::consumer`.
+/// `txoutbox_runtime::consumer`.
 ///
 /// ```
-/// use outbox_core::DomainEvent;
-/// use outbox_runtime::consumer::{EventHandler, event_handler};
+/// use txoutbox_core::DomainEvent;
+/// use txoutbox_runtime::consumer::{EventHandler, event_handler};
 /// use sqlx::{Postgres, Transaction};
 ///
 /// #[derive(DomainEvent, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]

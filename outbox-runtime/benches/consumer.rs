@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! scripts/services.sh up
-//! cargo bench -p outbox-runtime --bench consumer            # 100,000 events
-//! OUTBOX_BENCH_EVENTS=20000 cargo bench -p outbox-runtime --bench consumer
+//! cargo bench -p txoutbox-runtime --bench consumer            # 100,000 events
+//! OUTBOX_BENCH_EVENTS=20000 cargo bench -p txoutbox-runtime --bench consumer
 //! OUTBOX_BENCH_PROCESSORS=4 OUTBOX_BENCH_PROCESSOR_BATCH=500 cargo bench ...  # inbox tuning
 //! OUTBOX_BENCH_KEYS=16 cargo bench ...  # 16 partition keys instead of one per event
 //! ```
@@ -24,12 +24,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, Mode, event_handler};
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
 use uuid::Uuid;
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -159,7 +159,7 @@ async fn produce(n: usize) {
         let value = serde_json::to_vec(&event).unwrap();
         let key = event.partition_key();
         let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
-            key: outbox_core::wire::HEADER_EVENT_TYPE,
+            key: txoutbox_core::wire::HEADER_EVENT_TYPE,
             value: Some(BenchPaid::EVENT_TYPE),
         });
         let record = FutureRecord::to(BenchPaid::TOPIC)

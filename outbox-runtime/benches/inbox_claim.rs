@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! scripts/services.sh up
-//! cargo bench -p outbox-runtime --bench inbox_claim
-//! OUTBOX_BENCH_PENDING=20000 OUTBOX_BENCH_ROUNDS=5 cargo bench -p outbox-runtime --bench inbox_claim
+//! cargo bench -p txoutbox-runtime --bench inbox_claim
+//! OUTBOX_BENCH_PENDING=20000 OUTBOX_BENCH_ROUNDS=5 cargo bench -p txoutbox-runtime --bench inbox_claim
 //! ```
 //!
 //! Needs `DATABASE_URL` (a database the bench may create a scratch database
@@ -181,7 +181,7 @@ async fn main() {
             .unwrap();
         let handled = [(TOPIC, HANDLED)];
         let current = measure(rounds, || async {
-            outbox_runtime::consumer::claim_once_for_benchmark(&pool, &group, &handled, BATCH)
+            txoutbox_runtime::consumer::claim_once_for_benchmark(&pool, &group, &handled, BATCH)
                 .await
                 .unwrap()
         })

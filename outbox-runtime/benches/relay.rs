@@ -3,10 +3,10 @@
 //!
 //! ```text
 //! scripts/services.sh up
-//! cargo bench -p outbox-runtime --bench relay
+//! cargo bench -p txoutbox-runtime --bench relay
 //! # quick run:
 //! RELAY_BENCH_EVENTS=20000 RELAY_BENCH_PUBLISHED_ROWS=500000 RELAY_BENCH_LATENCY_SECS=5 \
-//!     cargo bench -p outbox-runtime --bench relay
+//!     cargo bench -p txoutbox-runtime --bench relay
 //! ```
 //!
 //! Environment (defaults in brackets): `DATABASE_URL`, `KAFKA_BROKERS_TEST`
@@ -34,7 +34,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use outbox_runtime::relay::{Relay, RelayHandle};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -44,6 +43,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
+use txoutbox_runtime::relay::{Relay, RelayHandle};
 use uuid::Uuid;
 
 const KEYS: i64 = 10_000;
@@ -259,7 +259,7 @@ async fn bench_database(name: &'static str) -> PgPool {
         .connect_with(admin_options.database(name))
         .await
         .unwrap();
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     // Event ids as the write path makes them: `Uuid::now_v7()` (time-ordered,
     // what the README recommends) unless RELAY_BENCH_EVENT_IDS=v4. A v7 id of
     // millisecond `ms` with the 12-bit counter `seq`; random otherwise.
@@ -513,14 +513,14 @@ impl Bench {
         let mut conn = PgConnection::connect_with(&self.pool.connect_options())
             .await
             .unwrap();
-        outbox_runtime::relay::configure_connection(&mut conn)
+        txoutbox_runtime::relay::configure_connection(&mut conn)
             .await
             .unwrap();
         let lanes: Vec<i32> = (0..64).collect();
         let started = Instant::now();
         let mut total = 0;
         loop {
-            let done = outbox_runtime::relay::claim_and_mark_without_publishing(
+            let done = txoutbox_runtime::relay::claim_and_mark_without_publishing(
                 &mut conn, 64, &lanes, self.batch,
             )
             .await
@@ -583,7 +583,7 @@ impl Bench {
                         .await
                         .unwrap();
                         committed.lock().unwrap()[seq] = Some((Instant::now(), SystemTime::now()));
-                        outbox_core::wakeup::notify_committed();
+                        txoutbox_core::wakeup::notify_committed();
                     }
                 })
             })

@@ -4,7 +4,7 @@
 //! TLS or SASL cluster is reached by every tool and service the same way.
 //!
 //! ```
-//! use outbox_runtime::kafka_settings::KafkaSettings;
+//! use txoutbox_runtime::kafka_settings::KafkaSettings;
 //!
 //! let mut settings = KafkaSettings::new();
 //! settings.properties("# the cluster\nbootstrap.servers=kafka:9093\nsecurity.protocol=SASL_SSL\n")?;
@@ -16,7 +16,7 @@
 //! // Printing never shows a secret.
 //! settings.pair("sasl.password=hunter2")?;
 //! assert!(!format!("{settings:?}").contains("hunter2"));
-//! # Ok::<(), outbox_runtime::kafka_settings::SettingsError>(())
+//! # Ok::<(), txoutbox_runtime::kafka_settings::SettingsError>(())
 //! ```
 
 use std::fmt;

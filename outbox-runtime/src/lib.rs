@@ -1,4 +1,4 @@
-//! # outbox-runtime
+//! # txoutbox-runtime
 //!
 //! The moving parts of the outbox framework: the relay that publishes
 //! `outbox_event` rows to Kafka, the dedup and inbox consumers, migrations,
@@ -7,7 +7,7 @@
 pub mod consumer;
 /// The core crate, for code the macros generate. Not a public API.
 #[doc(hidden)]
-pub use outbox_core as __private_core;
+pub use txoutbox_core as __private_core;
 pub mod kafka_settings;
 pub mod lifecycle;
 pub mod migrations;

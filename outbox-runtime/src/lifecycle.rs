@@ -10,9 +10,9 @@
 //! from a failure:
 //!
 //! ```no_run
-//! # async fn run(relay: outbox_runtime::relay::RelayHandle,
-//! #              consumer: outbox_runtime::consumer::ConsumerHandle) -> std::process::ExitCode {
-//! use outbox_runtime::lifecycle::Stopped;
+//! # async fn run(relay: txoutbox_runtime::relay::RelayHandle,
+//! #              consumer: txoutbox_runtime::consumer::ConsumerHandle) -> std::process::ExitCode {
+//! use txoutbox_runtime::lifecycle::Stopped;
 //!
 //! let failed = tokio::select! {
 //!     _ = tokio::signal::ctrl_c() => None,
@@ -59,7 +59,7 @@ impl Stopped {
     /// Whether the task ended without being asked to.
     ///
     /// ```
-    /// use outbox_runtime::lifecycle::Stopped;
+    /// use txoutbox_runtime::lifecycle::Stopped;
     /// assert!(Stopped::Failed("boom".into()).is_failure());
     /// assert!(!Stopped::Requested.is_failure());
     /// ```

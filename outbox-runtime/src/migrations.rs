@@ -9,8 +9,8 @@
 //! other) migration history. Concurrent runners serialize on an advisory lock.
 //!
 //! ```no_run
-//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::migrations::MigrateError> {
-//! let applied = outbox_runtime::migrations::run(&pool).await?;
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::migrations::MigrateError> {
+//! let applied = txoutbox_runtime::migrations::run(&pool).await?;
 //! println!("applied {} outbox migrations", applied.len());
 //! # Ok(()) }
 //! ```
@@ -66,7 +66,7 @@ pub const MIGRATIONS: &[Migration] = &[
 #[derive(Debug, thiserror::Error)]
 #[error(
     "outbox migration {version} ({description}) failed: {}",
-    outbox_core::DbErrorDisplay(.source)
+    txoutbox_core::DbErrorDisplay(.source)
 )]
 pub struct MigrateError {
     /// The version that failed (0 for the bookkeeping table itself).

@@ -10,8 +10,8 @@
 //! exporter binary.
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), outbox_runtime::topics::TopicsError> {
-//! use outbox_runtime::topics::{self, TopicDefaults};
+//! # async fn run() -> Result<(), txoutbox_runtime::topics::TopicsError> {
+//! use txoutbox_runtime::topics::{self, TopicDefaults};
 //!
 //! let mut kafka = rdkafka::ClientConfig::new();
 //! kafka.set("bootstrap.servers", "kafka:9092");
@@ -137,7 +137,7 @@ impl Registered {
     /// This binary's registries.
     pub fn linked() -> Self {
         Self {
-            events: outbox_core::schema::registered_events()
+            events: txoutbox_core::schema::registered_events()
                 .iter()
                 .map(|e| e.topic.to_owned())
                 .collect(),

@@ -8,10 +8,10 @@ mod consumer_support;
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, UnknownEventPolicy, event_handler};
 use rdkafka::Message;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, UnknownEventPolicy, event_handler};
 use uuid::Uuid;
 
 test_event!(BadPaid, "consumer-test.bad.paid", "BadPaid");
@@ -226,7 +226,7 @@ async fn inbox_mode_dead_letters_nul_characters_and_goes_on(pool: PgPool) {
 
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_nul_paid)
-        .mode(outbox_runtime::consumer::Mode::Inbox)
+        .mode(txoutbox_runtime::consumer::Mode::Inbox)
         .processor_poll_interval(Duration::from_millis(20))
         .build()
         .unwrap()

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, EventMeta, event_handler};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, EventMeta, event_handler};
 
 test_event!(DedupPaid, "consumer-test.dedup.paid", "DedupPaid");
 test_event!(CrashPaid, "consumer-test.dedup.crash", "CrashPaid");
@@ -43,7 +43,7 @@ async fn on_dedup_paid(
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
     assert_eq!(meta.event_id, event.event_id);
-    let trace = outbox_core::trace::current_traceparent();
+    let trace = txoutbox_core::trace::current_traceparent();
     record(tx, event.event_id, event.amount, trace).await
 }
 
@@ -56,12 +56,13 @@ async fn the_same_event_twice_is_handled_once_in_the_producers_trace(pool: PgPoo
     let producer = producer();
     let first = DedupPaid::new(1);
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let second =
-        outbox_core::trace::with_traceparent(Some(traceparent.into()), async { DedupPaid::new(2) })
-            .await;
+    let second = txoutbox_core::trace::with_traceparent(Some(traceparent.into()), async {
+        DedupPaid::new(2)
+    })
+    .await;
     produce_event(&producer, &first).await;
     produce_event(&producer, &first).await;
-    outbox_core::trace::with_traceparent(
+    txoutbox_core::trace::with_traceparent(
         Some(traceparent.into()),
         produce_event(&producer, &second),
     )

@@ -8,9 +8,9 @@ mod consumer_support;
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{BuildError, Consumer, EventMeta, event_handler};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{BuildError, Consumer, EventMeta, event_handler};
 use uuid::Uuid;
 
 test_event!(SeedPaid, "consumer-test.dispatch.seed", "SeedPaid");

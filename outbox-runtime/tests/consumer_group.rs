@@ -7,10 +7,10 @@ mod consumer_support;
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, EventMeta, Mode, event_handler};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, EventMeta, Mode, event_handler};
 
 test_event!(GroupPaid, "consumer-test.group.paid", "GroupPaid");
 test_event!(
@@ -65,7 +65,7 @@ async fn named_pool(pool: &PgPool, name: &str) -> PgPool {
 async fn two_consumers_share_the_work<E: DomainEvent>(
     pool: PgPool,
     mode: Mode,
-    build: impl Fn(PgPool, &str) -> outbox_runtime::consumer::ConsumerBuilder,
+    build: impl Fn(PgPool, &str) -> txoutbox_runtime::consumer::ConsumerBuilder,
     make: impl Fn(i64) -> E,
 ) {
     prepare_db(&pool).await;

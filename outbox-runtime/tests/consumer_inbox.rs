@@ -8,9 +8,9 @@ mod consumer_support;
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, EventMeta, Mode, event_handler};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, EventMeta, Mode, event_handler};
 
 test_event!(InboxPaid, "consumer-test.inbox.paid", "InboxPaid");
 test_event!(InboxFlaky, "consumer-test.inbox.flaky", "InboxFlaky");
@@ -27,7 +27,7 @@ async fn on_inbox_paid(
     sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
         .bind(event.event_id)
         .bind(event.amount)
-        .bind(outbox_core::trace::current_traceparent())
+        .bind(txoutbox_core::trace::current_traceparent())
         .execute(&mut **tx)
         .await?;
     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -46,7 +46,7 @@ async fn duplicates_are_stored_once_and_two_processors_handle_each_row_once(pool
     for (i, event) in events.iter().enumerate() {
         let produce = produce_event(&producer, event);
         if i == 0 {
-            outbox_core::trace::with_traceparent(Some(traceparent.into()), produce).await;
+            txoutbox_core::trace::with_traceparent(Some(traceparent.into()), produce).await;
         } else {
             produce.await;
         }
@@ -179,7 +179,7 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
 
 /// Produces `per_key` events for each of `keys` new keys, interleaved, the
 /// amount numbering each key's events 0, 1, 2, ...; returns the keys.
-async fn produce_numbered<E: outbox_core::DomainEvent>(
+async fn produce_numbered<E: txoutbox_core::DomainEvent>(
     keys: usize,
     per_key: i64,
     event: impl Fn(uuid::Uuid, i64) -> E,

@@ -8,9 +8,9 @@ mod consumer_support;
 use std::time::{Duration, Instant};
 
 use consumer_support::*;
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, Mode, event_handler};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
 use uuid::Uuid;
 
 test_event!(StuckKey, "consumer-test.liveness.stuck", "StuckKey");
@@ -437,7 +437,7 @@ async fn inbox_rows_of_an_event_type_without_a_handler_wait_for_a_processor_that
     }
     assert_eq!(applied(&pool, keys[3]).await, [0, 1]);
     // Visible: the status names the event type nobody running handles.
-    let waiting = outbox_runtime::ops::status::inbox_unclaimed(&pool, Some(group.as_str()))
+    let waiting = txoutbox_runtime::ops::status::inbox_unclaimed(&pool, Some(group.as_str()))
         .await
         .unwrap();
     assert_eq!(waiting.len(), 1, "{waiting:?}");
@@ -462,7 +462,7 @@ async fn inbox_rows_of_an_event_type_without_a_handler_wait_for_a_processor_that
         assert_eq!(applied(&pool, *key).await, [0, 1, 2]);
     }
     assert!(
-        outbox_runtime::ops::status::inbox_unclaimed(&pool, Some(group.as_str()))
+        txoutbox_runtime::ops::status::inbox_unclaimed(&pool, Some(group.as_str()))
             .await
             .unwrap()
             .is_empty()
@@ -561,7 +561,7 @@ async fn two_inbox_groups_in_one_database_each_handle_every_event(pool: PgPool) 
 /// order with their key.
 #[sqlx::test(migrations = false)]
 async fn inbox_keep_policy_stores_new_event_types_for_the_new_version(pool: PgPool) {
-    use outbox_runtime::consumer::UnknownEventPolicy;
+    use txoutbox_runtime::consumer::UnknownEventPolicy;
     prepare_db(&pool).await;
     create_topic(RollOld::TOPIC, 1).await;
     let group = unique_group("liveness-keep");
@@ -641,7 +641,7 @@ async fn the_keep_policy_is_refused_in_dedup_mode() {
         .unwrap();
     let error = Consumer::builder(pool, kafka_config(), "g")
         .handler(on_roll_old)
-        .unknown_events(outbox_runtime::consumer::UnknownEventPolicy::Keep)
+        .unknown_events(txoutbox_runtime::consumer::UnknownEventPolicy::Keep)
         .build()
         .err()
         .expect("refused");
@@ -653,7 +653,7 @@ async fn the_keep_policy_is_refused_in_dedup_mode() {
 /// key an entry again, and a processor handles the row.
 #[sqlx::test(migrations = false)]
 async fn a_retried_parked_inbox_row_is_claimed_again(pool: PgPool) {
-    use outbox_runtime::ops::dead_letters::{self, Selection, Table};
+    use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
     prepare_db(&pool).await;
     create_topic(RollOld::TOPIC, 1).await;
     let group = unique_group("liveness-retry");

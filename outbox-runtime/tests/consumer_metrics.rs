@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use consumer_support::*;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, event_handler, metric_names as m};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, event_handler, metric_names as m};
 
 /// Keeps every counter and gauge, keyed by name and sorted labels.
 #[derive(Default, Clone)]

@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, event_handler};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, Producer};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, event_handler};
 
 test_event!(GapPaid, "consumer-test.gaps.paid", "GapPaid");
 
@@ -48,7 +48,7 @@ impl metrics::Recorder for GapCounter {
     ) {
     }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        if key.name() == outbox_runtime::consumer::metric_names::OFFSET_GAPS {
+        if key.name() == txoutbox_runtime::consumer::metric_names::OFFSET_GAPS {
             metrics::Counter::from_arc(self.0.clone())
         } else {
             metrics::Counter::noop()

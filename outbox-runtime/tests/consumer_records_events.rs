@@ -9,9 +9,9 @@ mod consumer_support;
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_core::{DomainEvent, Events};
-use outbox_runtime::consumer::{Consumer, Mode, event_handler};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::{DomainEvent, Events};
+use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
 
 test_event!(ReactPaid, "consumer-test.react.paid", "ReactPaid");
 test_event!(ReactInbox, "consumer-test.react.inbox", "ReactInbox");
@@ -98,7 +98,7 @@ async fn dedup_mode_stores_recorded_events_once_and_wakes_the_relay(pool: &PgPoo
     produce_event(&producer, &poison).await;
     let end = high_watermarks(ReactPaid::TOPIC, 1).await;
 
-    let mut wakeup = outbox_core::wakeup::listener();
+    let mut wakeup = txoutbox_core::wakeup::listener();
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_react_paid)
         .max_attempts(2)

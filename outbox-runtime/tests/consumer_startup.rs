@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_runtime::consumer::{Consumer, ConsumerError, event_handler};
-use outbox_runtime::lifecycle::Stopped;
-use outbox_runtime::topics::{self, TopicDefaults};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_runtime::consumer::{Consumer, ConsumerError, event_handler};
+use txoutbox_runtime::lifecycle::Stopped;
+use txoutbox_runtime::topics::{self, TopicDefaults};
 
 /// An event whose dead-letter topic the test deletes first.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -19,7 +19,7 @@ pub struct Lonely {
     pub event_id: uuid::Uuid,
 }
 
-impl outbox_core::DomainEvent for Lonely {
+impl txoutbox_core::DomainEvent for Lonely {
     const TOPIC: &'static str = "consumer-startup-lonely";
     const EVENT_TYPE: &'static str = "Lonely";
     const AGGREGATE_TYPE: &'static str = "Lonely";
@@ -48,12 +48,12 @@ fn kafka() -> rdkafka::ClientConfig {
 async fn without_dlq() {
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
         kafka().create().unwrap();
-    let dlq = format!("{}.dlq", <Lonely as outbox_core::DomainEvent>::TOPIC);
+    let dlq = format!("{}.dlq", <Lonely as txoutbox_core::DomainEvent>::TOPIC);
     let _ = admin
         .delete_topics(&[&dlq], &rdkafka::admin::AdminOptions::new())
         .await;
     let wanted = topics::required_for(
-        &[<Lonely as outbox_core::DomainEvent>::TOPIC].into(),
+        &[<Lonely as txoutbox_core::DomainEvent>::TOPIC].into(),
         &BTreeSet::new(),
         &TopicDefaults::default().partitions(1),
     );
@@ -65,7 +65,7 @@ async fn without_dlq() {
 async fn a_missing_dead_letter_topic_is_named_at_start_or_created_on_request(pool: PgPool) {
     prepare_db(&pool).await;
     without_dlq().await;
-    let dlq = format!("{}.dlq", <Lonely as outbox_core::DomainEvent>::TOPIC);
+    let dlq = format!("{}.dlq", <Lonely as txoutbox_core::DomainEvent>::TOPIC);
     let refused = Consumer::builder(pool.clone(), kafka(), unique_group("startup"))
         .handler(on_lonely)
         .build()
@@ -95,7 +95,7 @@ async fn a_missing_dead_letter_topic_is_named_at_start_or_created_on_request(poo
     let plan_has_dlq = || async {
         let wanted = topics::required_for(
             &BTreeSet::new(),
-            &[<Lonely as outbox_core::DomainEvent>::TOPIC].into(),
+            &[<Lonely as txoutbox_core::DomainEvent>::TOPIC].into(),
             &TopicDefaults::default().partitions(1),
         );
         topics::plan(&kafka(), &wanted).await.unwrap().is_complete()

@@ -10,10 +10,10 @@ mod consumer_support;
 use std::time::Duration;
 
 use consumer_support::*;
-use outbox_core::{DbErrorDisplay, DomainEvent};
-use outbox_runtime::consumer::{Consumer, HandlerError, Mode, event_handler};
-use outbox_runtime::ops::OpsError;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::{DbErrorDisplay, DomainEvent};
+use txoutbox_runtime::consumer::{Consumer, HandlerError, Mode, event_handler};
+use txoutbox_runtime::ops::OpsError;
 
 /// No trace of the server's source location, in any form sqlx or PostgreSQL
 /// writes it.
@@ -76,7 +76,7 @@ async fn errors_shown_to_users_wrap_the_database_error_the_same_way(pool: PgPool
 
     // A handler's error: `#[event_handler]` code, `HandlerError::new`, `?`.
     assert_eq!(
-        outbox_runtime::consumer::__private::handler_error(failure(&pool, sql).await).to_string(),
+        txoutbox_runtime::consumer::__private::handler_error(failure(&pool, sql).await).to_string(),
         rendered
     );
     assert_eq!(
@@ -94,14 +94,14 @@ async fn errors_shown_to_users_wrap_the_database_error_the_same_way(pool: PgPool
 
     // The write path's, the operator operations' and the migrations' errors.
     assert_eq!(
-        outbox_core::Error::Database(failure(&pool, sql).await).to_string(),
+        txoutbox_core::Error::Database(failure(&pool, sql).await).to_string(),
         format!("database error: {rendered}")
     );
     assert_eq!(
         OpsError::Database(failure(&pool, sql).await).to_string(),
         format!("database error: {rendered}")
     );
-    let migrate = outbox_runtime::migrations::MigrateError {
+    let migrate = txoutbox_runtime::migrations::MigrateError {
         version: 1,
         description: "outbox_inbox_base",
         source: failure(&pool, sql).await,

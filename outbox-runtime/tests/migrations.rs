@@ -3,7 +3,7 @@
 use sqlx::PgPool;
 
 fn all_versions() -> Vec<i64> {
-    outbox_runtime::migrations::MIGRATIONS
+    txoutbox_runtime::migrations::MIGRATIONS
         .iter()
         .map(|m| m.version)
         .collect()
@@ -11,13 +11,13 @@ fn all_versions() -> Vec<i64> {
 
 #[sqlx::test(migrations = false)]
 async fn migrations_create_tables_and_rerun_is_harmless(pool: PgPool) {
-    let first = outbox_runtime::migrations::run(&pool).await.unwrap();
+    let first = txoutbox_runtime::migrations::run(&pool).await.unwrap();
     assert_eq!(first, all_versions());
-    let second = outbox_runtime::migrations::run(&pool).await.unwrap();
+    let second = txoutbox_runtime::migrations::run(&pool).await.unwrap();
     assert!(second.is_empty(), "second run applied {second:?}");
 
     // The plain SQL files are idempotent on their own too (for other migration tools).
-    for migration in outbox_runtime::migrations::MIGRATIONS {
+    for migration in txoutbox_runtime::migrations::MIGRATIONS {
         sqlx::raw_sql(migration.sql).execute(&pool).await.unwrap();
     }
 
@@ -58,7 +58,7 @@ async fn migrations_create_tables_and_rerun_is_harmless(pool: PgPool) {
 async fn concurrent_migrators_do_not_conflict(pool: PgPool) {
     let runs = (0..4).map(|_| {
         let pool = pool.clone();
-        tokio::spawn(async move { outbox_runtime::migrations::run(&pool).await })
+        tokio::spawn(async move { txoutbox_runtime::migrations::run(&pool).await })
     });
     let mut applied = Vec::new();
     for run in runs {
@@ -77,7 +77,7 @@ async fn concurrent_migrators_do_not_conflict(pool: PgPool) {
 /// becomes (consumer_group, event_id), and every pending key gets its entry.
 #[sqlx::test(migrations = false)]
 async fn inbox_rows_stored_before_groups_are_migrated(pool: PgPool) {
-    for migration in &outbox_runtime::migrations::MIGRATIONS[..4] {
+    for migration in &txoutbox_runtime::migrations::MIGRATIONS[..4] {
         sqlx::raw_sql(migration.sql).execute(&pool).await.unwrap();
     }
     // A pending key of three rows (the oldest parked), a pending row without
@@ -95,7 +95,7 @@ async fn inbox_rows_stored_before_groups_are_migrated(pool: PgPool) {
     .await
     .unwrap();
     // The migration runner records nothing yet: it applies all, 1-4 again harmlessly.
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
 
     let primary_key: Vec<String> = sqlx::query_scalar(
         "SELECT a.attname::text FROM pg_constraint c

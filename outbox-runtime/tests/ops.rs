@@ -1,4 +1,4 @@
-//! The operator operations (`outbox_runtime::ops`) against real PostgreSQL:
+//! The operator operations (`txoutbox_runtime::ops`) against real PostgreSQL:
 //! status and thresholds, retention (also racing a relay), dead letters.
 
 mod ops_support;
@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use ops_support::{OutboxRow, count, inbox_row, processed_row};
-use outbox_runtime::ops::OpsError;
-use outbox_runtime::ops::cleanup::{self, Purge, Target};
-use outbox_runtime::ops::dead_letters::{self, Selection, Table};
-use outbox_runtime::ops::status::{self, Thresholds};
 use sqlx::PgPool;
+use txoutbox_runtime::ops::OpsError;
+use txoutbox_runtime::ops::cleanup::{self, Purge, Target};
+use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
+use txoutbox_runtime::ops::status::{self, Thresholds};
 
 type Time = chrono::DateTime<Utc>;
 
 async fn migrated(pool: &PgPool) {
-    outbox_runtime::migrations::run(pool).await.unwrap();
+    txoutbox_runtime::migrations::run(pool).await.unwrap();
 }
 
 #[sqlx::test(migrations = false)]

@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use ops_support::{OutboxRow, brokers, new_topic, read_back};
-use outbox_runtime::ops::OpsError;
-use outbox_runtime::ops::replay::{self, HEADER_REPLAY, Replay, ReplayFilter};
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
+use txoutbox_runtime::ops::OpsError;
+use txoutbox_runtime::ops::replay::{self, HEADER_REPLAY, Replay, ReplayFilter};
 
 #[sqlx::test(migrations = false)]
 async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     let topic: &'static str = Box::leak(new_topic().await.into_boxed_str());
     let row = |created_min: i64, event_type: &'static str, aggregate: &str, published: bool| {
         let mut row = OutboxRow::new(topic);
@@ -118,7 +118,7 @@ async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: P
 
 #[sqlx::test(migrations = false)]
 async fn replay_honours_the_rate_and_the_target_topic(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     let target = new_topic().await;
     for i in 0..15 {
         let mut row = OutboxRow::new("cli-replay-source").published(60, 30);
@@ -149,7 +149,7 @@ async fn replay_honours_the_rate_and_the_target_topic(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn a_failed_replay_is_recorded_with_its_error(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     OutboxRow::new("cli-replay-unreachable")
         .published(60, 30)
         .insert(&pool)

@@ -7,9 +7,9 @@ mod relay_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use outbox_runtime::relay::{Relay, parked};
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_runtime::relay::{Relay, parked};
 
 /// A key PostgreSQL cannot put into a b-tree (over 2,704 bytes, and md5 hex
 /// does not compress enough to fit), as rows written before the key length

@@ -6,9 +6,9 @@ mod relay_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use outbox_runtime::relay::{Relay, RelayError};
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_runtime::relay::{Relay, RelayError};
 
 #[sqlx::test(migrations = false)]
 async fn drains_a_backlog_with_key_value_and_headers(pool: PgPool) {

@@ -7,9 +7,9 @@ mod relay_support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outbox_runtime::relay::{ParkedSelection, Relay, parked, retry_parked};
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_runtime::relay::{ParkedSelection, Relay, parked, retry_parked};
 
 #[sqlx::test(migrations = false)]
 async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool: PgPool) {

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use outbox_runtime::lifecycle::{Stopped, TASKS_FAILED};
-use outbox_runtime::relay::{Relay, RelayHandle};
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_runtime::lifecycle::{Stopped, TASKS_FAILED};
+use txoutbox_runtime::relay::{Relay, RelayHandle};
 
 fn relay(pool: &PgPool, brokers: &str, lanes: u32) -> RelayHandle {
     Relay::builder(pool.clone(), kafka_config(brokers))
@@ -93,7 +93,7 @@ async fn a_relay_with_another_lane_count_is_refused_naming_both_counts(pool: PgP
     assert!(!second.is_running());
     assert!(first.is_running());
     // `outbox status` shows the fleet: only the first relay, with every lane.
-    let relays = outbox_runtime::ops::status::collect(&pool, 1)
+    let relays = txoutbox_runtime::ops::status::collect(&pool, 1)
         .await
         .unwrap()
         .relays;

@@ -18,10 +18,10 @@ use metrics::{
     Counter, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,
 };
-use outbox_runtime::relay::Relay;
-use outbox_runtime::relay::telemetry as m;
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_runtime::relay::Relay;
+use txoutbox_runtime::relay::telemetry as m;
 
 /// Every value a gauge was set to, or a histogram recorded, in order.
 #[derive(Default)]

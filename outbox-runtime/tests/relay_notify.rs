@@ -10,9 +10,9 @@ mod relay_support;
 
 use std::time::{Duration, Instant};
 
-use outbox_runtime::relay::{Relay, notify};
 use relay_support::*;
 use sqlx::{Connection, PgConnection, PgPool};
+use txoutbox_runtime::relay::{Relay, notify};
 
 /// Inserts one row on a connection of its own, without the in-process
 /// wake-up (which a writer in another process cannot send).

@@ -6,9 +6,9 @@ mod relay_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use outbox_runtime::relay::{Relay, RelayHandle};
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_runtime::relay::{Relay, RelayHandle};
 
 const KEYS: i64 = 1_000;
 const ROUNDS: i64 = 8;

@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::relay::Relay;
 use rdkafka::mocking::MockCluster;
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_runtime::relay::Relay;
 use uuid::Uuid;
 
 const BROKERS: i32 = 3;

@@ -6,11 +6,11 @@ mod relay_support;
 
 use std::time::Duration;
 
-use outbox_runtime::relay::Relay;
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_runtime::relay::Relay;
 
 #[sqlx::test(migrations = false)]
 async fn a_fatal_producer_error_rebuilds_the_producer(pool: PgPool) {

@@ -20,11 +20,11 @@ use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString,
     Unit,
 };
-use outbox_core::DomainEvent;
-use outbox_runtime::consumer::{Consumer, Mode, event_handler, metric_names};
-use outbox_runtime::lifecycle::{Stopped, TASKS_FAILED};
-use outbox_runtime::relay::{Relay, telemetry};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, Mode, event_handler, metric_names};
+use txoutbox_runtime::lifecycle::{Stopped, TASKS_FAILED};
+use txoutbox_runtime::relay::{Relay, telemetry};
 
 /// Counts counters by `name{labels}`; panics when a metric named in
 /// `poisoned` is touched while `armed`.

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use outbox_runtime::topics::{self, TopicDefaults, TopicRole};
+use txoutbox_runtime::topics::{self, TopicDefaults, TopicRole};
 
 fn kafka() -> rdkafka::ClientConfig {
     let mut config = rdkafka::ClientConfig::new();

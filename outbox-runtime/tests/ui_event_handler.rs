@@ -1,7 +1,7 @@
 //! Compile-time checks of `#[event_handler]`: one mistake per file in
 //! `tests/ui_event_handler/fail/` with its expected `.stderr`, and a `pass/` set.
 //! After an intended change of a message: `TRYBUILD=overwrite cargo test -p
-//! outbox-runtime --test ui_event_handler`, then review the `.stderr` diff.
+//! txoutbox-runtime --test ui_event_handler`, then review the `.stderr` diff.
 #![allow(missing_docs)]
 
 #[test]

@@ -9,12 +9,12 @@
 //! Seeded, so a failure is reproducible: the seed and case are in the panic.
 //! `FAULTS_FUZZ_CASES` sets the number of cases (default 20 000).
 
-use outbox_runtime::consumer::{Consumer, DeadLetterReason, Mode, Route, UnknownEventPolicy};
 use outbox_tests::faults::model::{LedgerEntry, TOPIC, apply_entry};
 use outbox_tests::faults::poison::{RawMessage, poison_message};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
+use txoutbox_runtime::consumer::{Consumer, DeadLetterReason, Mode, Route, UnknownEventPolicy};
 use uuid::Uuid;
 
 const MAX_BYTES: usize = 2048;

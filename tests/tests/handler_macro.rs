@@ -6,9 +6,9 @@ mod handler_support;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use handler_support::*;
-use outbox_core::testing::record_events;
-use outbox_core::{DomainEvent, Events, outbox_handler};
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use txoutbox_core::testing::record_events;
+use txoutbox_core::{DomainEvent, Events, outbox_handler};
 
 /// The command.
 #[derive(Debug, Clone)]
@@ -232,7 +232,7 @@ async fn generic_function(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn traceparent_flows_through_the_macro(pool: PgPool) {
     setup(&pool).await;
-    outbox_core::trace::with_traceparent(
+    txoutbox_core::trace::with_traceparent(
         Some(TRACEPARENT.to_owned()),
         place_order(&pool, cmd(1, &[])),
     )

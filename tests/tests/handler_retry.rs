@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use handler_support::*;
-use outbox_core::{IsolationLevel, transaction};
 use sqlx::PgPool;
 use tokio::sync::Barrier;
+use txoutbox_core::{IsolationLevel, transaction};
 
 /// Two serializable transactions that each read the bookings and then add
 /// one (write skew): PostgreSQL's SSI must abort one of them with 40001.
@@ -98,7 +98,7 @@ async fn always_failing(pool: &PgPool, sqlstate: &str, retries: u32) -> (u32, Ap
 
 async fn place(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    events: &mut outbox_core::Events,
+    events: &mut txoutbox_core::Events,
 ) -> Result<(), AppError> {
     let order_id = insert_order(tx, 1, 1).await?;
     events.record(order_created(order_id, 1));
@@ -144,7 +144,7 @@ async fn recognizes_serialization_failures_through_transparent_errors(pool: PgPo
     #[derive(Debug, thiserror::Error)]
     enum Transparent {
         #[error(transparent)]
-        Outbox(#[from] outbox_core::Error),
+        Outbox(#[from] txoutbox_core::Error),
         #[error(transparent)]
         Db(#[from] sqlx::Error),
     }

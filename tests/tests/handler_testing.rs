@@ -1,12 +1,12 @@
-//! `outbox_core::testing::record_events`: runs a handler, returns its events,
+//! `txoutbox_core::testing::record_events`: runs a handler, returns its events,
 //! leaves the database unchanged.
 
 mod handler_support;
 
 use handler_support::*;
-use outbox_core::Events;
-use outbox_core::testing::record_events;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::Events;
+use txoutbox_core::testing::record_events;
 
 async fn place_order(
     tx: &mut Transaction<'_, Postgres>,
@@ -61,7 +61,7 @@ async fn fails_on_an_event_the_outbox_would_refuse(pool: PgPool) {
     let result = record_events(&pool, async |_tx, events| events.record(Malformed(vec![]))).await;
     assert!(matches!(
         result,
-        Err(outbox_core::Error::PayloadNotObject { .. })
+        Err(txoutbox_core::Error::PayloadNotObject { .. })
     ));
     // A duplicate event id only fails when stored: the helper stores before rolling back.
     let result = record_events(&pool, async |_tx, events| {
@@ -71,7 +71,7 @@ async fn fails_on_an_event_the_outbox_would_refuse(pool: PgPool) {
     })
     .await;
     assert!(
-        matches!(result, Err(outbox_core::Error::Database(_))),
+        matches!(result, Err(txoutbox_core::Error::Database(_))),
         "{result:?}"
     );
     assert_eq!(count(&pool, "outbox_event").await, 0);

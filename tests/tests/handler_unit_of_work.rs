@@ -6,8 +6,8 @@ mod handler_support;
 use std::collections::HashSet;
 
 use handler_support::*;
-use outbox_core::{Events, transaction};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::{Events, transaction};
 
 /// The canonical handler: one order row and `k` events of two types.
 async fn place_order(
@@ -158,7 +158,7 @@ async fn failing_commit_writes_nothing(pool: PgPool) {
             Ok::<_, AppError>(order_id)
         })
         .await;
-    let Err(AppError::Outbox(outbox_core::Error::Database(sqlx::Error::Database(db)))) = result
+    let Err(AppError::Outbox(txoutbox_core::Error::Database(sqlx::Error::Database(db)))) = result
     else {
         panic!("expected the commit's foreign key violation, got {result:?}");
     };
@@ -180,7 +180,7 @@ async fn unserializable_event_fails_the_unit_of_work_before_commit(pool: PgPool)
     assert!(
         matches!(
             result,
-            Err(AppError::Outbox(outbox_core::Error::PayloadNotObject {
+            Err(AppError::Outbox(txoutbox_core::Error::PayloadNotObject {
                 event_type: "Malformed",
                 ..
             }))
@@ -194,7 +194,7 @@ async fn unserializable_event_fails_the_unit_of_work_before_commit(pool: PgPool)
 #[sqlx::test(migrations = false)]
 async fn an_over_long_partition_key_fails_the_unit_of_work_and_writes_nothing(pool: PgPool) {
     setup(&pool).await;
-    let too_long = "s".repeat(outbox_core::MAX_PARTITION_KEY_BYTES + 1);
+    let too_long = "s".repeat(txoutbox_core::MAX_PARTITION_KEY_BYTES + 1);
     let result = transaction(&pool)
         .run(async |tx, events| {
             place_order(tx, events, 10, 1).await?;
@@ -208,10 +208,10 @@ async fn an_over_long_partition_key_fails_the_unit_of_work_and_writes_nothing(po
     assert!(
         matches!(
             error,
-            outbox_core::Error::PartitionKeyTooLong {
+            txoutbox_core::Error::PartitionKeyTooLong {
                 event_type: "StockReserved",
                 len,
-                max: outbox_core::MAX_PARTITION_KEY_BYTES,
+                max: txoutbox_core::MAX_PARTITION_KEY_BYTES,
             } if *len == too_long.len()
         ),
         "{error:?}"
@@ -222,7 +222,7 @@ async fn an_over_long_partition_key_fails_the_unit_of_work_and_writes_nothing(po
 
     // At the limit it is accepted; `insert_records` refuses a longer one
     // built by hand, before sending anything.
-    let at_limit = "s".repeat(outbox_core::MAX_PARTITION_KEY_BYTES);
+    let at_limit = "s".repeat(txoutbox_core::MAX_PARTITION_KEY_BYTES);
     transaction(&pool)
         .run(async |_tx, events| {
             events.record(stock_reserved(&at_limit, 1));
@@ -230,10 +230,10 @@ async fn an_over_long_partition_key_fails_the_unit_of_work_and_writes_nothing(po
         })
         .await
         .unwrap();
-    let mut record = outbox_core::OutboxRecord::from_event(&stock_reserved("sku", 1)).unwrap();
+    let mut record = txoutbox_core::OutboxRecord::from_event(&stock_reserved("sku", 1)).unwrap();
     record.partition_key = too_long.clone();
     let mut conn = pool.acquire().await.unwrap();
-    let refused = outbox_core::insert_records(&mut conn, &[record]).await;
+    let refused = txoutbox_core::insert_records(&mut conn, &[record]).await;
     assert!(
         matches!(&refused, Err(sqlx::Error::InvalidArgument(message)) if message.contains("partition key")),
         "{refused:?}"
@@ -253,7 +253,7 @@ async fn duplicate_event_id_fails_the_insert_and_writes_nothing(pool: PgPool) {
             Ok::<_, AppError>(())
         })
         .await;
-    let Err(AppError::Outbox(outbox_core::Error::Database(sqlx::Error::Database(db)))) = result
+    let Err(AppError::Outbox(txoutbox_core::Error::Database(sqlx::Error::Database(db)))) = result
     else {
         panic!("expected a unique violation, got {result:?}");
     };
@@ -304,7 +304,7 @@ async fn concurrent_handlers_write_all_their_events(pool: PgPool) {
 async fn traceparent_is_stored_when_set(pool: PgPool) {
     setup(&pool).await;
     let run = transaction(&pool).run(async |tx, events| place_order(tx, events, 1, 2).await);
-    outbox_core::trace::with_traceparent(Some(TRACEPARENT.to_owned()), run)
+    txoutbox_core::trace::with_traceparent(Some(TRACEPARENT.to_owned()), run)
         .await
         .unwrap();
     // Recorded outside any trace context: no traceparent.
@@ -332,7 +332,7 @@ async fn runs_on_a_borrowed_connection(pool: PgPool) {
     setup(&pool).await;
     let mut conn = pool.acquire().await.unwrap();
     transaction(&mut *conn)
-        .isolation(outbox_core::IsolationLevel::RepeatableRead)
+        .isolation(txoutbox_core::IsolationLevel::RepeatableRead)
         .run(async |tx, events| {
             let level: String = sqlx::query_scalar("SHOW transaction_isolation")
                 .fetch_one(&mut **tx)
@@ -366,15 +366,15 @@ async fn insert_records_is_one_statement_for_many_rows(pool: PgPool) {
     let events: Vec<_> = (0..100).map(|i| order_created(i, i)).collect();
     let records: Vec<_> = events
         .iter()
-        .map(|e| outbox_core::OutboxRecord::from_event(e).unwrap())
+        .map(|e| txoutbox_core::OutboxRecord::from_event(e).unwrap())
         .collect();
     let mut conn = pool.acquire().await.unwrap();
     assert_eq!(
-        outbox_core::insert_records(&mut conn, &[]).await.unwrap(),
+        txoutbox_core::insert_records(&mut conn, &[]).await.unwrap(),
         0
     );
     assert_eq!(
-        outbox_core::insert_records(&mut conn, &records)
+        txoutbox_core::insert_records(&mut conn, &records)
             .await
             .unwrap(),
         100

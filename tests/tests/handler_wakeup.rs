@@ -7,8 +7,8 @@ mod handler_support;
 use std::time::Duration;
 
 use handler_support::*;
-use outbox_core::{transaction, wakeup};
 use sqlx::PgPool;
+use txoutbox_core::{transaction, wakeup};
 
 /// Long enough for a wake-up already sent to be seen; nothing else commits here.
 const QUIET: Duration = Duration::from_millis(100);

@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_runtime::relay::{Relay, RelayConfig, RelayHandle};
 use outbox_tests::faults::proxy::Proxy;
 use outbox_tests::faults::topic;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use txoutbox_runtime::relay::{Relay, RelayConfig, RelayHandle};
 use uuid::Uuid;
 
 const LANES: u32 = 16;
@@ -131,7 +131,7 @@ fn spawn_writer(
 
 #[sqlx::test(migrations = false)]
 async fn a_frozen_relay_loses_its_lanes_within_the_lease_and_order_holds(pool: PgPool) {
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     let defaults = RelayConfig::default();
     let bound = defaults.lease_timeout + defaults.rebalance_interval * 2;
     let brokers = brokers();

@@ -61,7 +61,11 @@ fn declared_rust_version_is_the_highest_minimum_of_the_dependencies() {
             .as_array()
             .is_none_or(|registries| !registries.is_empty())
     };
-    let roots: Vec<&str> = members.iter().copied().filter(|id| publishable(id)).collect();
+    let roots: Vec<&str> = members
+        .iter()
+        .copied()
+        .filter(|id| publishable(id))
+        .collect();
     assert!(
         roots.len() >= 4,
         "expected the four publishable crates, found {roots:?}"
@@ -93,7 +97,10 @@ fn declared_rust_version_is_the_highest_minimum_of_the_dependencies() {
         .filter_map(|id| {
             let package = packages[id];
             let version = package["rust_version"].as_str()?;
-            Some((parse_version(version), package["name"].as_str().unwrap_or("?")))
+            Some((
+                parse_version(version),
+                package["name"].as_str().unwrap_or("?"),
+            ))
         })
         .max()
         .expect("some dependency declares a rust-version");

@@ -106,7 +106,7 @@ fn main() -> ExitCode {
 /// The example services' topics: their events' and the ones their handlers
 /// consume.
 fn print_topics() -> ExitCode {
-    let registered = outbox_runtime::topics::Registered::linked();
+    let registered = txoutbox_runtime::topics::Registered::linked();
     match serde_json::to_string(&registered) {
         Ok(json) => {
             println!("{json}");

@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use outbox_runtime::consumer::metric_names as consumer;
-use outbox_runtime::lifecycle::TASKS_FAILED;
-use outbox_runtime::relay::telemetry as relay;
 use promql_parser::parser::{self, Expr};
+use txoutbox_runtime::consumer::metric_names as consumer;
+use txoutbox_runtime::lifecycle::TASKS_FAILED;
+use txoutbox_runtime::relay::telemetry as relay;
 
 /// The Grafana dashboard shipped with the repository.
 pub const DASHBOARD: &str = "docs/grafana/outbox-dashboard.json";

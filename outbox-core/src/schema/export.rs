@@ -17,7 +17,7 @@ pub(super) const ASYNCAPI_FILE: &str = "asyncapi.yaml";
 /// Settings of an export. Build with [`ExportOptions::new`] and the setters.
 ///
 /// ```
-/// use outbox_core::schema::ExportOptions;
+/// use txoutbox_core::schema::ExportOptions;
 ///
 /// let options = ExportOptions::new()
 ///     .title("orders")
@@ -365,7 +365,7 @@ pub(super) enum ExportProblem {
     )]
     SchemaNotObject { rust_type: &'static str },
     #[error(
-        "`{rust_type}`: its JSON Schema declares `$schema` {found}; generate it with `outbox_core::schema::json_schema_for` (draft 2020-12)"
+        "`{rust_type}`: its JSON Schema declares `$schema` {found}; generate it with `txoutbox_core::schema::json_schema_for` (draft 2020-12)"
     )]
     WrongDraft {
         rust_type: &'static str,

@@ -513,7 +513,7 @@ fn schemas_of_another_draft_are_rejected() {
     let err = SchemaExport::from_descriptors(&[&OLD]).unwrap_err();
     assert!(
         err.to_string()
-            .contains("generate it with `outbox_core::schema::json_schema_for`"),
+            .contains("generate it with `txoutbox_core::schema::json_schema_for`"),
         "{err}"
     );
 }

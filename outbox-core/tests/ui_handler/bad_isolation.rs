@@ -1,8 +1,8 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 #[outbox_handler(isolation = "snapshot")]
-async fn create_order(_tx: &mut Transaction<'_, Postgres>, _events: &mut Events) -> Result<(), outbox_core::Error> {
+async fn create_order(_tx: &mut Transaction<'_, Postgres>, _events: &mut Events) -> Result<(), txoutbox_core::Error> {
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 /// An error type that cannot hold the framework's errors.

@@ -1,8 +1,8 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 #[outbox_handler]
-async fn create_order(_tx: &mut Transaction<'_, Postgres>, _events: Events) -> Result<(), outbox_core::Error> {
+async fn create_order(_tx: &mut Transaction<'_, Postgres>, _events: Events) -> Result<(), txoutbox_core::Error> {
     Ok(())
 }
 

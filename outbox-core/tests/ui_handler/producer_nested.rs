@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 use std::sync::Arc;
@@ -11,7 +11,7 @@ async fn create_order(
     _tx: &mut Transaction<'_, Postgres>,
     _events: &mut Events,
     _producers: Option<Arc<KafkaProducer>>,
-) -> Result<(), outbox_core::Error> {
+) -> Result<(), txoutbox_core::Error> {
     Ok(())
 }
 

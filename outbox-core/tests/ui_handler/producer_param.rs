@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 /// Stands in for `rdkafka::producer::FutureProducer`: the check is by name.
@@ -9,7 +9,7 @@ async fn create_order(
     _tx: &mut Transaction<'_, Postgres>,
     _events: &mut Events,
     _producer: &FutureProducer,
-) -> Result<(), outbox_core::Error> {
+) -> Result<(), txoutbox_core::Error> {
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 /// A command that cannot be cloned, so it cannot be given to a second attempt.
@@ -11,7 +11,7 @@ async fn create_order(
     _tx: &mut Transaction<'_, Postgres>,
     _events: &mut Events,
     cmd: CreateOrder,
-) -> Result<i64, outbox_core::Error> {
+) -> Result<i64, txoutbox_core::Error> {
     Ok(cmd.amount)
 }
 

@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 /// Converts from the framework's error, but is no `std::error::Error`, so a
@@ -6,8 +6,8 @@ use sqlx::{Postgres, Transaction};
 #[derive(Debug)]
 pub struct AppError;
 
-impl From<outbox_core::Error> for AppError {
-    fn from(_: outbox_core::Error) -> Self {
+impl From<txoutbox_core::Error> for AppError {
+    fn from(_: txoutbox_core::Error) -> Self {
         AppError
     }
 }

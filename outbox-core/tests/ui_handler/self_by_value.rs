@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 struct Service;
@@ -9,7 +9,7 @@ impl Service {
         self,
         _tx: &mut Transaction<'_, Postgres>,
         _events: &mut Events,
-    ) -> Result<(), outbox_core::Error> {
+    ) -> Result<(), txoutbox_core::Error> {
         Ok(())
     }
 }

@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{Postgres, Transaction};
 
 #[outbox_handler]
@@ -6,7 +6,7 @@ async fn create_order(
     _tx: &mut Transaction<'_, Postgres>,
     _events: &mut Events,
     _other: &mut sqlx::PgConnection,
-) -> Result<(), outbox_core::Error> {
+) -> Result<(), txoutbox_core::Error> {
     Ok(())
 }
 

@@ -134,7 +134,7 @@ impl<'a> Container<'a> {
                         Ok(parsed) => self.krate.value = Some(parsed),
                         Err(_) => errors.spanned(
                             &lit,
-                            "`crate` must be a path to the crate that re-exports `outbox_core`, \
+                            "`crate` must be a path to the crate that re-exports `txoutbox_core`, \
                              e.g. `crate = \"my_app::outbox\"`",
                         ),
                     }

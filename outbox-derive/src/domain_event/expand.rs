@@ -1,6 +1,6 @@
 //! Code generation: the `DomainEvent` impl and the schema registration.
 //!
-//! Hygiene: every path is absolute (`::core::...` or the `outbox_core` path,
+//! Hygiene: every path is absolute (`::core::...` or the `txoutbox_core` path,
 //! overridable with `#[event(crate = "...")]`), so the user's imports and
 //! local types named `String`, `Result`, `Uuid`, ... cannot change the meaning
 //! of the generated code.
@@ -99,7 +99,7 @@ fn field_call(field: &Field<'_>, trait_path: TokenStream, method: &str) -> Token
     quote!(#call(&self.#member))
 }
 
-/// Registers the event for the schema export (`outbox_core::schema::registered_events`).
+/// Registers the event for the schema export (`txoutbox_core::schema::registered_events`).
 fn register(ident: &syn::Ident, krate: &syn::Path) -> TokenStream {
     let name = ident.unraw().to_string();
     quote! {

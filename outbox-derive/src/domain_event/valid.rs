@@ -12,7 +12,7 @@ use super::ast::{Field, Input, Shape};
 
 /// What the expansion needs, as far as it could be established.
 pub(crate) struct Event<'a> {
-    /// Path of the `outbox_core` crate in generated code.
+    /// Path of the `txoutbox_core` crate in generated code.
     pub krate: syn::Path,
     pub topic: Option<String>,
     pub event_type: String,
@@ -107,7 +107,7 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         .krate
         .value
         .clone()
-        .unwrap_or_else(|| syn::parse_quote!(::outbox_core));
+        .unwrap_or_else(|| syn::parse_quote!(::txoutbox_core));
 
     let mut event = Event {
         krate,
@@ -206,7 +206,7 @@ fn check_fields<'a>(
                     format!(
                         "more than one `#[partition_key]` field (the first is `{}`)\n\
                          help: a Kafka record has one key: keep `#[partition_key]` on one field \
-                         (to key by several values, implement `outbox_core::PartitionKey` on a newtype)",
+                         (to key by several values, implement `txoutbox_core::PartitionKey` on a newtype)",
                         first.ident
                     ),
                 );

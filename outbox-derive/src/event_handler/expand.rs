@@ -25,7 +25,7 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
     let output_span = function.sig.output.span();
     let runtime = match &handler.krate {
         Some(path) => quote!(#path),
-        None => quote!(::outbox_runtime),
+        None => quote!(::txoutbox_runtime),
     };
     let private = quote!(#runtime::consumer::__private);
     // Spanned on the return type, so an error type without `Display` is

@@ -10,11 +10,11 @@ pub(crate) struct HandlerFn {
     pub(crate) event_type: Type,
     /// The optional parameters after the event, in the user's order.
     pub(crate) extras: Vec<Extra>,
-    /// `crate = "path"`: where `outbox_runtime` is (default `::outbox_runtime`).
+    /// `crate = "path"`: where `txoutbox_runtime` is (default `::txoutbox_runtime`).
     pub(crate) krate: Option<syn::Path>,
 }
 
-/// Parses the attribute's arguments: only `crate = "path::to::outbox_runtime"`.
+/// Parses the attribute's arguments: only `crate = "path::to::txoutbox_runtime"`.
 fn args(tokens: TokenStream, errors: &mut Errors) -> Option<syn::Path> {
     use syn::parse::Parser;
     let mut krate = None;
@@ -27,14 +27,14 @@ fn args(tokens: TokenStream, errors: &mut Errors) -> Option<syn::Path> {
                 Err(_) => {
                     return Err(syn::Error::new(
                         value.span(),
-                        "`crate` must be a path to the crate that re-exports `outbox_runtime`, e.g. `crate = \"my_app::outbox\"`",
+                        "`crate` must be a path to the crate that re-exports `txoutbox_runtime`, e.g. `crate = \"my_app::outbox\"`",
                     ));
                 }
             }
             Ok(())
         } else {
             Err(meta.error(
-                "#[event_handler] takes only `crate = \"path::to::outbox_runtime\"`: the topic and event type come from the event's `DomainEvent` impl",
+                "#[event_handler] takes only `crate = \"path::to::txoutbox_runtime\"`: the topic and event type come from the event's `DomainEvent` impl",
             ))
         }
     });

@@ -8,20 +8,20 @@ use syn::{LitInt, LitStr, meta::ParseNestedMeta};
 /// The attribute's arguments, each with the span of its value for errors.
 #[derive(Default)]
 pub(crate) struct HandlerArgs {
-    /// `isolation = "..."`: the `outbox_core::IsolationLevel` variant name.
+    /// `isolation = "..."`: the `txoutbox_core::IsolationLevel` variant name.
     pub isolation: Option<(&'static str, Span)>,
     /// `retries = N`.
     pub retries: Option<(u32, Span)>,
-    /// `crate = "path"`: where `outbox_core` is (default `::outbox_core`).
+    /// `crate = "path"`: where `txoutbox_core` is (default `::txoutbox_core`).
     pub krate: Option<syn::Path>,
 }
 
 impl HandlerArgs {
-    /// The path generated code names `outbox_core` by.
+    /// The path generated code names `txoutbox_core` by.
     pub(crate) fn krate(&self) -> TokenStream {
         match &self.krate {
             Some(path) => quote::quote!(#path),
-            None => quote::quote!(::outbox_core),
+            None => quote::quote!(::txoutbox_core),
         }
     }
 }
@@ -88,7 +88,7 @@ fn arg(args: &mut HandlerArgs, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
         let path = value.parse::<syn::Path>().map_err(|_| {
             syn::Error::new(
                 value.span(),
-                "`crate` must be a path to the crate that re-exports `outbox_core`, e.g. `crate = \"my_app::outbox\"`",
+                "`crate` must be a path to the crate that re-exports `txoutbox_core`, e.g. `crate = \"my_app::outbox\"`",
             )
         })?;
         duplicate(args.krate.is_some(), meta)?;
@@ -96,7 +96,7 @@ fn arg(args: &mut HandlerArgs, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
         Ok(())
     } else {
         Err(meta.error(
-            "unknown `outbox_handler` argument; expected `isolation = \"serializable\"` (or \"repeatable_read\", \"read_committed\"), `retries = N` or `crate = \"path::to::outbox_core\"`",
+            "unknown `outbox_handler` argument; expected `isolation = \"serializable\"` (or \"repeatable_read\", \"read_committed\"), `retries = N` or `crate = \"path::to::txoutbox_core\"`",
         ))
     }
 }

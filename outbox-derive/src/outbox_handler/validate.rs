@@ -121,7 +121,7 @@ pub(crate) fn handler(mut item: ItemFn) -> (Handler, Vec<syn::Error>) {
     if events_seen.is_none() {
         errors.push(syn::Error::new(
             signature,
-            "#[outbox_handler] needs an event collector parameter: add `events: &mut Events` (outbox_core::Events) and call `events.record(...)` (mark a parameter of an aliased type with `#[events]`)",
+            "#[outbox_handler] needs an event collector parameter: add `events: &mut Events` (txoutbox_core::Events) and call `events.record(...)` (mark a parameter of an aliased type with `#[events]`)",
         ));
     }
     (Handler { item, params }, errors)

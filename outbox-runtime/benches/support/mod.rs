@@ -20,7 +20,7 @@ pub async fn scratch_database(prefix: &str, connections: u32) -> (PgPool, String
         .connect_with(options.database(&name))
         .await
         .unwrap();
-    outbox_runtime::migrations::run(&pool).await.unwrap();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
     (pool, name)
 }
 

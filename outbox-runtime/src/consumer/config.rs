@@ -71,17 +71,17 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// Delay before retry number `attempt` (1-based), see [`outbox_core::Backoff`].
+    /// Delay before retry number `attempt` (1-based), see [`txoutbox_core::Backoff`].
     pub(crate) fn backoff(&self, attempt: u32) -> Duration {
-        outbox_core::Backoff::new(self.backoff_initial, self.backoff_max).delay(attempt)
+        txoutbox_core::Backoff::new(self.backoff_initial, self.backoff_max).delay(attempt)
     }
 }
 
 /// Builds a [`Consumer`]. Start with [`Consumer::builder`].
 ///
 /// ```no_run
-/// # use outbox_runtime::consumer::{Consumer, Mode};
-/// # fn f(pool: sqlx::PgPool, h: impl outbox_runtime::consumer::EventHandler) -> Result<(), Box<dyn std::error::Error>> {
+/// # use txoutbox_runtime::consumer::{Consumer, Mode};
+/// # fn f(pool: sqlx::PgPool, h: impl txoutbox_runtime::consumer::EventHandler) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut kafka = rdkafka::ClientConfig::new();
 /// kafka.set("bootstrap.servers", "127.0.0.1:9092");
 /// let consumer = Consumer::builder(pool, kafka, "payments")

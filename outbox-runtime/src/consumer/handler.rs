@@ -6,10 +6,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use outbox_core::{DbErrorDisplay, DomainEvent, Events};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Postgres, Transaction};
+use txoutbox_core::{DbErrorDisplay, DomainEvent, Events};
 use uuid::Uuid;
 
 /// What a handler knows about the message it handles, besides the event.
@@ -47,7 +47,7 @@ impl EventMeta {
     /// (in a unit test, say) through [`EventHandler::handle`].
     ///
     /// ```
-    /// let meta = outbox_runtime::consumer::EventMeta::new(uuid::Uuid::nil(), "Paid", "payments");
+    /// let meta = txoutbox_runtime::consumer::EventMeta::new(uuid::Uuid::nil(), "Paid", "payments");
     /// assert_eq!(meta.partition, None);
     /// ```
     pub fn new(event_id: Uuid, event_type: impl Into<String>, topic: impl Into<String>) -> Self {
@@ -66,7 +66,7 @@ impl EventMeta {
     /// The value of the first header named `name`.
     ///
     /// ```
-    /// # use outbox_runtime::consumer::EventMeta;
+    /// # use txoutbox_runtime::consumer::EventMeta;
     /// # fn f(meta: &EventMeta) -> Option<&str> {
     /// meta.header("tenant")
     /// # }
@@ -83,11 +83,11 @@ impl EventMeta {
 ///
 /// This text is what the consumer logs, stores in `inbox_event.last_error` and
 /// sends in the dead-letter header `dlq_error`. A [`sqlx::Error`] is written
-/// with [`outbox_core::DbErrorDisplay`]: PostgreSQL's message, SQLSTATE,
+/// with [`txoutbox_core::DbErrorDisplay`]: PostgreSQL's message, SQLSTATE,
 /// detail and hint, without the server source line sqlx's `Display` adds.
 ///
 /// ```
-/// let err = outbox_runtime::consumer::HandlerError::new("stock service unavailable");
+/// let err = txoutbox_runtime::consumer::HandlerError::new("stock service unavailable");
 /// assert_eq!(err.to_string(), "stock service unavailable");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,10 +95,10 @@ pub struct HandlerError(String);
 
 impl HandlerError {
     /// Wraps any displayable error; a [`sqlx::Error`] is rendered with
-    /// [`outbox_core::DbErrorDisplay`].
+    /// [`txoutbox_core::DbErrorDisplay`].
     ///
     /// ```
-    /// use outbox_runtime::consumer::HandlerError;
+    /// use txoutbox_runtime::consumer::HandlerError;
     ///
     /// let err = HandlerError::new(sqlx::Error::RowNotFound);
     /// assert_eq!(err.to_string(), sqlx::Error::RowNotFound.to_string());

@@ -1,8 +1,8 @@
 //! Turning a Kafka record into something a handler can take, or a reason it cannot.
 
-use outbox_core::wire;
 use rdkafka::Message;
 use rdkafka::message::{Headers, OwnedMessage};
+use txoutbox_core::wire;
 use uuid::Uuid;
 
 use super::handler::{Dispatch, EventMeta};

@@ -4,11 +4,11 @@
 //! [`Consumer`] from them and spawn it:
 //!
 //! ```no_run
-//! use outbox_runtime::consumer::{event_handler, Consumer, Mode};
+//! use txoutbox_runtime::consumer::{event_handler, Consumer, Mode};
 //! use sqlx::{Postgres, Transaction};
 //! # #[derive(serde::Serialize, serde::Deserialize)]
 //! # struct PaymentCompleted { event_id: uuid::Uuid, order_id: uuid::Uuid }
-//! # impl outbox_core::DomainEvent for PaymentCompleted {
+//! # impl txoutbox_core::DomainEvent for PaymentCompleted {
 //! #     const TOPIC: &'static str = "payments";
 //! #     const EVENT_TYPE: &'static str = "PaymentCompleted";
 //! #     const AGGREGATE_TYPE: &'static str = "Payment";
@@ -71,10 +71,10 @@ pub use handler::{EventHandler, EventMeta, HandlerError};
 #[doc(hidden)]
 pub use inbox::claim_once_for_benchmark;
 pub use message::DeadLetterReason;
-pub use outbox_derive::event_handler;
 #[doc(hidden)]
 pub use route::Route;
 pub use run::{Consumer, ConsumerHandle};
+pub use txoutbox_derive::event_handler;
 
 /// Names of the metrics the consumer records (through the `metrics` facade).
 /// Every metric carries a `group` label; per-message counters also `topic`.
@@ -114,7 +114,7 @@ pub mod metric_names {
     /// records leave such gaps on Kafka; on a topic written only by
     /// idempotent producers it means the broker served records out of order.
     /// Each gap is also logged at debug level, target
-    /// `outbox_runtime::consumer::offsets`.
+    /// `txoutbox_runtime::consumer::offsets`.
     pub const OFFSET_GAPS: &str = "outbox_consumer_offset_gaps_total";
 }
 
@@ -144,13 +144,13 @@ impl HandlerDescriptor {
     }
 }
 
-outbox_core::__private::inventory::collect!(HandlerDescriptor);
+txoutbox_core::__private::inventory::collect!(HandlerDescriptor);
 
 /// Every `#[event_handler]` linked into this binary, sorted by topic, event
-/// type and name: what `outbox_runtime::topics` derives the dead-letter
+/// type and name: what `txoutbox_runtime::topics` derives the dead-letter
 /// topics a service needs from.
 pub fn registered_handlers() -> Vec<&'static HandlerDescriptor> {
-    let mut handlers: Vec<_> = outbox_core::__private::inventory::iter::<HandlerDescriptor>
+    let mut handlers: Vec<_> = txoutbox_core::__private::inventory::iter::<HandlerDescriptor>
         .into_iter()
         .collect();
     handlers.sort_by_key(|h| (h.topic, h.event_type, h.name));
@@ -221,9 +221,9 @@ pub enum ConsumerError {
 #[doc(hidden)]
 pub mod __private {
     pub use futures::future::BoxFuture;
-    pub use outbox_core::__private::inventory;
-    pub use outbox_core::Events;
     pub use sqlx::{Postgres, Transaction};
+    pub use txoutbox_core::__private::inventory;
+    pub use txoutbox_core::Events;
 
     /// Turns a handler's error into a [`super::HandlerError`] (a `sqlx::Error`
     /// without the server source line; see [`super::HandlerError::new`]).

@@ -101,7 +101,7 @@ fn record_gap(group: &str, partition: &(String, i32), expected: i64, offset: i64
     )
     .increment(1);
     tracing::debug!(
-        target: "outbox_runtime::consumer::offsets",
+        target: "txoutbox_runtime::consumer::offsets",
         group,
         topic = %partition.0,
         partition = partition.1,

@@ -65,7 +65,7 @@ impl ConsumerHandle {
     /// event. Can be awaited any number of times, from any task.
     ///
     /// ```no_run
-    /// # async fn run(consumer: outbox_runtime::consumer::ConsumerHandle) {
+    /// # async fn run(consumer: txoutbox_runtime::consumer::ConsumerHandle) {
     /// let stopped = consumer.stopped().await;
     /// if stopped.is_failure() {
     ///     eprintln!("consumer {stopped}");

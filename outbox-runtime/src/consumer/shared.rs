@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
-use outbox_core::Events;
 use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use txoutbox_core::Events;
 
 use super::config::Settings;
 use super::dlq::DeadLetters;
@@ -62,7 +62,7 @@ impl Shared {
     pub(crate) async fn db_failed(&self, error: &sqlx::Error, retry: &mut u32) -> bool {
         *retry += 1;
         metrics::counter!(m::DB_ERRORS, "group" => self.group()).increment(1);
-        tracing::warn!(error = %outbox_core::DbErrorDisplay(error), retry = *retry, "database unavailable; pausing before retry");
+        tracing::warn!(error = %txoutbox_core::DbErrorDisplay(error), retry = *retry, "database unavailable; pausing before retry");
         self.pause(self.settings.backoff(*retry)).await
     }
 
@@ -71,7 +71,7 @@ impl Shared {
     /// flag, so one commit may take another's wake-up); the relay polls anyway.
     pub(crate) fn committed(&self) {
         if self.events_recorded.swap(false, Ordering::Relaxed) {
-            outbox_core::wakeup::notify_committed();
+            txoutbox_core::wakeup::notify_committed();
         }
     }
 
@@ -102,7 +102,7 @@ impl Shared {
             event_type = %meta.event_type,
         );
         let mut events = Events::new();
-        let result = outbox_core::trace::with_traceparent(meta.traceparent.clone(), async {
+        let result = txoutbox_core::trace::with_traceparent(meta.traceparent.clone(), async {
             // A panic is this event's failure, not the consumer's: it is
             // caught, the transaction is rolled back by the caller, and the
             // attempt counts like any other failed one.
@@ -121,12 +121,12 @@ impl Shared {
                 )));
             }
             if !events.is_empty() {
-                outbox_core::insert_records(tx, events.records())
+                txoutbox_core::insert_records(tx, events.records())
                     .await
                     .map_err(|e| {
                         HandlerError::new(format!(
                             "storing recorded events: {}",
-                            outbox_core::DbErrorDisplay(&e)
+                            txoutbox_core::DbErrorDisplay(&e)
                         ))
                     })?;
                 self.events_recorded.store(true, Ordering::Relaxed);

@@ -9,9 +9,9 @@
 //! order (keyset pagination), so no batch rescans what earlier ones deleted.
 //!
 //! ```no_run
-//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
 //! use chrono::{TimeDelta, Utc};
-//! use outbox_runtime::ops::cleanup::{Purge, Target};
+//! use txoutbox_runtime::ops::cleanup::{Purge, Target};
 //!
 //! let cutoff = Utc::now() - TimeDelta::days(7);
 //! let mut purge = Purge::new(Target::PublishedOutbox, cutoff).batch_size(5_000);

@@ -14,8 +14,8 @@
 //!   about what happened.
 //!
 //! ```no_run
-//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {
-//! use outbox_runtime::ops::dead_letters::{self, Selection, Table};
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
+//! use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
 //!
 //! let parked = dead_letters::list(&pool, Table::Outbox, &Selection::All, 100).await?;
 //! let retried = dead_letters::retry(&pool, Table::Outbox, &Selection::Topic("orders".into())).await?;

@@ -10,8 +10,8 @@
 //! it never waits for a relay's or processor's lock).
 //!
 //! ```no_run
-//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {
-//! use outbox_runtime::ops::status;
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
+//! use txoutbox_runtime::ops::status;
 //!
 //! let status = status::collect(&pool, 5).await?;
 //! println!("{} events wait for the relay", status.outbox.pending);
@@ -27,7 +27,7 @@ pub mod status;
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
     /// The database refused or could not be reached.
-    #[error("database error: {}", outbox_core::DbErrorDisplay(.0))]
+    #[error("database error: {}", txoutbox_core::DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
     /// The request cannot be carried out as asked (e.g. a selection that does
     /// not apply to the chosen table).

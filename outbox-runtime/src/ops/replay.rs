@@ -12,8 +12,8 @@
 //! rows removed first.
 //!
 //! ```no_run
-//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {
-//! use outbox_runtime::ops::replay::{self, Replay, ReplayFilter};
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
+//! use txoutbox_runtime::ops::replay::{self, Replay, ReplayFilter};
 //!
 //! let filter = ReplayFilter { topic: Some("orders".into()), ..Default::default() };
 //! let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
@@ -37,7 +37,7 @@ use uuid::Uuid;
 
 use super::OpsError;
 
-pub use outbox_core::wire::HEADER_REPLAY;
+pub use txoutbox_core::wire::HEADER_REPLAY;
 
 /// Which published events to replay. Every field that is set must match;
 /// the time range is half-open: `from <= created_at < to`.
@@ -350,7 +350,7 @@ impl Replay {
     }
 }
 
-/// The relay's headers (see `outbox_core::wire`) plus [`HEADER_REPLAY`].
+/// The relay's headers (see `txoutbox_core::wire`) plus [`HEADER_REPLAY`].
 fn headers(row: &Row, event_id: &str, run: &str) -> OwnedHeaders {
     crate::relay::wire_headers(&crate::relay::WireRow {
         event_id,

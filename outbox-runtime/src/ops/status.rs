@@ -1,9 +1,9 @@
 //! What the outbox and inbox look like right now, and health thresholds on it.
 //!
 //! ```no_run
-//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::ops::OpsError> {
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
 //! use std::time::Duration;
-//! use outbox_runtime::ops::status::{self, Thresholds};
+//! use txoutbox_runtime::ops::status::{self, Thresholds};
 //!
 //! let status = status::collect(&pool, 10).await?;
 //! let thresholds = Thresholds { max_backlog: Some(10_000), max_age: Some(Duration::from_secs(30)), ..Default::default() };

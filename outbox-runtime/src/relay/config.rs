@@ -136,13 +136,13 @@ impl Default for RelayConfig {
 /// Builds and starts a [`Relay`]; created by [`Relay::builder`].
 ///
 /// ```no_run
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::relay::RelayError> {
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::relay::RelayError> {
 /// use std::time::Duration;
 /// use rdkafka::ClientConfig;
 ///
 /// let mut kafka = ClientConfig::new();
 /// kafka.set("bootstrap.servers", "localhost:9092").set("compression.type", "lz4");
-/// let relay = outbox_runtime::relay::Relay::builder(pool, kafka)
+/// let relay = txoutbox_runtime::relay::Relay::builder(pool, kafka)
 ///     .batch_size(500)
 ///     .poll_interval(Duration::from_millis(200))
 ///     .spawn()?;

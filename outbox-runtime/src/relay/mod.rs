@@ -21,7 +21,7 @@
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_runtime::relay::Relay;
+//! use txoutbox_runtime::relay::Relay;
 //!
 //! let mut kafka = rdkafka::ClientConfig::new();
 //! kafka.set("bootstrap.servers", "localhost:9092");
@@ -83,10 +83,10 @@ impl Relay {
     /// [`RelayConfig::delivery_timeout`].
     ///
     /// ```no_run
-    /// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_runtime::relay::RelayError> {
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::relay::RelayError> {
     /// let mut kafka = rdkafka::ClientConfig::new();
     /// kafka.set("bootstrap.servers", "localhost:9092");
-    /// let handle = outbox_runtime::relay::Relay::builder(pool, kafka).spawn()?;
+    /// let handle = txoutbox_runtime::relay::Relay::builder(pool, kafka).spawn()?;
     /// # Ok(()) }
     /// ```
     pub fn builder(pool: PgPool, kafka: ClientConfig) -> RelayBuilder {
@@ -119,7 +119,7 @@ impl Relay {
             publisher,
             totals: Arc::clone(&totals),
             cancel: cancel.clone(),
-            wakeup: Wakeups::new(outbox_core::wakeup::listener(), remote),
+            wakeup: Wakeups::new(txoutbox_core::wakeup::listener(), remote),
             claim_blocked: false,
             flight: Flight::default(),
             partitions,
@@ -190,7 +190,7 @@ impl RelayHandle {
     /// [`RelayConfig::shutdown_timeout`].
     ///
     /// ```no_run
-    /// # async fn run(handle: outbox_runtime::relay::RelayHandle) {
+    /// # async fn run(handle: txoutbox_runtime::relay::RelayHandle) {
     /// let summary = handle.shutdown().await;
     /// println!("published {} events in {} batches", summary.published, summary.batches);
     /// # }
@@ -234,7 +234,7 @@ impl RelayHandle {
     /// any number of times, from any task.
     ///
     /// ```no_run
-    /// # async fn run(relay: outbox_runtime::relay::RelayHandle) {
+    /// # async fn run(relay: txoutbox_runtime::relay::RelayHandle) {
     /// let stopped = relay.stopped().await;
     /// if stopped.is_failure() {
     ///     eprintln!("relay {stopped}");
@@ -317,7 +317,7 @@ pub enum RelayError {
     /// The relay membership table (migration 0006) does not exist.
     #[error(
         "the relay membership table outbox_relay_member is missing: apply the outbox \
-         migrations (`outbox migrate` or outbox_runtime::migrations::run)"
+         migrations (`outbox migrate` or txoutbox_runtime::migrations::run)"
     )]
     NotMigrated,
 }

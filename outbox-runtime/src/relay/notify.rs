@@ -17,7 +17,7 @@
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_runtime::relay::{notify, Relay};
+//! use txoutbox_runtime::relay::{notify, Relay};
 //!
 //! notify::enable(&pool).await?; // once per database, like a migration
 //! let mut kafka = rdkafka::ClientConfig::new();

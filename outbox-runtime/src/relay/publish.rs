@@ -3,12 +3,12 @@
 use std::time::{Duration, Instant};
 
 use futures::channel::oneshot::Canceled;
-use outbox_core::wire;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use txoutbox_core::wire;
 
 use super::partitioner::Partitioner;
 use super::store::ClaimedRow;

@@ -323,7 +323,7 @@ pub struct ParkedEvent {
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> sqlx::Result<()> {
-/// for row in outbox_runtime::relay::parked(&pool, 100).await? {
+/// for row in txoutbox_runtime::relay::parked(&pool, 100).await? {
 ///     eprintln!("{} {} parked: {:?}", row.event_type, row.event_id, row.last_error);
 /// }
 /// # Ok(()) }
@@ -360,7 +360,7 @@ pub enum ParkedSelection<'a> {
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> sqlx::Result<()> {
-/// use outbox_runtime::relay::{retry_parked, ParkedSelection};
+/// use txoutbox_runtime::relay::{retry_parked, ParkedSelection};
 /// let n = retry_parked(&pool, ParkedSelection::All).await?;
 /// println!("{n} parked events will be published again");
 /// # Ok(()) }
@@ -379,7 +379,7 @@ pub async fn retry_parked(pool: &PgPool, selection: ParkedSelection<'_>) -> sqlx
     .execute(pool)
     .await?;
     if done.rows_affected() > 0 {
-        outbox_core::wakeup::notify_committed();
+        txoutbox_core::wakeup::notify_committed();
     }
     Ok(done.rows_affected())
 }

@@ -4,11 +4,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::wakeup::CommitListener;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
+use txoutbox_core::wakeup::CommitListener;
 
 use super::config::RelayConfig;
 use super::flight::{Batch, Enqueued, Flight, Resolved};
@@ -830,9 +830,9 @@ impl Worker {
     }
 }
 
-/// [`outbox_core::Backoff`]'s delay with a 0-based `exponent`.
+/// [`txoutbox_core::Backoff`]'s delay with a 0-based `exponent`.
 pub(super) fn jittered_exponential(initial: Duration, max: Duration, exponent: u32) -> Duration {
-    outbox_core::Backoff::new(initial, max).delay(exponent.saturating_add(1))
+    txoutbox_core::Backoff::new(initial, max).delay(exponent.saturating_add(1))
 }
 
 fn error_delay(config: &RelayConfig, failures: u32) -> Duration {

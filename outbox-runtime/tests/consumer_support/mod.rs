@@ -170,20 +170,20 @@ pub async fn produce(
 }
 
 /// Produces `event` the way the relay does: JSON value plus the wire headers.
-pub async fn produce_event<E: outbox_core::DomainEvent>(producer: &FutureProducer, event: &E) {
-    let record = outbox_core::OutboxRecord::from_event(event).unwrap();
+pub async fn produce_event<E: txoutbox_core::DomainEvent>(producer: &FutureProducer, event: &E) {
+    let record = txoutbox_core::OutboxRecord::from_event(event).unwrap();
     let value = serde_json::to_vec(&record.payload).unwrap();
     let event_id = record.event_id.to_string();
     let mut headers = vec![
-        (outbox_core::wire::HEADER_EVENT_ID, event_id.as_str()),
-        (outbox_core::wire::HEADER_EVENT_TYPE, E::EVENT_TYPE),
+        (txoutbox_core::wire::HEADER_EVENT_ID, event_id.as_str()),
+        (txoutbox_core::wire::HEADER_EVENT_TYPE, E::EVENT_TYPE),
         (
-            outbox_core::wire::HEADER_CONTENT_TYPE,
-            outbox_core::wire::CONTENT_TYPE_JSON,
+            txoutbox_core::wire::HEADER_CONTENT_TYPE,
+            txoutbox_core::wire::CONTENT_TYPE_JSON,
         ),
     ];
     if let Some(tp) = &record.traceparent {
-        headers.push((outbox_core::wire::HEADER_TRACEPARENT, tp));
+        headers.push((txoutbox_core::wire::HEADER_TRACEPARENT, tp));
     }
     produce(
         producer,
@@ -248,7 +248,7 @@ where
 /// Migrations plus the table the test handlers write their effects to
 /// (no unique key: applying an effect twice shows as two rows).
 pub async fn prepare_db(pool: &PgPool) {
-    outbox_runtime::migrations::run(pool).await.unwrap();
+    txoutbox_runtime::migrations::run(pool).await.unwrap();
     sqlx::raw_sql(
         "CREATE TABLE effect (
              event_id uuid NOT NULL, amount bigint NOT NULL, note text,
@@ -284,7 +284,7 @@ macro_rules! test_event {
             }
         }
 
-        impl outbox_core::DomainEvent for $name {
+        impl txoutbox_core::DomainEvent for $name {
             const TOPIC: &'static str = $topic;
             const EVENT_TYPE: &'static str = $event_type;
             const AGGREGATE_TYPE: &'static str = "Order";

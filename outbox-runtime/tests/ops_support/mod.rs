@@ -1,5 +1,5 @@
 //! Fixtures shared by the operator tooling's tests (the `ops` library's here,
-//! the `outbox` binary's in `outbox-cli`): rows in every state the tooling
+//! the `outbox` binary's in `txoutbox-cli`): rows in every state the tooling
 //! distinguishes, written with plain SQL, and a topic to read back.
 
 #![allow(dead_code)] // each test binary uses a different subset

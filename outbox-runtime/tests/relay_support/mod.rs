@@ -51,7 +51,7 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
 
 pub async fn migrated(pool: &PgPool) {
     init_tracing();
-    outbox_runtime::migrations::run(pool).await.unwrap();
+    txoutbox_runtime::migrations::run(pool).await.unwrap();
 }
 
 /// An event to insert: (topic, key, payload size filler).
@@ -110,7 +110,7 @@ pub async fn insert(pool: &PgPool, events: &[NewEvent]) -> Vec<Uuid> {
     .execute(pool)
     .await
     .unwrap();
-    outbox_core::wakeup::notify_committed();
+    txoutbox_core::wakeup::notify_committed();
     ids
 }
 
@@ -297,7 +297,7 @@ impl Drop for OwnBroker {
     }
 }
 
-/// Relay logs in test output, filtered by `RUST_LOG` (e.g. `RUST_LOG=outbox_runtime=debug`).
+/// Relay logs in test output, filtered by `RUST_LOG` (e.g. `RUST_LOG=txoutbox_runtime=debug`).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()

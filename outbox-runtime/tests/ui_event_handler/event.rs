@@ -5,7 +5,7 @@ pub struct Paid {
     pub amount: i64,
 }
 
-impl outbox_core::DomainEvent for Paid {
+impl txoutbox_core::DomainEvent for Paid {
     const TOPIC: &'static str = "payments";
     const EVENT_TYPE: &'static str = "Paid";
     const AGGREGATE_TYPE: &'static str = "Payment";

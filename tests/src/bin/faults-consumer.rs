@@ -1,4 +1,4 @@
-//! Fault-injection consumer: an `outbox_runtime::consumer::Consumer` in dedup
+//! Fault-injection consumer: an `txoutbox_runtime::consumer::Consumer` in dedup
 //! or inbox mode applying one `effect` row per `LedgerEntry` (and
 //! `LedgerNote`, unless `FAULTS_HANDLES=entry`) in the receiver database.
 //! Unknown event types are dead-lettered (or, `FAULTS_UNKNOWN=keep`, kept in
@@ -17,12 +17,12 @@
 
 use std::time::Duration;
 
-use outbox_runtime::consumer::{Consumer, Mode, UnknownEventPolicy};
 use outbox_tests::faults::env;
 use outbox_tests::faults::model::{
     EFFECT_GROUP, HANDLER_FAULTS, HandlerFaults, PROCESS_TAG, apply_entry, apply_note,
 };
 use sqlx::postgres::PgPoolOptions;
+use txoutbox_runtime::consumer::{Consumer, Mode, UnknownEventPolicy};
 use uuid::Uuid;
 
 #[tokio::main(flavor = "current_thread")]

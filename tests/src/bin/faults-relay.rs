@@ -1,4 +1,4 @@
-//! Fault-injection relay: one `outbox_runtime::relay::Relay` over the source
+//! Fault-injection relay: one `txoutbox_runtime::relay::Relay` over the source
 //! database, tuned for fast fault recovery (short poll, rebalance and retry
 //! intervals; few attempts before parking). Stops gracefully on SIGTERM.
 //! Lease and database timeout are the relay's defaults unless the scenario
@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use outbox_runtime::relay::Relay;
 use outbox_tests::faults::env;
 use sqlx::postgres::PgPoolOptions;
+use txoutbox_runtime::relay::Relay;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {

@@ -7,11 +7,11 @@
 //! order, and the committed sequence numbers of a key are gapless (a rolled
 //! back command gives its number back). The checker relies on both.
 
-use outbox_core::{DomainEvent, Events, outbox_handler};
-use outbox_runtime::consumer::event_handler;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::{DomainEvent, Events, outbox_handler};
+use txoutbox_runtime::consumer::event_handler;
 use uuid::Uuid;
 
 /// The topic of the workload. Every scenario runs its own broker, so a fixed
@@ -86,7 +86,7 @@ pub struct PostEntry {
 pub enum LedgerError {
     /// The framework's write path failed.
     #[error(transparent)]
-    Outbox(#[from] outbox_core::Error),
+    Outbox(#[from] txoutbox_core::Error),
     /// A statement of the command failed.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -237,7 +237,7 @@ pub async fn apply_note(
 
 /// Creates the source database's tables: the framework's and the workload's.
 pub async fn migrate_source(pool: &PgPool, keys: usize) -> sqlx::Result<()> {
-    outbox_runtime::migrations::run(pool)
+    txoutbox_runtime::migrations::run(pool)
         .await
         .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
     sqlx::raw_sql(
@@ -262,7 +262,7 @@ pub async fn migrate_source(pool: &PgPool, keys: usize) -> sqlx::Result<()> {
 
 /// Creates the receiver database's tables.
 pub async fn migrate_receiver(pool: &PgPool) -> sqlx::Result<()> {
-    outbox_runtime::migrations::run(pool)
+    txoutbox_runtime::migrations::run(pool)
         .await
         .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
     sqlx::raw_sql(

@@ -3,9 +3,9 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use outbox_core::DomainEvent;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use txoutbox_core::DomainEvent;
 use uuid::Uuid;
 
 pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -92,12 +92,12 @@ pub fn stock_reserved(sku: &str, quantity: i32) -> StockReserved {
     }
 }
 
-/// The application's error type: it only needs `From<outbox_core::Error>`
+/// The application's error type: it only needs `From<txoutbox_core::Error>`
 /// (plus `std::error::Error` for retries, which thiserror provides).
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error(transparent)]
-    Outbox(#[from] outbox_core::Error),
+    Outbox(#[from] txoutbox_core::Error),
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
     #[error("rejected: {0}")]
@@ -106,7 +106,7 @@ pub enum AppError {
 
 /// Runs the framework migrations and creates the domain tables.
 pub async fn setup(pool: &PgPool) {
-    outbox_runtime::migrations::run(pool).await.unwrap();
+    txoutbox_runtime::migrations::run(pool).await.unwrap();
     sqlx::raw_sql(
         "CREATE TABLE customers (id bigint PRIMARY KEY);
          CREATE TABLE orders (

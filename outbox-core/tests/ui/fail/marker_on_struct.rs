@@ -1,4 +1,4 @@
-use outbox_core::DomainEvent;
+use txoutbox_core::DomainEvent;
 use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;

@@ -4,7 +4,7 @@
 #![deny(warnings, missing_docs, unused_qualifications, unused_results)]
 #![forbid(unsafe_code)]
 
-use outbox_core::DomainEvent;
+use txoutbox_core::DomainEvent;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -57,5 +57,5 @@ fn main() {
         shard_no: 3,
     };
     assert_eq!(thing.aggregate_id(), "3");
-    assert_eq!(outbox_core::schema::registered_events().len(), 2);
+    assert_eq!(txoutbox_core::schema::registered_events().len(), 2);
 }

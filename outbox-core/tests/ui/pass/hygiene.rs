@@ -14,7 +14,7 @@ struct Box;
 trait PartitionKey {}
 trait DomainEvent {}
 trait EventIdField {}
-mod outbox_core {}
+mod txoutbox_core {}
 mod core {}
 mod std {}
 mod inventory {}
@@ -28,7 +28,7 @@ macro_rules! unreachable {
     () => {};
 }
 
-#[derive(::outbox_core::DomainEvent, Serialize, ::schemars::JsonSchema)]
+#[derive(::txoutbox_core::DomainEvent, Serialize, ::schemars::JsonSchema)]
 #[event(topic = "hygiene", aggregate = "Hygiene")]
 struct Clean {
     event_id: ::uuid::Uuid,
@@ -37,12 +37,12 @@ struct Clean {
 }
 
 fn main() {
-    use ::outbox_core::DomainEvent as _;
+    use ::txoutbox_core::DomainEvent as _;
     let clean = Clean {
         event_id: ::uuid::Uuid::nil(),
         key: ::std::string::String::from("k"),
     };
     assert_eq!(clean.partition_key(), "k");
-    let registered = ::outbox_core::schema::registered_events();
+    let registered = ::txoutbox_core::schema::registered_events();
     assert!(registered[0].rust_type.ends_with("::Clean"));
 }

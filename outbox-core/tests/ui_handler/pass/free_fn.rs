@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{PgPool, Postgres, Transaction};
 
 /// A command.
@@ -9,12 +9,12 @@ pub struct CreateOrder {
 
 #[derive(Debug)]
 pub enum AppError {
-    Outbox(outbox_core::Error),
+    Outbox(txoutbox_core::Error),
     Db(sqlx::Error),
 }
 
-impl From<outbox_core::Error> for AppError {
-    fn from(error: outbox_core::Error) -> Self {
+impl From<txoutbox_core::Error> for AppError {
+    fn from(error: txoutbox_core::Error) -> Self {
         Self::Outbox(error)
     }
 }
@@ -60,7 +60,7 @@ pub async fn hygiene(
     db: String,
     tx: i32,
     events: Vec<u8>,
-) -> Result<usize, outbox_core::Error> {
+) -> Result<usize, txoutbox_core::Error> {
     let _ = (conn, collector);
     Ok(db.len() + tx as usize + events.len())
 }

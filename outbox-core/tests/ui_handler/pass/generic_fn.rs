@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, DomainEvent, Events};
+use txoutbox_core::{outbox_handler, DomainEvent, Events};
 use sqlx::{PgPool, Postgres, Transaction};
 
 /// Generic over the event type and a const, with a where clause and `impl Trait`.
@@ -8,7 +8,7 @@ pub async fn record_batch<E, const N: usize>(
     events: &mut Events,
     batch: [E; N],
     label: impl Into<String> + Send,
-) -> Result<String, outbox_core::Error>
+) -> Result<String, txoutbox_core::Error>
 where
     E: DomainEvent,
 {
@@ -23,7 +23,7 @@ type Tx<'c> = Transaction<'c, Postgres>;
 type Collector = Events;
 
 #[outbox_handler(retries = 1)]
-async fn with_aliases(#[tx] _tx: &mut Tx<'_>, #[events] _events: &mut Collector) -> Result<(), outbox_core::Error> {
+async fn with_aliases(#[tx] _tx: &mut Tx<'_>, #[events] _events: &mut Collector) -> Result<(), txoutbox_core::Error> {
     Ok(())
 }
 
@@ -49,7 +49,7 @@ impl DomainEvent for Pinged {
 }
 
 #[allow(dead_code)]
-async fn callers(pool: PgPool) -> Result<(), outbox_core::Error> {
+async fn callers(pool: PgPool) -> Result<(), txoutbox_core::Error> {
     let ping = Pinged { event_id: uuid::Uuid::new_v4() };
     record_batch(&pool, [ping], "one").await?;
     record_batch::<Pinged, 0>(&pool, [], String::from("none")).await?;

@@ -1,4 +1,4 @@
-use outbox_core::{outbox_handler, Events};
+use txoutbox_core::{outbox_handler, Events};
 use sqlx::{PgPool, Postgres, Transaction};
 
 pub struct OrderService {
@@ -13,7 +13,7 @@ impl OrderService {
         _tx: &mut Transaction<'_, Postgres>,
         _events: &mut Events,
         name: String,
-    ) -> Result<String, outbox_core::Error> {
+    ) -> Result<String, txoutbox_core::Error> {
         Ok(format!("{}{name}", self.prefix))
     }
 
@@ -24,21 +24,21 @@ impl OrderService {
         prefix: &str,
         _events: &mut Events,
         _tx: &mut sqlx::PgTransaction<'_>,
-    ) -> Result<(), outbox_core::Error> {
+    ) -> Result<(), txoutbox_core::Error> {
         self.prefix = prefix.to_owned();
         Ok(())
     }
 }
 
 #[allow(dead_code)]
-async fn callers(pool: PgPool) -> Result<(), outbox_core::Error> {
+async fn callers(pool: PgPool) -> Result<(), txoutbox_core::Error> {
     let mut service = OrderService { prefix: String::new() };
     service.rename(&pool, "order-").await?;
     let future = service.create_order(&pool, "a".into());
     fn assert_send<T: Send>(_: &T) {}
     assert_send(&future);
     future.await?;
-    outbox_core::testing::record_events(&pool, async |tx, events| {
+    txoutbox_core::testing::record_events(&pool, async |tx, events| {
         service.create_order_in_tx(tx, events, "b".into()).await
     })
     .await?;

@@ -2,7 +2,7 @@
 //! re-export (or a renamed dependency): the generated code names that path.
 
 mod outbox {
-    pub use outbox_core::*;
+    pub use txoutbox_core::*;
 }
 
 use sqlx::{PgPool, Postgres, Transaction};

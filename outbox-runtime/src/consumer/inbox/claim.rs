@@ -175,7 +175,7 @@ fn read(ctx: &Shared, row: &PgRow) -> Result<Claim, sqlx::Error> {
     };
     let traceparent = headers
         .iter()
-        .find(|(k, _)| k == outbox_core::wire::HEADER_TRACEPARENT)
+        .find(|(k, _)| k == txoutbox_core::wire::HEADER_TRACEPARENT)
         .map(|(_, v)| v.clone());
     let meta = EventMeta {
         event_id,

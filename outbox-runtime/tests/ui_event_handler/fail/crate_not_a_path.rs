@@ -2,7 +2,7 @@
 mod event;
 
 use event::*;
-use outbox_runtime::consumer::event_handler;
+use txoutbox_runtime::consumer::event_handler;
 use sqlx::{Postgres, Transaction};
 
 #[event_handler(crate = "not a path")]

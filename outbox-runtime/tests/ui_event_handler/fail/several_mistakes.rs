@@ -3,7 +3,7 @@ mod event;
 
 #[allow(unused_imports)]
 use event::*;
-use outbox_runtime::consumer::event_handler;
+use txoutbox_runtime::consumer::event_handler;
 #[allow(unused_imports)]
 use sqlx::{Postgres, Transaction};
 

@@ -3,7 +3,7 @@ mod event;
 
 #[allow(unused_imports)]
 use event::*;
-use outbox_runtime::consumer::event_handler;
+use txoutbox_runtime::consumer::event_handler;
 #[allow(unused_imports)]
 use sqlx::{Postgres, Transaction};
 
@@ -11,8 +11,8 @@ use sqlx::{Postgres, Transaction};
 async fn on_paid(
     _tx: &mut Transaction<'_, Postgres>,
     _event: Paid,
-    _meta: &outbox_runtime::consumer::EventMeta,
-    _again: &outbox_runtime::consumer::EventMeta,
+    _meta: &txoutbox_runtime::consumer::EventMeta,
+    _again: &txoutbox_runtime::consumer::EventMeta,
 ) -> Result<(), sqlx::Error> {
     Ok(())
 }

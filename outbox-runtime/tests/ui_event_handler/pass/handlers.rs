@@ -3,7 +3,7 @@ mod event;
 
 #[allow(unused_imports)]
 use event::*;
-use outbox_runtime::consumer::event_handler;
+use txoutbox_runtime::consumer::event_handler;
 #[allow(unused_imports)]
 use sqlx::{Postgres, Transaction};
 
@@ -27,7 +27,7 @@ impl std::fmt::Display for MyError {
 async fn with_meta(
     _tx: &mut Transaction<'_, Postgres>,
     event: Paid,
-    meta: &outbox_runtime::consumer::EventMeta,
+    meta: &txoutbox_runtime::consumer::EventMeta,
 ) -> Result<(), MyError> {
     if meta.event_id != event.event_id {
         return Err(MyError);
@@ -40,8 +40,8 @@ async fn with_meta(
 async fn with_events(
     _tx: &mut Transaction<'_, Postgres>,
     event: Paid,
-    events: &mut outbox_core::Events,
-    _meta: &outbox_runtime::consumer::EventMeta,
+    events: &mut txoutbox_core::Events,
+    _meta: &txoutbox_runtime::consumer::EventMeta,
 ) -> Result<(), sqlx::Error> {
     events.record(event);
     Ok(())
@@ -49,7 +49,7 @@ async fn with_events(
 
 #[allow(dead_code)]
 fn assemble(pool: sqlx::PgPool) {
-    use outbox_runtime::consumer::{Consumer, EventHandler};
+    use txoutbox_runtime::consumer::{Consumer, EventHandler};
     assert_eq!(<on_paid as EventHandler>::NAME, "on_paid");
     let _ = Consumer::builder(pool.clone(), rdkafka::ClientConfig::new(), "g").handler(on_paid);
     let _ = Consumer::builder(pool.clone(), rdkafka::ClientConfig::new(), "g").handler(with_meta);

@@ -4,7 +4,7 @@
 mod event;
 
 mod framework {
-    pub use outbox_runtime::*;
+    pub use txoutbox_runtime::*;
 }
 
 use event::*;
