@@ -19,6 +19,7 @@ pub mod orders;
 pub mod payments;
 pub mod service;
 pub mod setup;
+pub mod telemetry;
 
 /// Every Rust code block of the README compiles: rustdoc tests them here.
 #[cfg(doctest)]

@@ -243,18 +243,6 @@ pub async fn until_signal_or_failure(
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` or else by `default`
-/// (librdkafka's own log lines are off unless `RUST_LOG` asks for them).
-pub fn init_tracing(default: &str) {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| format!("{default},librdkafka=off,rdkafka=off").into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 /// The exit of a service binary: success, or the error on one line and code 2.
 pub fn exit_code(result: Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
     match result {

@@ -4,6 +4,7 @@
 use std::future::Future;
 
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
+use tracing::Instrument;
 
 use crate::{Error, Events, insert_records, retry, wakeup};
 
@@ -132,6 +133,7 @@ pub fn transaction<S: TransactionSource>(source: S) -> UnitOfWork<S> {
     UnitOfWork {
         source,
         isolation: None,
+        name: None,
     }
 }
 
@@ -141,6 +143,7 @@ pub fn transaction<S: TransactionSource>(source: S) -> UnitOfWork<S> {
 pub struct UnitOfWork<S> {
     source: S,
     isolation: Option<IsolationLevel>,
+    name: Option<&'static str>,
 }
 
 impl<S: TransactionSource> UnitOfWork<S> {
@@ -148,6 +151,19 @@ impl<S: TransactionSource> UnitOfWork<S> {
     pub fn isolation(mut self, level: IsolationLevel) -> Self {
         self.isolation = Some(level);
         self
+    }
+
+    /// Names the handler in the unit of work's span (`outbox.unit_of_work`,
+    /// field `handler`; default: empty). `#[outbox_handler]` sets the
+    /// function's name. The span covers the attempts and the commit; events
+    /// recorded inside it carry its trace context (see [`crate::trace`]).
+    pub fn named(mut self, handler: &'static str) -> Self {
+        self.name = Some(handler);
+        self
+    }
+
+    fn span(&self) -> tracing::Span {
+        tracing::info_span!("outbox.unit_of_work", handler = self.name.unwrap_or(""))
     }
 
     /// Re-runs the whole handler, in a fresh transaction with a fresh
@@ -173,12 +189,17 @@ impl<S: TransactionSource> UnitOfWork<S> {
         F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E>,
         E: From<Error>,
     {
-        let mut tx = begin(&mut self.source, self.isolation).await?;
-        let mut events = Events::new();
-        let outcome = handler(&mut tx, &mut events).await;
-        finish(tx, events, outcome)
-            .await
-            .map_err(Failure::into_user)
+        let span = self.span();
+        async move {
+            let mut tx = begin(&mut self.source, self.isolation).await?;
+            let mut events = Events::new();
+            let outcome = handler(&mut tx, &mut events).await;
+            finish(tx, events, outcome)
+                .await
+                .map_err(Failure::into_user)
+        }
+        .instrument(span)
+        .await
     }
 }
 
@@ -197,6 +218,12 @@ impl<S: TransactionSource> RetryingUnitOfWork<S> {
         self
     }
 
+    /// Names the handler in the unit of work's span; see [`UnitOfWork::named`].
+    pub fn named(mut self, handler: &'static str) -> Self {
+        self.inner.name = Some(handler);
+        self
+    }
+
     /// Runs `handler`, again on serialization failure, at most `1 + retries` times.
     /// The error of the last attempt is returned when all fail.
     ///
@@ -204,7 +231,16 @@ impl<S: TransactionSource> RetryingUnitOfWork<S> {
     /// captured state: a closure capturing by reference (`async |tx, events|`)
     /// or owning `Clone` values (`async move |tx, events|`) works; one that
     /// mutates its captures does not compile (count attempts with an atomic).
-    pub async fn run<T, E, F>(mut self, handler: F) -> Result<T, E>
+    pub async fn run<T, E, F>(self, handler: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E> + Clone,
+        E: From<Error> + std::error::Error + 'static,
+    {
+        let span = self.inner.span();
+        self.run_attempts(handler).instrument(span).await
+    }
+
+    async fn run_attempts<T, E, F>(mut self, handler: F) -> Result<T, E>
     where
         F: AsyncFnOnce(&mut Transaction<'_, Postgres>, &mut Events) -> Result<T, E> + Clone,
         E: From<Error> + std::error::Error + 'static,

@@ -32,7 +32,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    outbox_examples::service::init_tracing("warn");
+    let _telemetry = outbox_examples::telemetry::Telemetry::init("outbox-demo", "warn");
     let args = Args::parse();
 
     let broker = match Broker::from_env() {

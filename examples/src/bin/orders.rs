@@ -10,14 +10,13 @@ use std::process::ExitCode;
 
 use outbox_examples::observability::Readiness;
 use outbox_examples::orders::{self, OrdersService};
-use outbox_examples::service::{
-    Tuning, create_topics, exit_code, init_tracing, until_signal_or_failure,
-};
+use outbox_examples::service::{Tuning, create_topics, exit_code, until_signal_or_failure};
 use outbox_examples::setup::{Broker, connect_database, database_url_from_env};
+use outbox_examples::telemetry::Telemetry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    init_tracing("info");
+    let _telemetry = Telemetry::init("orders", "info");
     exit_code(run().await)
 }
 

@@ -110,8 +110,9 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
         quote!(async move |#tx, #events| #callee(#(#call_args),*).await)
     };
     let run_krate = crate::respanned(krate.clone(), output_span);
+    let handler_name = name.to_string();
     let run = quote_spanned! {output_span=>
-        #run_krate::transaction(#db) #isolation #retries .run(#closure).await
+        #run_krate::transaction(#db) #isolation #retries .named(#handler_name) .run(#closure).await
     };
     let outer_doc = format!(
         " Runs in its own transaction on `db` (`&PgPool`, `PgPool` or `&mut PgConnection`): \

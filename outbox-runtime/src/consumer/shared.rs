@@ -95,12 +95,25 @@ impl Shared {
         event: super::handler::Decoded,
         meta: &EventMeta,
     ) -> Result<(), HandlerError> {
-        let span = tracing::debug_span!(
-            "outbox.handle",
-            handler = handler.name(),
-            event_id = %meta.event_id,
-            event_type = %meta.event_type,
-        );
+        // A traced event is handled inside its trace: an info span that is
+        // the child of the publish span (feature `opentelemetry`); the others
+        // get a debug span, as a trace is not started per message.
+        let span = match meta.traceparent.as_deref() {
+            Some(_) => tracing::info_span!(
+                "outbox.handle",
+                otel.kind = "consumer",
+                handler = handler.name(),
+                event_id = %meta.event_id,
+                event_type = %meta.event_type,
+            ),
+            None => tracing::debug_span!(
+                "outbox.handle",
+                handler = handler.name(),
+                event_id = %meta.event_id,
+                event_type = %meta.event_type,
+            ),
+        };
+        txoutbox_core::trace::follow_traceparent(&span, meta.traceparent.as_deref());
         let mut events = Events::new();
         let result = txoutbox_core::trace::with_traceparent(meta.traceparent.clone(), async {
             // A panic is this event's failure, not the consumer's: it is

@@ -8,7 +8,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use txoutbox_core::wire;
+use tracing::Instrument;
+use txoutbox_core::{trace, wire};
 
 use super::partitioner::Partitioner;
 use super::store::ClaimedRow;
@@ -103,22 +104,43 @@ impl Publisher {
         row: &ClaimedRow,
         deadline: Instant,
     ) -> Result<DeliveryFuture, Outcome> {
+        // A row recorded inside a trace is published inside it: the publish
+        // span is a child of the span that recorded the event, and the header
+        // carries the publish span's context (with the `opentelemetry`
+        // feature and a layer installed; otherwise the row's own). Untraced
+        // rows get no span: the relay does not start a trace per row.
+        let span = match row.traceparent.as_deref() {
+            Some(_) => tracing::info_span!(
+                "outbox.publish",
+                otel.kind = "producer",
+                event_id = %row.event_id,
+                event_type = %row.event_type,
+                topic = %row.topic,
+            ),
+            None => tracing::Span::none(),
+        };
+        trace::follow_traceparent(&span, row.traceparent.as_deref());
+        let traceparent = trace::span_traceparent(&span).or_else(|| row.traceparent.clone());
         let mut record = FutureRecord::to(&row.topic)
             .key(row.partition_key.as_str())
             .payload(row.payload.as_str())
-            .headers(headers(row));
-        loop {
-            match self.producer.send_result(record) {
-                Ok(delivery) => return Ok(delivery),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                    if Instant::now() < deadline =>
-                {
-                    record = back;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+            .headers(headers(row, traceparent.as_deref()));
+        async {
+            loop {
+                match self.producer.send_result(record) {
+                    Ok(delivery) => return Ok(delivery),
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                        if Instant::now() < deadline =>
+                    {
+                        record = back;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err((error, _)) => return Err(classify(&error)),
                 }
-                Err((error, _)) => return Err(classify(&error)),
             }
         }
+        .instrument(span)
+        .await
     }
 }
 
@@ -140,13 +162,13 @@ pub(crate) fn report_outcome(
     }
 }
 
-fn headers(row: &ClaimedRow) -> OwnedHeaders {
+fn headers(row: &ClaimedRow, traceparent: Option<&str>) -> OwnedHeaders {
     wire_headers(&WireRow {
         event_id: &row.event_id.to_string(),
         event_type: &row.event_type,
         aggregate_type: &row.aggregate_type,
         aggregate_id: &row.aggregate_id,
-        traceparent: row.traceparent.as_deref(),
+        traceparent,
     })
 }
 
