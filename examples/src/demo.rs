@@ -204,6 +204,14 @@ pub struct Demo {
     payments: PaymentsService,
 }
 
+impl std::fmt::Debug for Demo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Demo")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Demo {
     /// Creates and migrates the databases, creates the topics and starts both
     /// services (their HTTP servers on ephemeral ports of 127.0.0.1).

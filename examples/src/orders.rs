@@ -211,6 +211,14 @@ pub struct OrdersService {
     consumer: ConsumerHandle,
 }
 
+impl std::fmt::Debug for OrdersService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrdersService")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
 impl OrdersService {
     /// Starts the service on `listener`, with its relay and its inbox-mode
     /// consumer of `payment.events` (group `group_id`), against the Kafka

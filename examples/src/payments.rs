@@ -83,6 +83,14 @@ pub struct PaymentsService {
     consumer: ConsumerHandle,
 }
 
+impl std::fmt::Debug for PaymentsService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PaymentsService")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
 impl PaymentsService {
     /// Starts the dedup-mode consumer of `order.events` (group `group_id`),
     /// the relay of the payments outbox, and the probes ([`observability`])

@@ -114,6 +114,14 @@ pub struct HttpServer {
     stop: CancellationToken,
 }
 
+impl std::fmt::Debug for HttpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
 impl HttpServer {
     /// Serves `router` on `listener`.
     pub fn start(listener: TcpListener, router: Router) -> Result<Self, ServiceError> {

@@ -155,6 +155,12 @@ pub enum Broker {
     External(String),
 }
 
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
 impl Broker {
     /// `KAFKA_BROKERS` if set and non-empty, otherwise a fresh in-process mock
     /// cluster with one broker.

@@ -9,7 +9,7 @@ use clap::error::ErrorKind;
 /// Parses the command line; a bad value is reported on one line with exit
 /// code 2 (clap's default adds a hint paragraph), other clap errors keep
 /// clap's own output (usage, help) and exit code.
-pub fn parse<P: clap::Parser>() -> P {
+pub(crate) fn parse<P: clap::Parser>() -> P {
     match P::try_parse() {
         Ok(parsed) => parsed,
         Err(e)
@@ -36,12 +36,12 @@ const YEAR_SECS: u64 = 31_557_600;
 /// retention flags, and `--from` / `--to` written as durations): 1000 years.
 /// Far beyond any real retention or replay window, and it keeps the resulting
 /// time inside both chrono's and PostgreSQL's range (which starts in 4713 BC).
-pub const MAX_AGE: Duration = Duration::from_secs(1000 * YEAR_SECS);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(1000 * YEAR_SECS);
 /// [`MAX_AGE`] as the user writes it.
-pub const MAX_AGE_TEXT: &str = "1000y";
+pub(crate) const MAX_AGE_TEXT: &str = "1000y";
 
 /// The longest `--connect-timeout` and `--pause`: one hour.
-pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(3600);
 const MAX_WAIT_TEXT: &str = "1h";
 
 /// Years of a time written as RFC 3339 or a date: what RFC 3339 can write,
@@ -53,7 +53,7 @@ const NOT_A_TIME: &str =
     "not a time; write RFC 3339 (2026-11-30T09:00:00Z), a date (2026-11-30) or a duration ago (2h)";
 
 /// The accepted range of a duration meaning "that long ago", for messages.
-pub fn age_range() -> String {
+pub(crate) fn age_range() -> String {
     format!("accepted: 0s to {MAX_AGE_TEXT}")
 }
 
@@ -64,7 +64,7 @@ fn time_range() -> String {
 }
 
 /// A duration such as `30s`, `15m`, `12h`, `7d` or `1h 30m`, of any size.
-pub fn duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|e| match e {
         humantime::DurationError::NumberOverflow => "out of range; too large a duration".into(),
         _ => NOT_A_DURATION.into(),
@@ -72,12 +72,12 @@ pub fn duration(text: &str) -> Result<Duration, String> {
 }
 
 /// A duration of at most [`MAX_AGE`], meaning that long before now.
-pub fn age(text: &str) -> Result<Duration, String> {
+pub(crate) fn age(text: &str) -> Result<Duration, String> {
     at_most(text, MAX_AGE, MAX_AGE_TEXT)
 }
 
 /// A timeout or pause of at most [`MAX_WAIT`].
-pub fn wait(text: &str) -> Result<Duration, String> {
+pub(crate) fn wait(text: &str) -> Result<Duration, String> {
     at_most(text, MAX_WAIT, MAX_WAIT_TEXT)
 }
 
@@ -93,7 +93,7 @@ fn at_most(text: &str, max: Duration, max_text: &str) -> Result<Duration, String
 
 /// `now - age`; `None` when `age` exceeds [`MAX_AGE`] or the result is not a
 /// time chrono can hold.
-pub fn ago(now: DateTime<Utc>, age: Duration) -> Option<DateTime<Utc>> {
+pub(crate) fn ago(now: DateTime<Utc>, age: Duration) -> Option<DateTime<Utc>> {
     if age > MAX_AGE {
         return None;
     }
@@ -103,7 +103,7 @@ pub fn ago(now: DateTime<Utc>, age: Duration) -> Option<DateTime<Utc>> {
 /// A point in time: RFC 3339 (`2026-11-30T09:00:00Z`), a date
 /// (`2026-11-30`, midnight UTC) or a duration meaning that long ago (`2h`,
 /// at most [`MAX_AGE`]).
-pub fn time_point(text: &str) -> Result<DateTime<Utc>, String> {
+pub(crate) fn time_point(text: &str) -> Result<DateTime<Utc>, String> {
     let text = text.trim();
     let absolute = if let Ok(time) = DateTime::parse_from_rfc3339(text) {
         Some(time.with_timezone(&Utc))
@@ -129,7 +129,7 @@ pub fn time_point(text: &str) -> Result<DateTime<Utc>, String> {
 }
 
 /// A positive count.
-pub fn positive(text: &str) -> Result<i64, String> {
+pub(crate) fn positive(text: &str) -> Result<i64, String> {
     match text.trim().parse::<i64>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err("expected a whole number greater than 0".into()),

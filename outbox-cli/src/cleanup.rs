@@ -20,7 +20,7 @@ use crate::progress::Progress;
     after_help = "Examples:\n  outbox cleanup --older-than 7d --dry-run\n  \
     outbox cleanup --older-than 30d --processed-older-than 14d --inbox-older-than 14d"
 )]
-pub struct CleanupArgs {
+pub(crate) struct CleanupArgs {
     /// Delete outbox rows published (or discarded) longer ago than this (at most 1000y).
     #[arg(long, value_name = "DURATION", value_parser = args::age)]
     older_than: Option<Duration>,
@@ -56,7 +56,11 @@ struct Outcome {
     deleted: Option<u64>,
 }
 
-pub async fn run(pool: &PgPool, args: CleanupArgs, json: bool) -> Result<ExitCode, CliError> {
+pub(crate) async fn run(
+    pool: &PgPool,
+    args: CleanupArgs,
+    json: bool,
+) -> Result<ExitCode, CliError> {
     let plan: Vec<(Target, Duration, &str)> = Target::ALL
         .into_iter()
         .filter_map(|target| {

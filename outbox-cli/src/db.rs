@@ -11,7 +11,7 @@ use crate::error::CliError;
 
 /// Connects once (to report the real cause of a failure, which a pool would
 /// hide behind a timeout), then opens a small pool.
-pub async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, CliError> {
+pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, CliError> {
     let url = url.ok_or_else(|| {
         CliError::Usage("no database given: pass --database-url or set DATABASE_URL".into())
     })?;
@@ -56,7 +56,7 @@ pub async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, Cli
 
 /// Whether any row of `table` (parked or not) has `topic`: tells a topic with
 /// no dead letters apart from a misspelt one.
-pub async fn topic_exists(
+pub(crate) async fn topic_exists(
     pool: &PgPool,
     table: txoutbox_runtime::ops::dead_letters::Table,
     topic: &str,

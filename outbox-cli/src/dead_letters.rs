@@ -11,7 +11,7 @@ use crate::error::CliError;
 use crate::output;
 
 #[derive(Debug, clap::Subcommand)]
-pub enum DeadLettersCommand {
+pub(crate) enum DeadLettersCommand {
     /// Show parked rows, oldest first, with their attempts and last error.
     List {
         #[command(flatten)]
@@ -47,7 +47,7 @@ pub enum DeadLettersCommand {
 /// Which parked rows: retry and discard need one of --all, --id, --event-id,
 /// --topic.
 #[derive(Debug, clap::Args)]
-pub struct Select {
+pub(crate) struct Select {
     /// Parked rows of this table.
     #[arg(long, value_enum, default_value = "outbox")]
     table: TableArg,
@@ -123,7 +123,7 @@ fn table_name(table: Table) -> &'static str {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     pool: &PgPool,
     command: DeadLettersCommand,
     json: bool,

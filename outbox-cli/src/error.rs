@@ -7,7 +7,7 @@ use txoutbox_runtime::ops::OpsError;
 
 /// A failure, classified by exit code.
 #[derive(Debug)]
-pub enum CliError {
+pub(crate) enum CliError {
     /// Exit 2: the input is wrong, or the database is unreachable or has no
     /// outbox schema; retrying the same command will not help.
     Usage(String),
@@ -17,7 +17,7 @@ pub enum CliError {
 
 impl CliError {
     /// Prints the message and returns the exit code.
-    pub fn report(self) -> ExitCode {
+    pub(crate) fn report(self) -> ExitCode {
         let (message, code) = match self {
             CliError::Usage(message) => (message, 2),
             CliError::Failed(message) => (message, 1),

@@ -12,7 +12,7 @@ use crate::error::CliError;
 /// `bootstrap.servers`, `KAFKA_SASL_PASSWORD` is `sasl.password`, ...),
 /// `--brokers`, `-X`.
 #[derive(Debug, clap::Args)]
-pub struct KafkaArgs {
+pub(crate) struct KafkaArgs {
     /// Kafka bootstrap servers (also `KAFKA_BROKERS`).
     #[arg(long, value_name = "HOST:PORT,...")]
     brokers: Option<String>,
@@ -26,7 +26,7 @@ pub struct KafkaArgs {
 
 impl KafkaArgs {
     /// The settings from every source; a usage error if no broker is named.
-    pub fn settings(&self) -> Result<KafkaSettings, CliError> {
+    pub(crate) fn settings(&self) -> Result<KafkaSettings, CliError> {
         self.settings_from(std::env::vars())
     }
 

@@ -15,7 +15,7 @@ struct Applied {
     description: &'static str,
 }
 
-pub async fn run(pool: &PgPool, json: bool) -> Result<ExitCode, CliError> {
+pub(crate) async fn run(pool: &PgPool, json: bool) -> Result<ExitCode, CliError> {
     let versions = migrations::run(pool).await.map_err(|e| match e.source {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => {
             CliError::Usage(format!("database unreachable: {e}"))

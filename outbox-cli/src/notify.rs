@@ -10,7 +10,7 @@ use crate::output;
 
 /// Install, remove or show the trigger that wakes relays in other processes.
 #[derive(Debug, clap::Subcommand)]
-pub enum NotifyCommand {
+pub(crate) enum NotifyCommand {
     /// Install the trigger: every commit that inserts outbox rows sends
     /// `NOTIFY outbox_event`, waking relays started with `listen_notify`.
     Enable,
@@ -20,7 +20,11 @@ pub enum NotifyCommand {
     Status,
 }
 
-pub async fn run(pool: &PgPool, command: NotifyCommand, json: bool) -> Result<ExitCode, CliError> {
+pub(crate) async fn run(
+    pool: &PgPool,
+    command: NotifyCommand,
+    json: bool,
+) -> Result<ExitCode, CliError> {
     let changed = match command {
         NotifyCommand::Enable => notify::enable(pool).await,
         NotifyCommand::Disable => notify::disable(pool).await,

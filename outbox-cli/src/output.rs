@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::error::CliError;
 
 /// Prints `value` as pretty JSON on stdout.
-pub fn json<T: Serialize>(value: &T) -> Result<(), CliError> {
+pub(crate) fn json<T: Serialize>(value: &T) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| CliError::Failed(format!("cannot render JSON: {e}")))?;
     println!("{text}");
@@ -16,7 +16,7 @@ pub fn json<T: Serialize>(value: &T) -> Result<(), CliError> {
 }
 
 /// Renders rows as left-aligned columns separated by two spaces.
-pub fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -44,17 +44,17 @@ pub fn table(rows: &[Vec<String>]) -> String {
 }
 
 /// `2026-11-30T09:00:00Z`.
-pub fn time(time: DateTime<Utc>) -> String {
+pub(crate) fn time(time: DateTime<Utc>) -> String {
     time.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// An age in whole seconds, e.g. `5m 3s`.
-pub fn age(seconds: f64) -> String {
+pub(crate) fn age(seconds: f64) -> String {
     humantime::format_duration(Duration::from_secs(seconds.max(0.0) as u64)).to_string()
 }
 
 /// A byte count with a binary unit, e.g. `4.1 MiB`.
-pub fn bytes(n: i64) -> String {
+pub(crate) fn bytes(n: i64) -> String {
     let mut value = n as f64;
     for unit in ["B", "KiB", "MiB", "GiB", "TiB"] {
         if value < 1024.0 || unit == "TiB" {
@@ -70,7 +70,7 @@ pub fn bytes(n: i64) -> String {
 }
 
 /// An error message cut to its first line and at most `max` characters.
-pub fn short(text: Option<&str>, max: usize) -> String {
+pub(crate) fn short(text: Option<&str>, max: usize) -> String {
     let text = text.unwrap_or("").lines().next().unwrap_or("");
     if text.chars().count() > max {
         format!("{}…", text.chars().take(max).collect::<String>())
@@ -80,7 +80,7 @@ pub fn short(text: Option<&str>, max: usize) -> String {
 }
 
 /// `1 row`, `2 rows`.
-pub fn plural(n: impl Into<i64>, noun: &str) -> String {
+pub(crate) fn plural(n: impl Into<i64>, noun: &str) -> String {
     let n = n.into();
     if n == 1 {
         format!("{n} {noun}")

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 const PLAIN_EVERY: Duration = Duration::from_secs(5);
 
 /// Progress of one phase.
-pub struct Progress {
+pub(crate) struct Progress {
     label: String,
     bar: Option<ProgressBar>,
     plain: bool,
@@ -19,12 +19,12 @@ pub struct Progress {
 
 impl Progress {
     /// Whether a bar would be drawn (worth counting the total first).
-    pub fn interactive(json: bool) -> bool {
+    pub(crate) fn interactive(json: bool) -> bool {
         !json && std::io::stderr().is_terminal()
     }
 
     /// Starts a phase; `total` gives a bar, `None` a spinner.
-    pub fn start(label: &str, total: Option<u64>, json: bool) -> Self {
+    pub(crate) fn start(label: &str, total: Option<u64>, json: bool) -> Self {
         let bar = Self::interactive(json).then(|| {
             let bar = match total {
                 Some(total) => ProgressBar::new(total).with_style(
@@ -53,7 +53,7 @@ impl Progress {
     }
 
     /// Records `n` more items done.
-    pub fn inc(&mut self, n: u64) {
+    pub(crate) fn inc(&mut self, n: u64) {
         self.done += n;
         if let Some(bar) = &self.bar {
             bar.inc(n);
@@ -64,7 +64,7 @@ impl Progress {
     }
 
     /// Ends the phase (clears the bar; the caller prints the result).
-    pub fn finish(self) {
+    pub(crate) fn finish(self) {
         if let Some(bar) = self.bar {
             bar.finish_and_clear();
         }

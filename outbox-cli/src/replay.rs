@@ -21,7 +21,7 @@ use crate::progress::Progress;
     after_help = "Examples:\n  outbox replay --topic orders --from 2026-11-01 --to 2026-11-02 --dry-run\n  \
     outbox replay --aggregate-type Order --aggregate-id 42 --brokers kafka:9092 --rate 200"
 )]
-pub struct ReplayArgs {
+pub(crate) struct ReplayArgs {
     /// Events created at or after this time.
     ///
     /// RFC 3339 (2026-11-30T09:00:00Z), a date (2026-11-30, midnight UTC) or a
@@ -62,7 +62,7 @@ pub struct ReplayArgs {
     dry_run: bool,
 }
 
-pub async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode, CliError> {
+pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode, CliError> {
     let filter = ReplayFilter {
         from: args.from,
         to: args.to,

@@ -14,7 +14,7 @@ const NO_EXPORTER: &str = "the schema export must link your event types, which t
 
 /// Runs your exporter with `export` or `check` and the remaining arguments.
 #[derive(Debug, clap::Args)]
-pub struct SchemasArgs {
+pub(crate) struct SchemasArgs {
     /// What to do.
     #[arg(value_enum)]
     action: Action,
@@ -35,7 +35,7 @@ enum Action {
     Check,
 }
 
-pub fn run(args: SchemasArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn run(args: SchemasArgs) -> Result<ExitCode, CliError> {
     let exporter = args
         .exporter
         .ok_or_else(|| CliError::Usage(NO_EXPORTER.into()))?;

@@ -16,7 +16,7 @@ use crate::output;
 
 /// Thresholds make the command exit 1 when exceeded, naming each one.
 #[derive(Debug, clap::Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Exit 1 when more than N events wait for the relay.
     #[arg(long, value_name = "N")]
     max_backlog: Option<i64>,
@@ -46,7 +46,7 @@ struct Report<'a> {
     status: &'a Status,
 }
 
-pub async fn run(pool: &PgPool, args: StatusArgs, json: bool) -> Result<ExitCode, CliError> {
+pub(crate) async fn run(pool: &PgPool, args: StatusArgs, json: bool) -> Result<ExitCode, CliError> {
     let thresholds = Thresholds {
         max_backlog: args.max_backlog,
         max_age: args.max_age,

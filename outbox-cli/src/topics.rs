@@ -27,7 +27,7 @@ enum Action {
 
 /// Plan or create the topics a service needs.
 #[derive(Debug, clap::Args)]
-pub struct TopicsArgs {
+pub(crate) struct TopicsArgs {
     /// `plan` or `apply`.
     #[arg(value_enum)]
     action: Action,
@@ -65,7 +65,7 @@ pub struct TopicsArgs {
     kafka: KafkaArgs,
 }
 
-pub async fn run(args: TopicsArgs, json: bool) -> Result<ExitCode, CliError> {
+pub(crate) async fn run(args: TopicsArgs, json: bool) -> Result<ExitCode, CliError> {
     let mut registered = match &args.exporter {
         Some(exporter) => from_exporter(exporter)?,
         None => Registered::default(),

@@ -9,7 +9,7 @@ use crate::{DomainEvent, Error, OutboxRecord};
 /// [`record`](Events::record) for every event the command produced, of any
 /// [`DomainEvent`] type and as many as it likes. Nothing is sent anywhere:
 /// the unit of work inserts the recorded events into `outbox_event` at the end
-/// of the same transaction, after the handler's own writes (R-DIST-OBX-1), and
+/// of the same transaction, after the handler's own writes, and
 /// the relay publishes them after the commit.
 ///
 /// Each event is serialized when it is recorded, so its payload is the state

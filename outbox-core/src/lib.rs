@@ -2,8 +2,7 @@
 //!
 //! The vocabulary of the transactional outbox: domain events, the records they
 //! become in the `outbox_event` table and on the wire, and the write path that
-//! stores them in the same PostgreSQL transaction as the domain change
-//! (rule R-DIST-OBX-1).
+//! stores them in the same PostgreSQL transaction as the domain change.
 //!
 //! Declare an event with `#[derive(DomainEvent)]`:
 //!
@@ -36,8 +35,8 @@
 //! [record](Events::record) in one transaction; see `docs/handler.md`.
 
 mod derive_support;
+mod domain_event;
 mod error;
-mod event;
 mod events;
 mod insert;
 mod record;
@@ -49,8 +48,8 @@ mod unit_of_work;
 pub mod wakeup;
 pub mod wire;
 
+pub use domain_event::{DomainEvent, PartitionKey};
 pub use error::{DbErrorDisplay, Error};
-pub use event::{DomainEvent, PartitionKey};
 pub use events::Events;
 pub use insert::insert_records;
 pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};

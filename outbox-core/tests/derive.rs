@@ -82,7 +82,7 @@ struct StockCounted {
 
 /// Re-exporting crates point the derive at their re-export.
 mod platform {
-    pub use ::txoutbox_core as events;
+    pub(crate) use ::txoutbox_core as events;
 }
 
 #[derive(DomainEvent, Serialize, JsonSchema)]

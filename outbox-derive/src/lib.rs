@@ -35,7 +35,7 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 }
 
 /// Turns an async command handler into a unit of work: one transaction for
-/// its writes and the events it records (R-DIST-OBX-1).
+/// its writes and the events it records.
 ///
 /// ```no_run
 /// use txoutbox_core::{Events, outbox_handler};

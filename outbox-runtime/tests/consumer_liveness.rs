@@ -643,8 +643,7 @@ async fn the_keep_policy_is_refused_in_dedup_mode() {
         .handler(on_roll_old)
         .unknown_events(txoutbox_runtime::consumer::UnknownEventPolicy::Keep)
         .build()
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(error.to_string().contains("needs Mode::Inbox"), "{error}");
 }
 

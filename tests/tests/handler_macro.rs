@@ -12,7 +12,7 @@ use txoutbox_core::{DomainEvent, Events, outbox_handler};
 
 /// The command.
 #[derive(Debug, Clone)]
-pub struct PlaceOrder {
+pub(crate) struct PlaceOrder {
     /// Order total.
     pub amount: i64,
     /// Must exist (deferred foreign key).
@@ -23,7 +23,7 @@ pub struct PlaceOrder {
 
 /// Places an order: one row, one `OrderCreated`, one `StockReserved` per sku.
 #[outbox_handler]
-pub async fn place_order(
+pub(crate) async fn place_order(
     tx: &mut Transaction<'_, Postgres>,
     events: &mut Events,
     cmd: PlaceOrder,

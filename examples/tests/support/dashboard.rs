@@ -11,10 +11,10 @@ use txoutbox_runtime::lifecycle::TASKS_FAILED;
 use txoutbox_runtime::relay::telemetry as relay;
 
 /// The Grafana dashboard shipped with the repository.
-pub const DASHBOARD: &str = "docs/grafana/outbox-dashboard.json";
+pub(crate) const DASHBOARD: &str = "docs/grafana/outbox-dashboard.json";
 
 /// A file of the workspace.
-pub fn workspace_file(path: &str) -> PathBuf {
+pub(crate) fn workspace_file(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the examples crate lives in the workspace")
@@ -28,7 +28,7 @@ fn read(path: &str) -> String {
 /// A metric's kind, as the docs' tables name it and the exporter's `# TYPE`
 /// lines say it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
+pub(crate) enum Kind {
     Counter,
     Gauge,
     Histogram,
@@ -47,7 +47,7 @@ impl Kind {
 
 /// Every metric name the runtime defines as a constant, imported (so the
 /// list cannot name a constant that does not exist).
-pub fn framework_constants() -> BTreeSet<&'static str> {
+pub(crate) fn framework_constants() -> BTreeSet<&'static str> {
     [
         relay::BACKLOG,
         relay::OLDEST_UNPUBLISHED_AGE,
@@ -85,7 +85,7 @@ pub fn framework_constants() -> BTreeSet<&'static str> {
 /// The values of every `pub const NAME: &str = "outbox_..."` in the
 /// runtime's metric-name modules, read from the source: catches a constant
 /// added there but missing from [`framework_constants`].
-pub fn constants_in_source() -> BTreeSet<String> {
+pub(crate) fn constants_in_source() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for path in [
         "outbox-runtime/src/relay/telemetry.rs",
@@ -107,7 +107,7 @@ pub fn constants_in_source() -> BTreeSet<String> {
 
 /// The rows of the metric tables in `docs/relay.md` and `docs/consumer.md`:
 /// name (without its `{labels}`) and kind.
-pub fn documented() -> BTreeMap<String, Kind> {
+pub(crate) fn documented() -> BTreeMap<String, Kind> {
     let mut documented = BTreeMap::new();
     for path in ["docs/relay.md", "docs/consumer.md"] {
         for line in read(path).lines() {
@@ -130,7 +130,7 @@ pub fn documented() -> BTreeMap<String, Kind> {
 
 /// How a query uses a series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Use {
+pub(crate) enum Use {
     /// The current value (`metric{...}`, aggregated or not).
     Instant,
     /// The per-second rate or increase of a counter: `rate`, `irate`,
@@ -145,7 +145,7 @@ pub enum Use {
 /// Every series name the dashboard queries (as exported: histograms with
 /// their `_bucket` / `_sum` / `_count` suffix), with how it is used, from
 /// every panel target and every query variable.
-pub fn queried() -> BTreeMap<String, BTreeSet<Use>> {
+pub(crate) fn queried() -> BTreeMap<String, BTreeSet<Use>> {
     let dashboard: serde_json::Value =
         serde_json::from_str(&read(DASHBOARD)).expect("the dashboard is JSON");
     let mut queried: BTreeMap<String, BTreeSet<Use>> = BTreeMap::new();
@@ -179,7 +179,7 @@ pub fn queried() -> BTreeMap<String, BTreeSet<Use>> {
 }
 
 /// The `expr` of every target of every panel, rows' nested panels included.
-pub fn panel_exprs(dashboard: &serde_json::Value) -> Vec<String> {
+pub(crate) fn panel_exprs(dashboard: &serde_json::Value) -> Vec<String> {
     fn walk(panels: &serde_json::Value, out: &mut Vec<String>) {
         for panel in panels.as_array().into_iter().flatten() {
             for target in panel["targets"].as_array().into_iter().flatten() {
@@ -242,7 +242,7 @@ fn selectors(expr: &Expr, function: Option<&str>, found: &mut impl FnMut(String,
 
 /// The documented metric an exported series belongs to, with its kind: the
 /// name itself, or a histogram's `_bucket` / `_sum` / `_count` series.
-pub fn documented_metric<'a>(
+pub(crate) fn documented_metric<'a>(
     series: &str,
     documented: &'a BTreeMap<String, Kind>,
 ) -> Option<(&'a str, Kind)> {
@@ -259,7 +259,7 @@ pub fn documented_metric<'a>(
 }
 
 /// `# TYPE name kind` lines of a Prometheus text exposition.
-pub fn exposition_types(text: &str) -> BTreeMap<String, String> {
+pub(crate) fn exposition_types(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter_map(|line| {
             let mut words = line.strip_prefix("# TYPE ")?.split_whitespace();

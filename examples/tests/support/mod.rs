@@ -1,3 +1,3 @@
 //! Helpers of the examples' tests.
 
-pub mod dashboard;
+pub(crate) mod dashboard;

@@ -97,7 +97,7 @@ pub(crate) fn handler(mut item: ItemFn) -> (Handler, Vec<syn::Error>) {
                             errors.push(syn::Error::new(
                                 producer.span(),
                                 format!(
-                                    "a command handler must not get a Kafka producer (`{}`): R-DIST-OBX-X1 forbids `producer.send` inside a handler, an event sent before the commit is lost or wrong when the transaction rolls back; record it with `events.record(...)` instead, the relay publishes it from the outbox after the commit",
+                                    "a command handler must not get a Kafka producer (`{}`): sending inside a handler is refused: an event sent before the commit is lost or wrong when the transaction rolls back; record it with `events.record(...)` instead, the relay publishes it from the outbox after the commit",
                                     producer.ident
                                 ),
                             ));

@@ -10,7 +10,7 @@ use std::time::Duration;
 use plotters::prelude::*;
 
 /// Where the charts go.
-pub fn dir() -> PathBuf {
+pub(crate) fn dir() -> PathBuf {
     let dir = std::env::var_os("BENCH_CHARTS_DIR").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks"),
         PathBuf::from,
@@ -21,7 +21,7 @@ pub fn dir() -> PathBuf {
 
 /// `git describe --always --dirty` of the measured tree, for the charts'
 /// captions ("unknown commit" outside a git checkout).
-pub fn commit() -> String {
+pub(crate) fn commit() -> String {
     std::process::Command::new("git")
         .args(["describe", "--always", "--dirty"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -54,7 +54,12 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 /// events per 0.5 ms bin up to the largest p99, on the right the latency at
 /// each percentile up to 99.9 % on a "nines" axis (the tail). Each series'
 /// label carries its p50 and p99.
-pub fn latency(file: &str, title: &str, caption: &str, series: &[(&str, &[Duration])]) -> PathBuf {
+pub(crate) fn latency(
+    file: &str,
+    title: &str,
+    caption: &str,
+    series: &[(&str, &[Duration])],
+) -> PathBuf {
     let path = dir().join(file);
     draw_latency(&path, title, caption, series);
     path
@@ -194,7 +199,7 @@ fn draw_latency(path: &Path, title: &str, caption: &str, series: &[(&str, &[Dura
 /// eighth of the shortest series, if that is shorter). A series that runs
 /// more than three times as long as all others is cut at 1.5 times the
 /// next longest, its label saying how long it went on.
-pub fn throughput(
+pub(crate) fn throughput(
     file: &str,
     title: &str,
     caption: &str,

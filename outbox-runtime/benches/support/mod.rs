@@ -6,7 +6,7 @@ use uuid::Uuid;
 /// Creates a database named `<prefix>_<random>` next to `DATABASE_URL`'s,
 /// with the outbox migrations applied; returns a pool of `connections` and
 /// its name (for [`drop_database`]).
-pub async fn scratch_database(prefix: &str, connections: u32) -> (PgPool, String) {
+pub(crate) async fn scratch_database(prefix: &str, connections: u32) -> (PgPool, String) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let name = format!("{prefix}_{}", Uuid::new_v4().simple());
     let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
@@ -25,7 +25,7 @@ pub async fn scratch_database(prefix: &str, connections: u32) -> (PgPool, String
 }
 
 /// Drops a database made by [`scratch_database`].
-pub async fn drop_database(name: &str) {
+pub(crate) async fn drop_database(name: &str) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
     let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use super::handler::{Dispatch, EventHandler, Registration};
 use super::{BuildError, Consumer};
 
-/// How received events reach their handlers (rule R-DIST-OBX-2).
+/// How received events reach their handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
     /// The default: for each message, one transaction inserts
@@ -97,6 +97,26 @@ pub struct ConsumerBuilder {
     kafka: ClientConfig,
     settings: Settings,
     handlers: Vec<Registration>,
+}
+
+/// Shows the settings, the handlers (topic and event type) and the librdkafka
+/// settings with secrets replaced by `[redacted]`.
+impl std::fmt::Debug for ConsumerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerBuilder")
+            .field("pool", &self.pool)
+            .field("kafka", &crate::redact::Redacted(&self.kafka))
+            .field("settings", &self.settings)
+            .field(
+                "handlers",
+                &self
+                    .handlers
+                    .iter()
+                    .map(|r| (r.topic, r.event_type))
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 impl ConsumerBuilder {

@@ -142,7 +142,7 @@ impl std::error::Error for HandlerError {}
 /// of its own, like payments answering `OrderCreated` with `PaymentCompleted`)
 /// are inserted into `outbox_event` in that same transaction, after the
 /// handler returns `Ok`, and the relay in this process is woken after the
-/// commit (R-DIST-OBX-1 holds on the consuming side too).
+/// commit: the consuming side writes atomically too.
 pub trait EventHandler: Send + Sync + 'static {
     /// The event this handler receives.
     type Event: DomainEvent + DeserializeOwned;

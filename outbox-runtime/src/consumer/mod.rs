@@ -1,4 +1,4 @@
-//! Receiving events: idempotent handlers in dedup or inbox mode (rule R-DIST-OBX-2).
+//! Receiving events: idempotent handlers in dedup or inbox mode.
 //!
 //! Write one `#[event_handler]` async function per event type, assemble a
 //! [`Consumer`] from them and spawn it:

@@ -28,6 +28,16 @@ pub struct Consumer {
     pub(super) kafka: StreamConsumer<KafkaContext>,
 }
 
+/// Shows the group and the mode.
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("group_id", &self.ctx.settings.group_id)
+            .field("mode", &self.ctx.settings.mode)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A spawned consumer. Dropping it leaves the consumer running; call
 /// [`shutdown`](Self::shutdown) to stop it gracefully, and watch
 /// [`stopped`](Self::stopped) to learn if it ends on its own.
@@ -35,6 +45,15 @@ pub struct ConsumerHandle {
     token: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
     lifecycle: Lifecycle,
+}
+
+impl std::fmt::Debug for ConsumerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerHandle")
+            .field("cancelled", &self.token.is_cancelled())
+            .field("finished", &self.task.is_finished())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConsumerHandle {

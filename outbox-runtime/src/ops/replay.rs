@@ -1,5 +1,5 @@
 //! Re-publishing already published events, e.g. to rebuild a read projection
-//! (R-DIST-OBX-3: the database is the source of truth, Kafka the transport).
+//! (the database is the source of truth, Kafka the transport).
 //!
 //! A replay selects published `outbox_event` rows by a [`ReplayFilter`] and
 //! sends them again, in id order, with the same key, value and headers the

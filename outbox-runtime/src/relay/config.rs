@@ -240,7 +240,7 @@ impl RelayBuilder {
     /// as a tokio task. Must be called inside a tokio runtime.
     ///
     /// Fails if the Kafka configuration disables idempotence or weakens `acks`
-    /// (rule R-DIST-IDEM-X2), if a tuning value is out of range, or if
+    /// (the relay's producer is always idempotent with `acks=all`), if a tuning value is out of range, or if
     /// librdkafka refuses the configuration.
     pub fn spawn(self) -> Result<RelayHandle, RelayError> {
         validate(&self.config)?;
@@ -333,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn idempotence_off_or_weak_acks_are_refused_naming_the_rule() {
+    fn idempotence_off_or_weak_acks_are_refused_naming_the_setting() {
         for (key, value) in [
             ("enable.idempotence", "false"),
             ("acks", "1"),
@@ -342,7 +342,10 @@ mod tests {
         ] {
             let err = producer_config(&with(key, value), &RelayConfig::default()).unwrap_err();
             let text = err.to_string();
-            assert!(text.contains("R-DIST-IDEM-X2"), "{text}");
+            assert!(
+                text.contains("enable.idempotence=true and acks=all"),
+                "{text}"
+            );
             assert!(text.contains(key), "{text}");
         }
     }

@@ -1,5 +1,5 @@
-//! The relay: publishes `outbox_event` rows to Kafka (rules R-DIST-OBX-1,
-//! R-DIST-OBX-3, R-DIST-IDEM-X2).
+//! The relay: publishes `outbox_event` rows to Kafka, after their
+//! transaction committed, with an idempotent producer.
 //!
 //! A relay claims a batch of unpublished rows (`FOR UPDATE SKIP LOCKED`),
 //! enqueues the whole batch into an idempotent producer, awaits every delivery
@@ -271,7 +271,7 @@ impl Drop for RelayHandle {
 pub enum RelayError {
     /// The Kafka configuration disables idempotence or weakens `acks`.
     #[error(
-        "R-DIST-IDEM-X2: the outbox relay's producer must run with enable.idempotence=true \
+        "the outbox relay's producer must run with enable.idempotence=true \
          and acks=all, but `{setting}={value}` was configured; remove that setting"
     )]
     IdempotenceRequired {

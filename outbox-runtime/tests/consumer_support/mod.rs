@@ -13,12 +13,12 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-pub fn brokers() -> String {
+pub(crate) fn brokers() -> String {
     std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
 }
 
 /// Consumer settings tuned so group joins and commits are quick in tests.
-pub fn kafka_config() -> ClientConfig {
+pub(crate) fn kafka_config() -> ClientConfig {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", brokers())
@@ -31,12 +31,12 @@ pub fn kafka_config() -> ClientConfig {
 }
 
 /// A group id nobody used before.
-pub fn unique_group(name: &str) -> String {
+pub(crate) fn unique_group(name: &str) -> String {
     format!("{name}-{}", Uuid::new_v4().simple())
 }
 
 /// Creates `topic` (and its dead-letter topic) unless it exists.
-pub async fn create_topic(topic: &str, partitions: i32) {
+pub(crate) async fn create_topic(topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()
@@ -63,7 +63,7 @@ pub async fn create_topic(topic: &str, partitions: i32) {
 
 /// Commits the end of every partition of `topic` for `group`, so a consumer of
 /// that group starts after everything earlier runs left in the shared broker.
-pub async fn start_group_at(group: &str, topic: &str, partitions: i32, at_end: bool) {
+pub(crate) async fn start_group_at(group: &str, topic: &str, partitions: i32, at_end: bool) {
     let (group, topic) = (group.to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = kafka_config()
@@ -93,7 +93,7 @@ pub async fn start_group_at(group: &str, topic: &str, partitions: i32, at_end: b
 }
 
 /// The end offsets of `topic`'s partitions.
-pub async fn high_watermarks(topic: &str, partitions: i32) -> Vec<i64> {
+pub(crate) async fn high_watermarks(topic: &str, partitions: i32) -> Vec<i64> {
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = kafka_config().create().expect("consumer");
@@ -111,7 +111,7 @@ pub async fn high_watermarks(topic: &str, partitions: i32) -> Vec<i64> {
 }
 
 /// The offsets `group` committed on `topic` (negative when none).
-pub async fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+pub(crate) async fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     let (group, topic) = (group.to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = kafka_config()
@@ -134,7 +134,7 @@ pub async fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     .unwrap()
 }
 
-pub fn producer() -> FutureProducer {
+pub(crate) fn producer() -> FutureProducer {
     ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("message.max.bytes", "2000000")
@@ -143,7 +143,7 @@ pub fn producer() -> FutureProducer {
 }
 
 /// Produces one record; `headers` as (name, value).
-pub async fn produce(
+pub(crate) async fn produce(
     producer: &FutureProducer,
     topic: &str,
     key: Option<&str>,
@@ -170,7 +170,10 @@ pub async fn produce(
 }
 
 /// Produces `event` the way the relay does: JSON value plus the wire headers.
-pub async fn produce_event<E: txoutbox_core::DomainEvent>(producer: &FutureProducer, event: &E) {
+pub(crate) async fn produce_event<E: txoutbox_core::DomainEvent>(
+    producer: &FutureProducer,
+    event: &E,
+) {
     let record = txoutbox_core::OutboxRecord::from_event(event).unwrap();
     let value = serde_json::to_vec(&record.payload).unwrap();
     let event_id = record.event_id.to_string();
@@ -196,7 +199,7 @@ pub async fn produce_event<E: txoutbox_core::DomainEvent>(producer: &FutureProdu
 }
 
 /// Reads `topic` partition 0 from `from` until `done` accepts what was read.
-pub async fn read_until(
+pub(crate) async fn read_until(
     topic: &str,
     from: i64,
     timeout: Duration,
@@ -223,7 +226,7 @@ pub async fn read_until(
     read
 }
 
-pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
+pub(crate) fn header(message: &OwnedMessage, name: &str) -> Option<String> {
     use rdkafka::message::Headers;
     message
         .headers()?
@@ -233,7 +236,7 @@ pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
 }
 
 /// Polls `check` until it returns true or `timeout` passes.
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+pub(crate) async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -247,7 +250,7 @@ where
 
 /// Migrations plus the table the test handlers write their effects to
 /// (no unique key: applying an effect twice shows as two rows).
-pub async fn prepare_db(pool: &PgPool) {
+pub(crate) async fn prepare_db(pool: &PgPool) {
     txoutbox_runtime::migrations::run(pool).await.unwrap();
     sqlx::raw_sql(
         "CREATE TABLE effect (
@@ -259,7 +262,7 @@ pub async fn prepare_db(pool: &PgPool) {
     .unwrap();
 }
 
-pub async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 

@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 /// An outbox row to insert; ages are seconds before the database's `now()`.
 #[derive(Debug, Clone)]
-pub struct OutboxRow {
+pub(crate) struct OutboxRow {
     pub topic: &'static str,
     pub event_type: &'static str,
     pub aggregate_type: &'static str,
@@ -34,7 +34,7 @@ pub struct OutboxRow {
 }
 
 impl OutboxRow {
-    pub fn new(topic: &'static str) -> Self {
+    pub(crate) fn new(topic: &'static str) -> Self {
         Self {
             topic,
             event_type: "OrderCreated",
@@ -50,13 +50,13 @@ impl OutboxRow {
         }
     }
 
-    pub fn published(mut self, created_ago: i64, published_ago: i64) -> Self {
+    pub(crate) fn published(mut self, created_ago: i64, published_ago: i64) -> Self {
         self.created_ago = created_ago;
         self.published_ago = Some(published_ago);
         self
     }
 
-    pub fn parked(mut self, attempts: i32, error: &'static str) -> Self {
+    pub(crate) fn parked(mut self, attempts: i32, error: &'static str) -> Self {
         self.parked_ago = Some(10);
         self.attempts = attempts;
         self.last_error = Some(error);
@@ -64,7 +64,7 @@ impl OutboxRow {
     }
 
     /// Inserts the row; returns `(id, event_id)`.
-    pub async fn insert(&self, pool: &PgPool) -> (i64, Uuid) {
+    pub(crate) async fn insert(&self, pool: &PgPool) -> (i64, Uuid) {
         let event_id = Uuid::new_v4();
         let payload = json!({ "event_id": event_id, "aggregate_id": self.aggregate_id, "n": 1 });
         let ago = |secs: Option<i64>| secs.map(|s| s as f64);
@@ -101,7 +101,7 @@ impl OutboxRow {
 }
 
 /// Inserts an inbox row; ages in seconds before `now()`. Returns its event id.
-pub async fn inbox_row(
+pub(crate) async fn inbox_row(
     pool: &PgPool,
     topic: &str,
     received_ago: i64,
@@ -130,7 +130,7 @@ pub async fn inbox_row(
 }
 
 /// Inserts a `processed_event` row processed `ago` seconds before `now()`.
-pub async fn processed_row(pool: &PgPool, group: &str, ago: i64) -> Uuid {
+pub(crate) async fn processed_row(pool: &PgPool, group: &str, ago: i64) -> Uuid {
     let event_id = Uuid::new_v4();
     sqlx::query(
         "INSERT INTO processed_event (consumer_group, event_id, processed_at)
@@ -145,15 +145,15 @@ pub async fn processed_row(pool: &PgPool, group: &str, ago: i64) -> Uuid {
     event_id
 }
 
-pub async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
-pub fn brokers() -> String {
+pub(crate) fn brokers() -> String {
     std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-pub async fn new_topic() -> String {
+pub(crate) async fn new_topic() -> String {
     let topic = format!("cli-replay-{}", uuid::Uuid::new_v4());
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers())
@@ -172,7 +172,7 @@ pub async fn new_topic() -> String {
     topic
 }
 
-pub struct Received {
+pub(crate) struct Received {
     pub key: String,
     pub payload: String,
     pub headers: HashMap<String, String>,
@@ -180,7 +180,7 @@ pub struct Received {
 
 /// Reads the topic's only partition from the start up to an end marker this
 /// function appends, so "exactly these records" needs no waiting for silence.
-pub async fn read_back(topic: &str) -> Vec<Received> {
+pub(crate) async fn read_back(topic: &str) -> Vec<Received> {
     let marker: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()

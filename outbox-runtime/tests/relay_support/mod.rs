@@ -15,21 +15,21 @@ use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-pub fn brokers() -> String {
+pub(crate) fn brokers() -> String {
     std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-pub fn kafka_config(brokers: &str) -> ClientConfig {
+pub(crate) fn kafka_config(brokers: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", brokers);
     config
 }
 
-pub fn unique_topic(name: &str) -> String {
+pub(crate) fn unique_topic(name: &str) -> String {
     format!("relay-test-{name}-{}", Uuid::new_v4().simple())
 }
 
-pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+pub(crate) async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<_> = kafka_config(brokers).create().unwrap();
     let results = admin
         .create_topics(
@@ -49,14 +49,14 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     }
 }
 
-pub async fn migrated(pool: &PgPool) {
+pub(crate) async fn migrated(pool: &PgPool) {
     init_tracing();
     txoutbox_runtime::migrations::run(pool).await.unwrap();
 }
 
 /// An event to insert: (topic, key, payload size filler).
 #[derive(Debug, Clone)]
-pub struct NewEvent {
+pub(crate) struct NewEvent {
     pub topic: String,
     pub key: String,
     pub seq: i64,
@@ -65,7 +65,7 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
-    pub fn new(topic: &str, key: impl Into<String>, seq: i64) -> Self {
+    pub(crate) fn new(topic: &str, key: impl Into<String>, seq: i64) -> Self {
         Self {
             topic: topic.to_owned(),
             key: key.into(),
@@ -77,7 +77,7 @@ impl NewEvent {
 }
 
 /// Inserts the events in order (one statement) and returns their event ids.
-pub async fn insert(pool: &PgPool, events: &[NewEvent]) -> Vec<Uuid> {
+pub(crate) async fn insert(pool: &PgPool, events: &[NewEvent]) -> Vec<Uuid> {
     let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
     let payloads: Vec<serde_json::Value> = events
         .iter()
@@ -114,7 +114,7 @@ pub async fn insert(pool: &PgPool, events: &[NewEvent]) -> Vec<Uuid> {
     ids
 }
 
-pub async fn unpublished(pool: &PgPool) -> i64 {
+pub(crate) async fn unpublished(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE published_at IS NULL")
         .fetch_one(pool)
         .await
@@ -122,7 +122,7 @@ pub async fn unpublished(pool: &PgPool) -> i64 {
 }
 
 /// Waits until `cond` holds, panicking with `what` after `timeout`.
-pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut cond: F)
+pub(crate) async fn eventually<F, Fut>(timeout: Duration, what: &str, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -134,7 +134,7 @@ where
     }
 }
 
-pub async fn all_published(pool: &PgPool, timeout: Duration) {
+pub(crate) async fn all_published(pool: &PgPool, timeout: Duration) {
     eventually(timeout, "every outbox row published", || async {
         unpublished(pool).await == 0
     })
@@ -143,7 +143,7 @@ pub async fn all_published(pool: &PgPool, timeout: Duration) {
 
 /// One record read back from a topic.
 #[derive(Debug, Clone)]
-pub struct Received {
+pub(crate) struct Received {
     pub partition: i32,
     pub offset: i64,
     pub key: String,
@@ -152,14 +152,14 @@ pub struct Received {
 }
 
 impl Received {
-    pub fn event_id(&self) -> Uuid {
+    pub(crate) fn event_id(&self) -> Uuid {
         self.headers["event_id"].parse().unwrap()
     }
 }
 
 /// Reads every partition of `topic` from the beginning until at least
 /// `expected` records arrived (then a short grace period for extra ones).
-pub async fn read_topic(
+pub(crate) async fn read_topic(
     brokers: &str,
     topic: &str,
     expected: usize,
@@ -231,13 +231,13 @@ fn read_topic_blocking(
 }
 
 /// A tansu broker of the test's own, on a free port; killed on drop.
-pub struct OwnBroker {
+pub(crate) struct OwnBroker {
     pub port: u16,
     child: Option<Child>,
 }
 
 impl OwnBroker {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -248,11 +248,11 @@ impl OwnBroker {
         broker
     }
 
-    pub fn address(&self) -> String {
+    pub(crate) fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -260,7 +260,7 @@ impl OwnBroker {
     }
 
     /// Starts the broker again (memory storage: topics are gone and must be recreated).
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
         let bin = std::env::var("TANSU_BIN").unwrap_or_else(|_| {
             format!(
@@ -298,7 +298,7 @@ impl Drop for OwnBroker {
 }
 
 /// Relay logs in test output, filtered by `RUST_LOG` (e.g. `RUST_LOG=txoutbox_runtime=debug`).
-pub fn init_tracing() {
+pub(crate) fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())

@@ -8,10 +8,10 @@ use sqlx::PgPool;
 use txoutbox_core::DomainEvent;
 use uuid::Uuid;
 
-pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+pub(crate) const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OrderCreated {
+pub(crate) struct OrderCreated {
     pub event_id: Uuid,
     pub order_id: i64,
     pub amount: i64,
@@ -34,7 +34,7 @@ impl DomainEvent for OrderCreated {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StockReserved {
+pub(crate) struct StockReserved {
     pub event_id: Uuid,
     pub sku: String,
     pub quantity: i32,
@@ -58,7 +58,7 @@ impl DomainEvent for StockReserved {
 
 /// Serializes to a JSON array, which the outbox refuses (payloads are objects).
 #[derive(Debug, Serialize)]
-pub struct Malformed(pub Vec<u8>);
+pub(crate) struct Malformed(pub Vec<u8>);
 
 impl DomainEvent for Malformed {
     const TOPIC: &'static str = "order.events";
@@ -76,7 +76,7 @@ impl DomainEvent for Malformed {
     }
 }
 
-pub fn order_created(order_id: i64, amount: i64) -> OrderCreated {
+pub(crate) fn order_created(order_id: i64, amount: i64) -> OrderCreated {
     OrderCreated {
         event_id: Uuid::new_v4(),
         order_id,
@@ -84,7 +84,7 @@ pub fn order_created(order_id: i64, amount: i64) -> OrderCreated {
     }
 }
 
-pub fn stock_reserved(sku: &str, quantity: i32) -> StockReserved {
+pub(crate) fn stock_reserved(sku: &str, quantity: i32) -> StockReserved {
     StockReserved {
         event_id: Uuid::new_v4(),
         sku: sku.to_owned(),
@@ -95,7 +95,7 @@ pub fn stock_reserved(sku: &str, quantity: i32) -> StockReserved {
 /// The application's error type: it only needs `From<txoutbox_core::Error>`
 /// (plus `std::error::Error` for retries, which thiserror provides).
 #[derive(Debug, thiserror::Error)]
-pub enum AppError {
+pub(crate) enum AppError {
     #[error(transparent)]
     Outbox(#[from] txoutbox_core::Error),
     #[error("database: {0}")]
@@ -105,7 +105,7 @@ pub enum AppError {
 }
 
 /// Runs the framework migrations and creates the domain tables.
-pub async fn setup(pool: &PgPool) {
+pub(crate) async fn setup(pool: &PgPool) {
     txoutbox_runtime::migrations::run(pool).await.unwrap();
     sqlx::raw_sql(
         "CREATE TABLE customers (id bigint PRIMARY KEY);
@@ -122,7 +122,7 @@ pub async fn setup(pool: &PgPool) {
 }
 
 /// Inserts an order on `conn` and returns its id.
-pub async fn insert_order(
+pub(crate) async fn insert_order(
     conn: &mut sqlx::PgConnection,
     amount: i64,
     customer_id: i64,
@@ -134,7 +134,7 @@ pub async fn insert_order(
         .await
 }
 
-pub async fn count(pool: &PgPool, table: &str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, table: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
         .fetch_one(pool)
         .await
@@ -143,7 +143,7 @@ pub async fn count(pool: &PgPool, table: &str) -> i64 {
 
 /// One `outbox_event` row, every column the write path sets or defaults.
 #[derive(Debug, sqlx::FromRow)]
-pub struct OutboxRow {
+pub(crate) struct OutboxRow {
     pub id: i64,
     pub event_id: Uuid,
     pub aggregate_type: String,
@@ -158,7 +158,7 @@ pub struct OutboxRow {
     pub attempts: i32,
 }
 
-pub async fn outbox_rows(pool: &PgPool) -> Vec<OutboxRow> {
+pub(crate) async fn outbox_rows(pool: &PgPool) -> Vec<OutboxRow> {
     sqlx::query_as(
         "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, topic,
                 partition_key, created_at, published_at, traceparent, attempts
@@ -170,7 +170,7 @@ pub async fn outbox_rows(pool: &PgPool) -> Vec<OutboxRow> {
 }
 
 /// Asserts `row` is the outbox row of `event`, payload equal to its serde output.
-pub fn assert_row_is<E: DomainEvent>(row: &OutboxRow, event: &E) {
+pub(crate) fn assert_row_is<E: DomainEvent>(row: &OutboxRow, event: &E) {
     assert_eq!(row.event_id, event.event_id());
     assert_eq!(row.aggregate_type, E::AGGREGATE_TYPE);
     assert_eq!(row.aggregate_id, event.aggregate_id());
