@@ -68,10 +68,12 @@ pub use dlq::{
     HEADER_DLQ_TOPIC, HEADER_DLQ_VALUE_DROPPED,
 };
 pub use handler::{EventHandler, EventMeta, HandlerError};
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use inbox::claim_once_for_benchmark;
 pub use message::DeadLetterReason;
 #[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub use route::Route;
 pub use run::{Consumer, ConsumerHandle};
 pub use txoutbox_derive::event_handler;

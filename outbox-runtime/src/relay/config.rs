@@ -103,10 +103,9 @@ pub struct RelayConfig {
     /// Bound of [`RelayHandle::shutdown`]: after it, the task is aborted (its
     /// unmarked rows are published again later). Default `45 s`.
     pub shutdown_timeout: Duration,
-    /// Testing only: abandon every batch after delivery and before marking,
-    /// as a crash at that point would.
-    #[doc(hidden)]
-    pub crash_before_mark: bool,
+    /// Testing only (feature `test-hooks`): abandon every batch after
+    /// delivery and before marking, as a crash at that point would.
+    pub(crate) crash_before_mark: bool,
 }
 
 impl Default for RelayConfig {
@@ -230,6 +229,9 @@ impl RelayBuilder {
         shutdown_timeout: Duration;
     }
 
+    /// Testing only: abandons every batch after delivery and before
+    /// marking, as a crash at that point would. Not a public API.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn crash_before_mark(mut self, value: bool) -> Self {
         self.config.crash_before_mark = value;

@@ -55,9 +55,18 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{RelayBuilder, RelayConfig};
-pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
-pub use store::{claim_and_mark_without_publishing, configure_connection};
+pub use store::claim_and_mark_without_publishing;
+pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
+
+/// Benchmarks only (feature `test-hooks`): sets a connection up as the
+/// relay sets its own. Not a public API.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub async fn configure_connection(conn: &mut sqlx::PgConnection) -> sqlx::Result<()> {
+    store::configure_connection(conn).await
+}
 
 use crate::lifecycle::{Lifecycle, Stopped};
 use flight::Flight;

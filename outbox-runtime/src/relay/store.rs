@@ -80,8 +80,7 @@ pub(crate) async fn claim(
 /// its rows publish again, which receivers dedup anyway (delivery is
 /// at-least-once). That wait is most of a small statement's cost. Only this
 /// connection is set; the service's transactions keep their own setting.
-#[doc(hidden)]
-pub async fn configure_connection(conn: &mut PgConnection) -> sqlx::Result<()> {
+pub(crate) async fn configure_connection(conn: &mut PgConnection) -> sqlx::Result<()> {
     sqlx::query("SET synchronous_commit = off")
         .execute(conn)
         .await
@@ -92,7 +91,7 @@ pub async fn configure_connection(conn: &mut PgConnection) -> sqlx::Result<()> {
 /// claim and the same settling statement, every claimed row marked. Used by
 /// the benchmark (on a connection set up by [`configure_connection`]) to
 /// measure the database's share of the relay's cost.
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub async fn claim_and_mark_without_publishing(
     conn: &mut PgConnection,
     lane_count: u32,

@@ -28,7 +28,7 @@ pub(crate) use group::Membership;
 /// processors handling the (topic, event type) pairs `handled`, in a
 /// transaction that is rolled back; returns how many rows it claimed. Not a
 /// public API.
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub async fn claim_once_for_benchmark(
     pool: &sqlx::PgPool,
     group: &str,
