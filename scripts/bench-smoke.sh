@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every benchmark in a quick mode (a few seconds each, tiny inputs, one
+# round, charts to a scratch directory): it proves the benches still build and
+# run end to end against PostgreSQL and the broker. No figure is asserted and
+# none of this output is a measurement; BENCHMARKS.md says how to measure.
+#
+#   scripts/services.sh up && scripts/bench-smoke.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+charts=$(mktemp -d)
+trap 'rm -rf "$charts"' EXIT
+export BENCH_CHARTS_DIR="$charts"
+
+run() {
+    local name=$1
+    shift
+    printf '\n--- bench %s (quick mode)\n' "$name"
+    local started=$SECONDS
+    env "$@"
+    printf -- '--- bench %s: ok in %d s\n' "$name" $((SECONDS - started))
+}
+
+run handler BENCH_ITERATIONS=50 \
+    cargo bench -p txoutbox-core --bench handler
+run consumer OUTBOX_BENCH_EVENTS=2000 \
+    cargo bench -p txoutbox-runtime --bench consumer
+run inbox_claim OUTBOX_BENCH_PENDING=2000 OUTBOX_BENCH_ROUNDS=1 \
+    cargo bench -p txoutbox-runtime --features test-hooks --bench inbox_claim
+run relay RELAY_BENCH_EVENTS=2000 RELAY_BENCH_BASELINE_EVENTS=100 RELAY_BENCH_PUBLISHED_ROWS=5000 \
+    RELAY_BENCH_LATENCY_SECS=1 RELAY_BENCH_ROUNDS=1 \
+    cargo bench -p txoutbox-runtime --features test-hooks --bench relay
