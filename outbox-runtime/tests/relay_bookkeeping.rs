@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use relay_support::*;
 use sqlx::PgPool;
-use txoutbox_runtime::relay::{Relay, parked};
+use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
+use txoutbox_runtime::relay::Relay;
 
 /// A key PostgreSQL cannot put into a b-tree (over 2,704 bytes, and md5 hex
 /// does not compress enough to fit), as rows written before the key length
@@ -58,7 +59,12 @@ async fn a_row_whose_failure_cannot_be_recorded_is_parked_and_its_batch_marked_o
     eventually(
         Duration::from_secs(10),
         "the refused row parked",
-        || async { parked(&pool, 10).await.unwrap().len() == 1 },
+        || async {
+            dead_letters::count(&pool, Table::Outbox, &Selection::All)
+                .await
+                .unwrap()
+                == 1
+        },
     )
     .await;
     // Give a looping relay the time to publish its batch again.
@@ -67,7 +73,9 @@ async fn a_row_whose_failure_cannot_be_recorded_is_parked_and_its_batch_marked_o
     assert!(summary.clean);
     assert_eq!(summary.published, 201, "{summary:?}");
 
-    let parked_rows = parked(&pool, 10).await.unwrap();
+    let parked_rows = dead_letters::list(&pool, Table::Outbox, &Selection::All, 10)
+        .await
+        .unwrap();
     let row = &parked_rows[0];
     assert_eq!(row.event_id, ids[0]);
     let error = row.last_error.as_deref().unwrap_or_default();

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use relay_support::*;
 use sqlx::PgPool;
-use txoutbox_runtime::relay::{ParkedSelection, Relay, parked, retry_parked};
+use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
+use txoutbox_runtime::relay::Relay;
 
 #[sqlx::test(migrations = false)]
 async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool: PgPool) {
@@ -54,7 +55,9 @@ async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool:
     .await;
     let summary = relay.shutdown().await;
     assert_eq!(summary.parked, 1);
-    let parked_rows = parked(&pool, 10).await.unwrap();
+    let parked_rows = dead_letters::list(&pool, Table::Outbox, &Selection::All, 10)
+        .await
+        .unwrap();
     assert_eq!(parked_rows.len(), 1);
     let row = &parked_rows[0];
     assert_eq!((row.event_id, row.attempts), (ids[0], 3));
@@ -74,12 +77,17 @@ async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool:
 
     // Cause fixed (a producer with the default 1 MB limit): retry it.
     assert_eq!(
-        retry_parked(&pool, ParkedSelection::EventIds(&[ids[0]]))
+        dead_letters::retry(&pool, Table::Outbox, &Selection::EventIds(vec![ids[0]]))
             .await
             .unwrap(),
-        1
+        vec![ids[0]]
     );
-    assert!(parked(&pool, 10).await.unwrap().is_empty());
+    assert!(
+        dead_letters::list(&pool, Table::Outbox, &Selection::All, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
         .spawn()
         .unwrap();
@@ -194,4 +202,41 @@ async fn a_broker_outage_loses_nothing(pool: PgPool) {
         );
     }
     drop(before);
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_operator_retry_wakes_the_relays_of_this_process(pool: PgPool) {
+    migrated(&pool).await;
+    let brokers = brokers();
+    let topic = unique_topic("retry-wakes");
+    create_topic(&brokers, &topic, 1).await;
+    let ids = insert(&pool, &[NewEvent::new(&topic, "k", 0)]).await;
+    sqlx::query(
+        "UPDATE outbox_event SET parked_at = now(), attempts = 3, last_error = 'refused'
+         WHERE event_id = $1",
+    )
+    .bind(ids[0])
+    .execute(&pool)
+    .await
+    .unwrap();
+    // An idle relay that would claim again only after half a minute.
+    let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
+        .poll_interval(Duration::from_secs(30))
+        .rebalance_interval(Duration::from_secs(30))
+        .lease_timeout(Duration::from_secs(120))
+        .spawn()
+        .unwrap();
+    // Its empty polls back off (doubling from milliseconds): after 12 s the
+    // current wait runs to about 20 s, so the next poll is seconds away.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(unpublished(&pool).await, 1, "a parked row is not published");
+
+    let retried = dead_letters::retry(&pool, Table::Outbox, &Selection::All)
+        .await
+        .unwrap();
+    assert_eq!(retried, ids);
+    // Published long before the next poll: the retry woke the relay.
+    all_published(&pool, Duration::from_secs(3)).await;
+    let summary = relay.shutdown().await;
+    assert_eq!(summary.published, 1);
 }

@@ -46,22 +46,24 @@ impl Table {
         self.sql().0
     }
 
-    fn sql(self) -> (&'static str, &'static str, &'static str, &'static str) {
+    fn sql(self) -> (&'static str, &'static str, &'static str, String) {
         // (table, id expression, written-at column, "parked and not finished")
-        match self {
+        let (table, id, written_at, unfinished) = match self {
             Table::Outbox => (
                 "outbox_event",
                 "t.id",
                 "t.created_at",
-                "t.published_at IS NULL AND t.parked_at IS NOT NULL AND t.discarded_at IS NULL",
+                "published_at IS NULL",
             ),
             Table::Inbox => (
                 "inbox_event",
                 "NULL::int8",
                 "t.received_at",
-                "NOT t.processed AND t.parked_at IS NOT NULL AND t.discarded_at IS NULL",
+                "NOT processed",
             ),
-        }
+        };
+        let parked = format!("{unfinished} AND {}", super::PARKED_NOT_DISCARDED);
+        (table, id, written_at, parked)
     }
 }
 
@@ -163,19 +165,31 @@ pub async fn count(pool: &PgPool, table: Table, selection: &Selection) -> Result
     Ok(sqlx::Row::try_get(&row, 0)?)
 }
 
-/// Returns the matching parked rows to their queue; returns their event ids.
+/// Returns the matching parked rows to their queue (clears `parked_at`,
+/// `attempts` and `next_attempt_at`, keeps `last_error`); returns their event
+/// ids. Fix the cause first (create the topic, raise the size limit).
+///
+/// Retried outbox rows wake the relays of this process at once; relays in
+/// other processes take them at their next poll, or at once with
+/// `outbox notify enable` (the trigger fires on un-parking too). A retried
+/// outbox row is published after the later events of its key that went out
+/// while it was parked: parking gives up per-key order for that row.
 pub async fn retry(
     pool: &PgPool,
     table: Table,
     selection: &Selection,
 ) -> Result<Vec<Uuid>, OpsError> {
-    update(
+    let retried = update(
         pool,
         table,
         selection,
         "parked_at = NULL, attempts = 0, next_attempt_at = NULL",
     )
-    .await
+    .await?;
+    if table == Table::Outbox && !retried.is_empty() {
+        txoutbox_core::wakeup::notify_committed();
+    }
+    Ok(retried)
 }
 
 /// Marks the matching parked rows as discarded; returns their event ids.

@@ -50,6 +50,12 @@ pub enum OpsError {
     },
 }
 
+/// The one condition for "parked and not discarded", on either table (with
+/// the table's own "not finished": `published_at IS NULL` for the outbox,
+/// `NOT processed` for the inbox): rows an operator may list, retry or
+/// discard. Discarded rows stay parked as evidence and match nothing here.
+pub(crate) const PARKED_NOT_DISCARDED: &str = "parked_at IS NOT NULL AND discarded_at IS NULL";
+
 /// Marks a statement assembled with `format!` as safe for sqlx: every dynamic
 /// statement in this module is built only from constant fragments (table and
 /// column names, fixed conditions) defined here; values from users always

@@ -265,9 +265,10 @@ async fn queue_status(pool: &PgPool, q: &QueueSql, sample: i64) -> Result<QueueS
         )))
         .fetch_one(pool)
         .await?;
+    let parked_condition = super::PARKED_NOT_DISCARDED;
     let (failing, parked, discarded): (i64, i64, i64) = sqlx::query_as(super::trusted(format!(
         "SELECT count(*) FILTER (WHERE parked_at IS NULL AND attempts > 0),
-                count(*) FILTER (WHERE parked_at IS NOT NULL AND discarded_at IS NULL),
+                count(*) FILTER (WHERE {parked_condition}),
                 count(*) FILTER (WHERE discarded_at IS NOT NULL)
          FROM {table} WHERE {unfinished}"
     )))
@@ -285,12 +286,10 @@ async fn queue_status(pool: &PgPool, q: &QueueSql, sample: i64) -> Result<QueueS
         .bind(sample)
         .fetch_all(pool)
         .await?;
-    let parked_rows = sqlx::query_as(super::trusted(rows(
-        "parked_at IS NOT NULL AND discarded_at IS NULL",
-    )))
-    .bind(sample)
-    .fetch_all(pool)
-    .await?;
+    let parked_rows = sqlx::query_as(super::trusted(rows(super::PARKED_NOT_DISCARDED)))
+        .bind(sample)
+        .fetch_all(pool)
+        .await?;
     Ok(QueueStatus {
         pending: topics.iter().map(|t| t.pending).sum(),
         oldest_pending_at,

@@ -58,7 +58,6 @@ pub use config::{RelayBuilder, RelayConfig};
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use store::claim_and_mark_without_publishing;
-pub use store::{ParkedEvent, ParkedSelection, parked, retry_parked};
 
 /// Benchmarks only (feature `test-hooks`): sets a connection up as the
 /// relay sets its own. Not a public API.

@@ -1,6 +1,5 @@
-//! Every SQL statement of the relay, and the public queries on parked rows.
+//! Every SQL statement of the relay (parked rows are `ops::dead_letters`).
 
-use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -292,93 +291,4 @@ pub(crate) async fn backlog(pool: &PgPool) -> sqlx::Result<(i64, f64)> {
     )
     .fetch_one(pool)
     .await
-}
-
-/// A row the relay gave up on after `max_attempts` (see [`parked`]).
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-#[non_exhaustive]
-pub struct ParkedEvent {
-    /// Row id (`outbox_event.id`).
-    pub id: i64,
-    /// The event's id.
-    pub event_id: Uuid,
-    /// Event type, e.g. `OrderCreated`.
-    pub event_type: String,
-    /// Destination topic.
-    pub topic: String,
-    /// Kafka key.
-    pub partition_key: String,
-    /// Failed attempts so far.
-    pub attempts: i32,
-    /// The broker's (or librdkafka's) last error.
-    pub last_error: Option<String>,
-    /// When the row was recorded.
-    pub created_at: DateTime<Utc>,
-    /// When the relay parked it.
-    pub parked_at: DateTime<Utc>,
-}
-
-/// Lists parked rows, oldest first, at most `limit`.
-///
-/// ```no_run
-/// # async fn run(pool: sqlx::PgPool) -> sqlx::Result<()> {
-/// for row in txoutbox_runtime::relay::parked(&pool, 100).await? {
-///     eprintln!("{} {} parked: {:?}", row.event_type, row.event_id, row.last_error);
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn parked(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<ParkedEvent>> {
-    sqlx::query_as(
-        "SELECT id, event_id, event_type, topic, partition_key, attempts, last_error,
-                created_at, parked_at
-         FROM outbox_event
-         WHERE published_at IS NULL AND parked_at IS NOT NULL AND discarded_at IS NULL
-         ORDER BY id LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(pool)
-    .await
-}
-
-/// Which parked rows [`retry_parked`] hands back to the relay.
-#[derive(Debug, Clone, Copy)]
-pub enum ParkedSelection<'a> {
-    /// Every parked row.
-    All,
-    /// The parked rows with these event ids (others are left alone).
-    EventIds(&'a [Uuid]),
-}
-
-/// Un-parks rows (resets `parked_at`, `attempts` and `next_attempt_at`; keeps
-/// `last_error` for the record) so the relay publishes them again, and returns
-/// how many. Rows an operator discarded (`outbox dead-letters discard`) stay
-/// parked. Fix the cause first (create the topic, raise the size limit).
-///
-/// A retried row is published after any later rows of its key that were
-/// published while it was parked: parking gives up per-key order for that row.
-///
-/// ```no_run
-/// # async fn run(pool: sqlx::PgPool) -> sqlx::Result<()> {
-/// use txoutbox_runtime::relay::{retry_parked, ParkedSelection};
-/// let n = retry_parked(&pool, ParkedSelection::All).await?;
-/// println!("{n} parked events will be published again");
-/// # Ok(()) }
-/// ```
-pub async fn retry_parked(pool: &PgPool, selection: ParkedSelection<'_>) -> sqlx::Result<u64> {
-    let ids: Option<&[Uuid]> = match selection {
-        ParkedSelection::All => None,
-        ParkedSelection::EventIds(ids) => Some(ids),
-    };
-    let done = sqlx::query(
-        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
-         WHERE published_at IS NULL AND parked_at IS NOT NULL AND discarded_at IS NULL
-           AND ($1::uuid[] IS NULL OR event_id = ANY($1))",
-    )
-    .bind(ids)
-    .execute(pool)
-    .await?;
-    if done.rows_affected() > 0 {
-        txoutbox_core::wakeup::notify_committed();
-    }
-    Ok(done.rows_affected())
 }
