@@ -109,7 +109,7 @@ async fn a_config_disabling_idempotence_is_refused() {
         assert!(matches!(err, RelayError::IdempotenceRequired { .. }));
         let text = err.to_string();
         assert!(
-            text.contains("R-DIST-IDEM-X2") && text.contains(key),
+            text.contains("enable.idempotence=true and acks=all") && text.contains(key),
             "{text}"
         );
     }
