@@ -70,7 +70,7 @@ fn every_dashboard_query_uses_a_documented_framework_metric_as_its_kind_allows()
 
 #[test]
 fn the_dashboard_shows_what_an_operator_needs() {
-    use txoutbox_runtime::consumer::metric_names as consumer;
+    use txoutbox_runtime::consumer::telemetry as consumer;
     use txoutbox_runtime::relay::telemetry as relay;
 
     let documented = documented();

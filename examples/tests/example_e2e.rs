@@ -18,7 +18,7 @@ use outbox_examples::setup::{Broker, connect_database};
 use serde_json::{Value, json};
 use sqlx::Connection;
 use support::dashboard::{Kind, documented, documented_metric, exposition_types, queried};
-use txoutbox_runtime::consumer::metric_names as consumer;
+use txoutbox_runtime::consumer::telemetry as consumer;
 use txoutbox_runtime::ops::status::Thresholds;
 use txoutbox_runtime::relay::{Relay, telemetry as relay};
 

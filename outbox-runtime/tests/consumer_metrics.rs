@@ -13,7 +13,7 @@ use consumer_support::*;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use sqlx::{PgPool, Postgres, Transaction};
 use txoutbox_core::DomainEvent;
-use txoutbox_runtime::consumer::{Consumer, event_handler, metric_names as m};
+use txoutbox_runtime::consumer::{Consumer, event_handler, telemetry as m};
 
 /// Keeps every counter and gauge, keyed by name and sorted labels.
 #[derive(Default, Clone)]

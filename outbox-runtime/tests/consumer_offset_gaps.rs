@@ -48,7 +48,7 @@ impl metrics::Recorder for GapCounter {
     ) {
     }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        if key.name() == txoutbox_runtime::consumer::metric_names::OFFSET_GAPS {
+        if key.name() == txoutbox_runtime::consumer::telemetry::OFFSET_GAPS {
             metrics::Counter::from_arc(self.0.clone())
         } else {
             metrics::Counter::noop()

@@ -22,7 +22,7 @@ use metrics::{
 };
 use sqlx::{PgPool, Postgres, Transaction};
 use txoutbox_core::DomainEvent;
-use txoutbox_runtime::consumer::{Consumer, Mode, event_handler, metric_names};
+use txoutbox_runtime::consumer::{Consumer, Mode, event_handler, telemetry as consumer_telemetry};
 use txoutbox_runtime::lifecycle::{Stopped, TASKS_FAILED};
 use txoutbox_runtime::relay::{Relay, telemetry};
 
@@ -34,7 +34,7 @@ struct Faulty {
     armed: Arc<AtomicBool>,
 }
 
-const POISONED: [&str; 2] = [metric_names::HANDLED, telemetry::LANES_OWNED];
+const POISONED: [&str; 2] = [consumer_telemetry::HANDLED, telemetry::LANES_OWNED];
 
 struct Count {
     value: AtomicU64,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use promql_parser::parser::{self, Expr};
-use txoutbox_runtime::consumer::metric_names as consumer;
+use txoutbox_runtime::consumer::telemetry as consumer;
 use txoutbox_runtime::lifecycle::TASKS_FAILED;
 use txoutbox_runtime::relay::telemetry as relay;
 

@@ -7,7 +7,7 @@ use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
 use rdkafka::statistics::Statistics;
 
-use super::metric_names as m;
+use super::telemetry as m;
 
 pub(crate) struct KafkaContext {
     pub(crate) group: String,

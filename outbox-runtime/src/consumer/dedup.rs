@@ -20,9 +20,9 @@ use uuid::Uuid;
 
 use super::handler::{Decoded, ErasedHandler};
 use super::message::{DeadLetterReason, Envelope};
-use super::metric_names as m;
 use super::route::{Routed, route};
 use super::shared::{Aside, Shared};
+use super::telemetry as m;
 
 struct Work {
     index: usize,

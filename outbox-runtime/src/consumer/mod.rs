@@ -80,7 +80,7 @@ pub use txoutbox_derive::event_handler;
 
 /// Names of the metrics the consumer records (through the `metrics` facade).
 /// Every metric carries a `group` label; per-message counters also `topic`.
-pub mod metric_names {
+pub mod telemetry {
     /// Counter: messages received from Kafka.
     pub const CONSUMED: &str = "outbox_consumer_messages_total";
     /// Counter: events whose handler ran and committed (label `event_type`).

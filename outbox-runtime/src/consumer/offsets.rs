@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 
-use super::metric_names as m;
+use super::telemetry as m;
 
 /// The offset expected next in each partition, to notice gaps (see
 /// [`m::OFFSET_GAPS`]). Forgotten at every rebalance: a partition assigned

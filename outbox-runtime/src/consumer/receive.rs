@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::config::Mode;
 use super::offsets::{Positions, Seen, next_offsets};
 use super::run::Consumer;
-use super::{ConsumerError, dedup, inbox, metric_names as m};
+use super::{ConsumerError, dedup, inbox, telemetry as m};
 
 impl Consumer {
     pub(super) async fn receive(self) -> Result<(), ConsumerError> {

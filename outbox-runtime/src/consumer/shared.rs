@@ -19,7 +19,7 @@ use super::config::Settings;
 use super::dlq::DeadLetters;
 use super::handler::{Dispatch, ErasedHandler, EventMeta, HandlerError};
 use super::message::DeadLetterReason;
-use super::metric_names as m;
+use super::telemetry as m;
 use crate::lifecycle::panic_message;
 
 /// State shared by the receiving loop and the inbox processors.

@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::super::handler::{ErasedHandler, EventMeta};
 use super::super::message::DeadLetterReason;
-use super::super::metric_names as m;
 use super::super::shared::Shared;
+use super::super::telemetry as m;
 
 pub(super) enum Claimed {
     /// Rows were claimed; there may be more.

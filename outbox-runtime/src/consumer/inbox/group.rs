@@ -5,8 +5,8 @@
 
 use uuid::Uuid;
 
-use super::super::metric_names as m;
 use super::super::shared::Shared;
+use super::super::telemetry as m;
 
 /// This consumer's entry in `inbox_processor`.
 pub(crate) struct Membership {

@@ -18,9 +18,9 @@ use std::time::Instant;
 
 use rdkafka::message::OwnedMessage;
 
-use super::metric_names as m;
 use super::route::{Routed, route};
 use super::shared::{Aside, Shared};
+use super::telemetry as m;
 
 pub(crate) use group::Membership;
 
