@@ -176,3 +176,25 @@ async fn registration_mistakes_fail_build(pool: PgPool) {
     let none = Consumer::builder(pool, kafka_config(), "g").build();
     assert!(matches!(none, Err(BuildError::NoHandlers)));
 }
+
+/// Dropping a consumer's handle stops it, as dropping a relay's does.
+#[sqlx::test(migrations = false)]
+async fn dropping_the_handle_stops_the_consumer(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(SeedPaid::TOPIC, 1).await;
+    let running = Consumer::builder(pool.clone(), kafka_config(), unique_group("drop"))
+        .handler(on_seed_paid)
+        .build()
+        .unwrap()
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(running.is_running());
+    let token = running.cancellation_token();
+    let stopped = running.stopped();
+    drop(running);
+    assert!(token.is_cancelled());
+    let stopped = tokio::time::timeout(Duration::from_secs(20), stopped)
+        .await
+        .expect("the consumer stops after its handle is dropped");
+    assert_eq!(stopped, txoutbox_runtime::lifecycle::Stopped::Requested);
+}

@@ -38,12 +38,18 @@ impl std::fmt::Debug for Consumer {
     }
 }
 
-/// A spawned consumer. Dropping it leaves the consumer running; call
-/// [`shutdown`](Self::shutdown) to stop it gracefully, and watch
-/// [`stopped`](Self::stopped) to learn if it ends on its own.
+/// A spawned consumer. Call [`shutdown`](Self::shutdown) to stop it
+/// gracefully, and watch [`stopped`](Self::stopped) to learn if it ends on
+/// its own.
+///
+/// Dropping the handle cancels the consumer's token, as a relay's handle
+/// does (like tokio-util's `DropGuard`): the consumer then stops as after
+/// `shutdown`, in the background. Keep the handle for as long as the consumer
+/// should run.
 pub struct ConsumerHandle {
     token: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
+    /// `None` once `shutdown` or `join` took it.
+    task: Option<tokio::task::JoinHandle<Result<(), ConsumerError>>>,
     lifecycle: Lifecycle,
 }
 
@@ -51,8 +57,20 @@ impl std::fmt::Debug for ConsumerHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsumerHandle")
             .field("cancelled", &self.token.is_cancelled())
-            .field("finished", &self.task.is_finished())
+            .field(
+                "finished",
+                &self.task.as_ref().is_none_or(|task| task.is_finished()),
+            )
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ConsumerHandle {
+    fn drop(&mut self) {
+        // After `join`, the task has ended already: nothing to cancel.
+        if self.task.is_some() {
+            self.token.cancel();
+        }
     }
 }
 
@@ -65,14 +83,22 @@ impl ConsumerHandle {
     /// Stops taking messages, finishes (or abandons, without storing its
     /// offsets) the batch in hand, commits the offsets of everything durably
     /// handled, and waits for the processors to finish their transactions.
-    pub async fn shutdown(self) -> Result<(), ConsumerError> {
+    pub async fn shutdown(mut self) -> Result<(), ConsumerError> {
         self.token.cancel();
-        self.task.await?
+        self.take_task().await?
     }
 
-    /// Waits until the consumer stops (after its token is cancelled or on a fatal error).
-    pub async fn join(self) -> Result<(), ConsumerError> {
-        self.task.await?
+    /// Waits until the consumer stops (after its token is cancelled or on a
+    /// fatal error), without asking it to. The handle is consumed but the
+    /// token is not cancelled while this waits.
+    pub async fn join(mut self) -> Result<(), ConsumerError> {
+        self.take_task().await?
+    }
+
+    fn take_task(&mut self) -> tokio::task::JoinHandle<Result<(), ConsumerError>> {
+        self.task
+            .take()
+            .expect("the task is taken only by shutdown or join")
     }
 
     /// Resolves when the consumer's task has ended: [`Stopped::Requested`]
@@ -199,7 +225,7 @@ impl Consumer {
         });
         ConsumerHandle {
             token,
-            task,
+            task: Some(task),
             lifecycle,
         }
     }
