@@ -104,7 +104,7 @@ pub fn init_logging() {
         // Warnings, plus what tells a broker's skipped record from ours:
         // the consumers' assignments and the offset gaps they saw.
         tracing_subscriber::EnvFilter::new(
-            "warn,txoutbox_runtime::consumer::context=info,txoutbox_runtime::consumer::offsets=debug",
+            "warn,txoutbox_runtime::consumer::client_context=info,txoutbox_runtime::consumer::offsets=debug",
         )
     });
     let _ = tracing_subscriber::fmt()
