@@ -20,7 +20,14 @@
 //! `Uuid::now_v7()`, or random with `v4`.
 //!
 //! `RELAY_BENCH_ROUNDS` [3] rounds of the throughput figures; ratios are
-//! taken within a round, and their medians printed. The benchmark works in its own databases `outbox_bench_relay`
+//! taken within a round, and their medians printed.
+//!
+//! Hot keys (after the figures above, or alone with `RELAY_BENCH_ONLY=keys`):
+//! each round drains the same backlog over each of `RELAY_BENCH_KEYS`
+//! [1000,10,1] keys, reads every topic back and checks each key's order;
+//! then `RELAY_BENCH_LATENCY_ROUNDS` [3] rounds of commit-to-publish latency
+//! at `RELAY_BENCH_RATE` over 100 and over 10 keys. Min / median / max of
+//! each figure, and of the ratios within a round. The benchmark works in its own databases `outbox_bench_relay`
 //! and `outbox_bench_relay_large` (dropped and recreated at start).
 //!
 //! Charts (`charts::dir()`, `docs/benchmarks/` unless `BENCH_CHARTS_DIR` is
@@ -110,6 +117,10 @@ async fn main() {
             "v4 (random)"
         }
     );
+    if std::env::var("RELAY_BENCH_ONLY").is_ok_and(|only| only == "keys") {
+        key_sweep(&bench, events, rounds, rate, latency_secs).await;
+        return;
+    }
     large.fill_published(published_rows).await;
 
     // The machine is shared: each round measures every contender back to
@@ -226,6 +237,106 @@ async fn main() {
         latency_chart.display(),
         drain_chart.display()
     );
+    key_sweep(&bench, events, rounds, rate, latency_secs).await;
+}
+
+/// The key counts of the hot-key sweep, the first being the reference
+/// (`RELAY_BENCH_KEYS`, comma-separated, [1000,10,1]).
+fn key_counts() -> Vec<i64> {
+    std::env::var("RELAY_BENCH_KEYS")
+        .unwrap_or_else(|_| "1000,10,1".into())
+        .split(',')
+        .map(|k| k.trim().parse().expect("RELAY_BENCH_KEYS: key counts"))
+        .collect()
+}
+
+/// `(min, median, max)`.
+fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (
+        sorted[0],
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1],
+    )
+}
+
+/// A few keys carrying all the traffic: each round drains the same backlog
+/// over each key count back to back (the topic read back and every key's
+/// order checked), and the throughput of each is compared with the first
+/// count's within the round. Then commit-to-publish latency at `rate` over
+/// 100 and over 10 keys, `RELAY_BENCH_LATENCY_ROUNDS` [3] rounds.
+async fn key_sweep(bench: &Bench, events: usize, rounds: usize, rate: usize, latency_secs: usize) {
+    let counts = key_counts();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); counts.len()];
+    for round in 1..=rounds {
+        let mut line = format!("hot keys, round {round}:");
+        for (i, &keys) in counts.iter().enumerate() {
+            let (drained, _, topic) = bench.relay_drain_keys(events, keys).await;
+            bench.check_order(&topic, events, keys).await;
+            rates[i].push(drained);
+            line += &format!(" {keys} keys {drained:.0}/s,");
+        }
+        println!(
+            "{} (every key read back in order, once)",
+            line.trim_end_matches(',')
+        );
+    }
+    for (i, &keys) in counts.iter().enumerate() {
+        let (lo, mid, hi) = spread(&rates[i]);
+        let ratios: Vec<f64> = (0..rounds)
+            .map(|r| 100.0 * rates[i][r] / rates[0][r])
+            .collect();
+        let (rlo, rmid, rhi) = spread(&ratios);
+        println!(
+            "relay drain over {keys:>5} keys: {lo:.0} / {mid:.0} / {hi:.0} events/s (min / median / max); \
+             vs {} keys in the same round: {rlo:.0}% / {rmid:.0}% / {rhi:.0}% (target >= 70%)",
+            counts[0]
+        );
+    }
+    let latency_rounds = env_usize("RELAY_BENCH_LATENCY_ROUNDS", 3).max(1);
+    let key_sets = [100usize, 10];
+    let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); key_sets.len()];
+    let mut p99s: Vec<Vec<f64>> = vec![Vec::new(); key_sets.len()];
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for round in 1..=latency_rounds {
+        let mut line = format!("latency round {round}:");
+        // Alternate which goes first, so a drift of the machine's load
+        // does not favour one.
+        let order: Vec<usize> = if round % 2 == 1 {
+            vec![0, 1]
+        } else {
+            vec![1, 0]
+        };
+        for i in order {
+            let keys = key_sets[i];
+            let latency = bench.latency_keys(rate, latency_secs, keys).await;
+            p50s[i].push(ms(latency.publish_p50));
+            p99s[i].push(ms(latency.publish_p99));
+            line += &format!(
+                " {keys} keys at {:.0}/s p50 {:.1} ms p99 {:.1} ms,",
+                latency.rate,
+                ms(latency.publish_p50),
+                ms(latency.publish_p99)
+            );
+        }
+        println!("{}", line.trim_end_matches(','));
+    }
+    for (i, keys) in key_sets.iter().enumerate() {
+        let (lo50, mid50, hi50) = spread(&p50s[i]);
+        let (lo99, mid99, hi99) = spread(&p99s[i]);
+        println!(
+            "commit-to-publish at {rate}/s over {keys:>3} keys: p50 {lo50:.1} / {mid50:.1} / {hi50:.1} ms, \
+             p99 {lo99:.1} / {mid99:.1} / {hi99:.1} ms (min / median / max)"
+        );
+    }
+    let ratios: Vec<f64> = (0..latency_rounds)
+        .map(|r| p99s[1][r] / p99s[0][r])
+        .collect();
+    let (lo, mid, hi) = spread(&ratios);
+    println!(
+        "p99 over 10 keys / over 100 keys, same round: {lo:.2} / {mid:.2} / {hi:.2} (target <= 1, no worse)"
+    );
 }
 
 /// The value at quantile `q` of sorted `values`.
@@ -325,6 +436,12 @@ impl Bench {
     /// Inserts `n` unpublished events (about 250 bytes of JSON each) over
     /// `KEYS` keys, with `published` true for already-published filler rows.
     async fn insert(&self, topic: &str, n: usize, published: bool) {
+        self.insert_keys(topic, n, published, KEYS).await;
+    }
+
+    /// [`insert`](Self::insert) over `keys` keys: event `g` (1..=n, in id
+    /// order) has key `order-{g % keys}` and `amount` `g`.
+    async fn insert_keys(&self, topic: &str, n: usize, published: bool, keys: i64) {
         // In chunks, so a 5M-row fill does not become one giant transaction.
         // Ten events per millisecond: history rows end now, a backlog starts
         // now, so ids grow in insertion order as they would in production.
@@ -353,7 +470,7 @@ impl Bench {
             )
             .bind(chunk as i64)
             .bind(topic)
-            .bind(KEYS)
+            .bind(keys)
             .bind(published)
             .bind(v7_event_ids())
             .bind(first_ms + (done / 10) as i64)
@@ -382,9 +499,17 @@ impl Bench {
 
     /// Spawns a relay over a backlog of `n` events and times until all are marked.
     async fn relay_drain(&self, n: usize) -> f64 {
+        let (rate, samples, _) = self.relay_drain_keys(n, KEYS).await;
+        self.drains.lock().unwrap().push(samples);
+        rate
+    }
+
+    /// [`relay_drain`](Self::relay_drain) over `keys` keys; also returns the
+    /// throughput samples and the topic.
+    async fn relay_drain_keys(&self, n: usize, keys: i64) -> (f64, Vec<(f64, f64)>, String) {
         self.truncate().await;
         let topic = self.topic("drain").await;
-        self.insert(&topic, n, false).await;
+        self.insert_keys(&topic, n, false, keys).await;
         let started = Instant::now();
         let relay = self.relay();
         let mut samples = vec![(0.0, 0.0)];
@@ -400,9 +525,8 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let elapsed = started.elapsed();
-        self.drains.lock().unwrap().push(samples);
         relay.shutdown().await;
-        n as f64 / elapsed.as_secs_f64()
+        (n as f64 / elapsed.as_secs_f64(), samples, topic)
     }
 
     /// The seed's loop: claim a batch, then for each row send-and-wait and
@@ -538,6 +662,11 @@ impl Bench {
     /// the in-process wake-up, as the handler does); a consumer notes when each
     /// arrives.
     async fn latency(&self, rate: usize, secs: usize) -> Latency {
+        self.latency_keys(rate, secs, 100).await
+    }
+
+    /// [`latency`](Self::latency) over `keys` keys.
+    async fn latency_keys(&self, rate: usize, secs: usize, keys: usize) -> Latency {
         self.truncate().await;
         let topic = self.topic("latency").await;
         let total = rate * secs;
@@ -576,7 +705,7 @@ impl Bench {
                              VALUES ($1, 'Order', $2, 'OrderCreated', $3, $4, $2)",
                         )
                         .bind(id)
-                        .bind(format!("order-{}", seq % 100))
+                        .bind(format!("order-{}", seq % keys))
                         .bind(serde_json::json!({"event_id": id, "seq": seq}))
                         .bind(&topic)
                         .execute(&pool)
@@ -700,6 +829,24 @@ impl Bench {
         latencies
     }
 
+    /// Reads `topic` back (all `n` events, every partition) and checks that
+    /// every one of the `keys` keys came in order (`amount` is the insertion
+    /// order), each event once; panics otherwise.
+    async fn check_order(&self, topic: &str, n: usize, keys: i64) {
+        let (brokers, topic) = (self.brokers.clone(), topic.to_owned());
+        let records = tokio::task::spawn_blocking(move || read_back(&brokers, &topic, n))
+            .await
+            .unwrap();
+        assert_eq!(records.len(), n, "every event read back once");
+        let mut last: HashMap<String, i64> = HashMap::new();
+        for (key, amount) in records {
+            if let Some(previous) = last.insert(key.clone(), amount) {
+                assert!(previous < amount, "{key}: {amount} after {previous}");
+            }
+        }
+        assert_eq!(last.len() as i64, keys.min(n as i64), "every key");
+    }
+
     /// Adds `n` already-published rows (as months of traffic would leave).
     async fn fill_published(&self, n: usize) {
         let started = Instant::now();
@@ -719,6 +866,49 @@ fn idempotent(brokers: &str) -> ClientConfig {
         .set("acks", "all")
         .set("message.timeout.ms", "30000");
     config
+}
+
+/// Reads every partition of `topic` from the start until `total` records
+/// came (then 0.5 s more, for extra copies); returns `(key, amount)` in each
+/// partition's offset order, partitions one after the other.
+fn read_back(brokers: &str, topic: &str, total: usize) -> Vec<(String, i64)> {
+    let consumer: BaseConsumer = kafka(brokers)
+        .set("group.id", format!("bench-{}", Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        assignment
+            .add_partition_offset(topic, partition, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let mut records: Vec<(i32, i64, String, i64)> = Vec::with_capacity(total);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut grace: Option<Instant> = None;
+    while Instant::now() < grace.unwrap_or(deadline) {
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message.unwrap();
+        let value: serde_json::Value = serde_json::from_slice(message.payload().unwrap()).unwrap();
+        let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
+        records.push((
+            message.partition(),
+            message.offset(),
+            key,
+            value["amount"].as_i64().unwrap(),
+        ));
+        if records.len() >= total && grace.is_none() {
+            grace = Some(Instant::now() + Duration::from_millis(500));
+        }
+    }
+    records.sort_by_key(|(partition, offset, _, _)| (*partition, *offset));
+    records
+        .into_iter()
+        .map(|(_, _, key, amount)| (key, amount))
+        .collect()
 }
 
 /// Reads the topic until `total` records arrived; returns (seq, arrival) pairs.

@@ -49,6 +49,21 @@ async fn relay_kill9_under_load() {
     run_and_check(s).await;
 }
 
+/// Issue 18: a few hot keys (3 keys, so each key has many rows in flight at
+/// once, sent behind each other without waiting for acknowledgements) while
+/// relays are killed: per-key order survives, duplicates stay within the
+/// batches in flight of the killed relays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_keys_under_relay_kill_keep_order() {
+    let mut s = Scenario::new("hot_keys_kill9", load());
+    s.keys = 3;
+    s.relays = 2;
+    s.fault = Fault::KillRelays {
+        every: scaled(1_500),
+    };
+    run_and_check(s).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_kill9_between_db_commit_and_offset_commit() {
     let mut s = Scenario::new("consumer_kill9", load());

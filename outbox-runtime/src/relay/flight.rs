@@ -57,6 +57,8 @@ pub(crate) struct Batch {
     pub partitions: Vec<Option<i32>>,
     pub started: Instant,
     pub span: Span,
+    /// The producer it was sent through (`Publisher::generation`).
+    generation: u64,
     seq: u64,
     outstanding: usize,
     deadline: Instant,
@@ -98,6 +100,8 @@ pub(crate) struct Enqueued {
     pub sent: Vec<(usize, DeliveryFuture, bool)>,
     pub started: Instant,
     pub span: Span,
+    /// The producer it was sent through (`Publisher::generation`).
+    pub generation: u64,
 }
 
 impl Enqueued {
@@ -148,7 +152,7 @@ impl Flight {
         batches.chain(stragglers).collect()
     }
 
-    /// Keys of every row in flight: a later row of one of them is not sent.
+    /// Keys of every row in flight.
     pub(crate) fn keys(&self) -> HashSet<String> {
         let batches = self.batches.iter().flat_map(|b| b.rows.iter());
         let stragglers = self.stragglers.values().map(|s| &s.row);
@@ -156,6 +160,34 @@ impl Flight {
             .chain(stragglers)
             .map(|row| row.partition_key.clone())
             .collect()
+    }
+
+    /// Keys whose later rows must not be sent yet, because order could
+    /// break (docs/relay.md, "Per-key order within one relay"): a row of
+    /// the key in flight that went out through an earlier producer than
+    /// `generation` (rebuilt since), that is known not to be delivered
+    /// (failed, held, not sent), or that is late (a straggler). A key whose
+    /// rows in flight are merely unanswered or delivered is not held: its
+    /// later rows follow them through the same idempotent producer.
+    pub(crate) fn held_keys(&self, generation: u64) -> HashSet<String> {
+        let mut held = HashSet::new();
+        for batch in &self.batches {
+            let old = batch.generation != generation;
+            for (row, outcome) in batch.rows.iter().zip(&batch.outcomes) {
+                let hold = match outcome {
+                    None => old,
+                    Some(Outcome::Delivered) => false,
+                    Some(_) => true,
+                };
+                if hold {
+                    held.insert(row.partition_key.clone());
+                }
+            }
+        }
+        for straggler in self.stragglers.values() {
+            held.insert(straggler.row.partition_key.clone());
+        }
+        held
     }
 
     /// Whether any delivery report came in since `since`.
@@ -192,6 +224,7 @@ impl Flight {
             partitions: batch.predicted,
             started: batch.started,
             span: batch.span,
+            generation: batch.generation,
             seq,
             outstanding,
             deadline,
@@ -363,5 +396,78 @@ impl Flight {
             next_seq: self.next_seq,
             ..Self::default()
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: i64, key: &str) -> ClaimedRow {
+        ClaimedRow {
+            id,
+            event_id: uuid::Uuid::nil(),
+            aggregate_type: "Order".into(),
+            aggregate_id: key.into(),
+            event_type: "OrderCreated".into(),
+            payload: "{}".into(),
+            topic: "t".into(),
+            partition_key: key.into(),
+            traceparent: None,
+            attempts: 0,
+        }
+    }
+
+    fn enqueued(
+        rows: Vec<ClaimedRow>,
+        outcomes: Vec<Option<Outcome>>,
+        generation: u64,
+    ) -> Enqueued {
+        Enqueued {
+            predicted: vec![None; rows.len()],
+            rows,
+            outcomes,
+            sent: Vec::new(),
+            started: Instant::now(),
+            span: Span::none(),
+            generation,
+        }
+    }
+
+    fn sorted(keys: HashSet<String>) -> Vec<String> {
+        let mut keys: Vec<String> = keys.into_iter().collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn keys_in_flight_are_held_only_where_order_could_break() {
+        let mut flight = Flight::default();
+        // Awaiting its report on the current producer: not held. Delivered:
+        // not held. Failed, or not sent: held.
+        flight.add(
+            enqueued(
+                vec![
+                    row(1, "pending"),
+                    row(2, "delivered"),
+                    row(3, "failed"),
+                    row(4, "held"),
+                ],
+                vec![
+                    None,
+                    Some(Outcome::Delivered),
+                    Some(Outcome::Unavailable("timed out".into())),
+                    Some(Outcome::Held),
+                ],
+                0,
+            ),
+            Duration::from_secs(30),
+        );
+        assert_eq!(sorted(flight.held_keys(0)), ["failed", "held"]);
+        // After a rebuild, a row still awaiting its report from the old
+        // producer holds its key; a delivered one does not.
+        assert_eq!(sorted(flight.held_keys(1)), ["failed", "held", "pending"]);
+        // Every key in flight, for the rows of unavailable partitions.
+        assert_eq!(flight.keys().len(), 4);
     }
 }

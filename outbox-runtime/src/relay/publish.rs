@@ -19,8 +19,9 @@ use super::store::ClaimedRow;
 pub(crate) enum Outcome {
     /// The broker acknowledged it (`acks=all`).
     Delivered,
-    /// Not sent: an earlier row of its key failed in this batch or is still
-    /// in flight. Claimed again later.
+    /// Not sent: an earlier row of its key failed in this batch, or is in
+    /// flight and failed, late, or sent through a producer since rebuilt.
+    /// Claimed again later.
     Held,
     /// Not sent: its partition is unavailable (leader down). Held back in the
     /// database for `hold` (`next_attempt_at`), not counted as an attempt.
@@ -45,12 +46,19 @@ pub(crate) enum Outcome {
 pub(crate) struct Publisher {
     config: ClientConfig,
     producer: FutureProducer,
+    /// Counts rebuilds: rows sent through an earlier producer hold their
+    /// keys until they settle (see `Flight::held_keys`).
+    generation: u64,
 }
 
 impl Publisher {
     pub(crate) fn new(config: ClientConfig) -> Result<Self, KafkaError> {
         let producer = config.create()?;
-        Ok(Self { config, producer })
+        Ok(Self {
+            config,
+            producer,
+            generation: 0,
+        })
     }
 
     /// The partitioner librdkafka uses for keyed records with this configuration.
@@ -62,6 +70,11 @@ impl Publisher {
         &self.producer
     }
 
+    /// Which producer is current: a new number after every rebuild.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// A fatal error leaves librdkafka's idempotent producer unusable (e.g. a
     /// sequence gap it cannot resolve); the cure is a new producer, whose
     /// fresh producer id restarts the sequence. Returns the error if it rebuilt.
@@ -70,6 +83,7 @@ impl Publisher {
             return Ok(None);
         };
         self.producer = self.config.create()?;
+        self.generation += 1;
         Ok(Some(format!("{code:?}: {reason}")))
     }
 
@@ -78,6 +92,7 @@ impl Publisher {
     /// flight then, and a restarted broker may have forgotten our producer id.
     pub(crate) fn rebuild(&mut self) -> Result<(), KafkaError> {
         self.producer = self.config.create()?;
+        self.generation += 1;
         Ok(())
     }
 

@@ -37,8 +37,8 @@ pub(crate) struct Worker {
     pub totals: Arc<Totals>,
     pub cancel: CancellationToken,
     pub wakeup: Wakeups,
-    /// Set when every row of a claimed batch was held back behind a batch in
-    /// flight: no further claim until a batch settles.
+    /// Set when every row of a claimed batch was held (see
+    /// `Flight::held_keys`): no further claim until a batch settles.
     pub claim_blocked: bool,
     /// Batches and stragglers handed to the producer, not settled yet.
     pub flight: Flight,
@@ -487,14 +487,14 @@ impl Worker {
             rejected = field::Empty,
             unavailable = field::Empty,
         );
-        let held_keys = self.flight.keys();
+        let held_keys = self.flight.held_keys(self.publisher.generation());
         let batch = self
             .enqueue(rows, &held_keys, started, span.clone())
             .instrument(span)
             .await;
-        // Rows of keys still in flight are not sent. If that was all of
-        // them, claiming again before something settles would find the same
-        // rows (with few keys, a backlog spins on them), so wait for a settle.
+        // Rows of held keys are not sent. If that was all of them, claiming
+        // again before something settles would find the same rows, so wait
+        // for a settle.
         self.claim_blocked = !batch.needs_settling();
         if self.claim_blocked {
             return Ok(0);
@@ -505,13 +505,16 @@ impl Worker {
     }
 
     /// Enqueues every row, in order, and returns at once: the deliveries
-    /// proceed while the relay claims its next batch. A row is not sent if
-    /// its key is in `held_keys` (still in flight) or had an earlier row fail
-    /// to enqueue or be held back here: a later event of a key never goes out
-    /// while an earlier one may still fail. The first row of a key of a
+    /// proceed while the relay claims its next batch. A row whose key has
+    /// earlier rows in flight follows them through the same idempotent
+    /// producer, which keeps them in order. A row is not sent if its key is
+    /// in `held_keys` (an earlier row failed, is late, or went out through a
+    /// producer since rebuilt: see `Flight::held_keys`) or had an earlier row
+    /// fail to enqueue or be held back here. The first row of a key of a
     /// partition known to be unavailable is held back in the database (unless
-    /// it is the partition's one probe), which keeps the key's later rows out
-    /// of claims; the key's later rows of this claim just wait.
+    /// it is the partition's one probe, and only if no row of its key is in
+    /// flight), which keeps the key's later rows out of claims; the key's
+    /// later rows of this claim just wait.
     async fn enqueue(
         &mut self,
         rows: Vec<ClaimedRow>,
@@ -525,6 +528,13 @@ impl Worker {
         let mut sent = Vec::with_capacity(rows.len());
         let mut failed_keys: HashSet<&str> = HashSet::new();
         let any_down = self.partitions.unavailable() > 0;
+        // Only needed to hold back rows of unavailable partitions.
+        let in_flight_keys = if any_down {
+            self.flight.keys()
+        } else {
+            HashSet::new()
+        };
+        let generation = self.publisher.generation();
         for (index, row) in rows.iter().enumerate() {
             let key = row.partition_key.as_str();
             let partition = self.partitions.predict(&row.topic, key);
@@ -534,15 +544,17 @@ impl Worker {
                 .map(|p| (row.topic.clone(), p));
             let down = tp.as_ref().is_some_and(|tp| self.partitions.is_down(tp));
             // An earlier row of the key in this claim failed or was held
-            // back: this one waits, unwritten (once the earlier one's hold is
-            // recorded, the claim skips the key's later rows).
-            let in_flight = held_keys.contains(key);
-            if failed_keys.contains(key) || (in_flight && !down) {
+            // back, or one in flight makes order uncertain: this one waits,
+            // unwritten (once the earlier one's hold is recorded, the claim
+            // skips the key's later rows).
+            let held = held_keys.contains(key);
+            if failed_keys.contains(key) || (held && !down) {
                 outcomes[index] = Some(Outcome::Held);
                 continue;
             }
+            let in_flight = held || in_flight_keys.contains(key);
             let route = match &tp {
-                Some(_) if in_flight => Route::HoldBack,
+                Some(_) if down && in_flight => Route::HoldBack,
                 Some((topic, partition)) => self.partitions.route(topic, *partition, row.id),
                 None => Route::Send,
             };
@@ -573,6 +585,7 @@ impl Worker {
             sent,
             started,
             span,
+            generation,
         }
     }
 
