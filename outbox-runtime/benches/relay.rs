@@ -22,6 +22,9 @@
 //! `RELAY_BENCH_ROUNDS` [3] rounds of the throughput figures; ratios are
 //! taken within a round, and their medians printed.
 //!
+//! Latency under load (alone, `RELAY_BENCH_ONLY=latency`): commit-to-publish
+//! and the broker floor at each rate of `RELAY_BENCH_RATES` [1000,5000,10000].
+//!
 //! Hot keys (after the figures above, or alone with `RELAY_BENCH_ONLY=keys`):
 //! each round drains the same backlog over each of `RELAY_BENCH_KEYS`
 //! [1000,10,1] keys, reads every topic back and checks each key's order;
@@ -119,6 +122,10 @@ async fn main() {
     );
     if std::env::var("RELAY_BENCH_ONLY").is_ok_and(|only| only == "keys") {
         key_sweep(&bench, events, rounds, rate, latency_secs).await;
+        return;
+    }
+    if std::env::var("RELAY_BENCH_ONLY").is_ok_and(|only| only == "latency") {
+        latency_sweep(&bench, latency_secs).await;
         return;
     }
     large.fill_published(published_rows).await;
@@ -425,6 +432,33 @@ async fn bench_database(name: &'static str) -> PgPool {
     .await
     .unwrap();
     pool
+}
+
+/// Commit-to-publish latency at each rate of `RELAY_BENCH_RATES` [1000,
+/// 5000, 10000] events/s (100 keys), each with the broker floor measured
+/// right after it: what a user sees as the load grows. A rate the machine
+/// cannot sustain shows as a lower achieved rate and a growing latency.
+async fn latency_sweep(bench: &Bench, secs: usize) {
+    let rates: Vec<usize> = std::env::var("RELAY_BENCH_RATES")
+        .unwrap_or_else(|_| "1000,5000,10000".into())
+        .split(',')
+        .map(|r| r.trim().parse().expect("RELAY_BENCH_RATES: numbers"))
+        .collect();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("| target rate | achieved | commit-to-publish p50 / p99 | broker floor p50 / p99 |");
+    println!("| --- | --- | --- | --- |");
+    for rate in rates {
+        let latency = bench.latency(rate, secs).await;
+        let floor = bench.broker_floor(rate, secs).await;
+        println!(
+            "| {rate}/s | {:.0}/s | {:.1} / {:.1} ms | {:.1} / {:.1} ms |",
+            latency.rate,
+            ms(latency.publish_p50),
+            ms(latency.publish_p99),
+            ms(pick(&floor, 0.50)),
+            ms(pick(&floor, 0.99)),
+        );
+    }
 }
 
 /// Whether event ids are time-ordered (v7, default) or random (v4).
