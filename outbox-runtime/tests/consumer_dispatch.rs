@@ -182,11 +182,11 @@ async fn registration_mistakes_fail_build(pool: PgPool) {
 async fn dropping_the_handle_stops_the_consumer(pool: PgPool) {
     prepare_db(&pool).await;
     create_topic(SeedPaid::TOPIC, 1).await;
+    // `spawn()` on the builder is `build()?.spawn()`, as for a relay.
     let running = Consumer::builder(pool.clone(), kafka_config(), unique_group("drop"))
         .handler(on_seed_paid)
-        .build()
-        .unwrap()
-        .spawn();
+        .spawn()
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(running.is_running());
     let token = running.cancellation_token();

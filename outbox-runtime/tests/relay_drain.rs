@@ -114,3 +114,31 @@ async fn a_config_disabling_idempotence_is_refused() {
         );
     }
 }
+
+/// builder -> build -> run(token) on the caller's task, as a consumer runs:
+/// the relay drains until its token is cancelled and returns its totals.
+#[sqlx::test(migrations = false)]
+async fn a_built_relay_runs_on_the_callers_task_until_its_token_is_cancelled(pool: PgPool) {
+    migrated(&pool).await;
+    let brokers = brokers();
+    let topic = unique_topic("run");
+    create_topic(&brokers, &topic, 2).await;
+    let events: Vec<NewEvent> = (0..300)
+        .map(|i| NewEvent::new(&topic, format!("k-{}", i % 10), i))
+        .collect();
+    insert(&pool, &events).await;
+    let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
+        .build()
+        .unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(relay.run(token.clone()));
+    all_published(&pool, Duration::from_secs(20)).await;
+    token.cancel();
+    let summary = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the relay stops once its token is cancelled")
+        .unwrap()
+        .expect("a clean stop");
+    assert!(summary.clean);
+    assert_eq!(summary.published, 300);
+}

@@ -249,6 +249,12 @@ impl ConsumerBuilder {
         self
     }
 
+    /// `build()?.spawn()`: checks the handlers and settings, creates the
+    /// Kafka consumer and starts it on a new tokio task.
+    pub fn spawn(self) -> Result<super::ConsumerHandle, BuildError> {
+        Ok(self.build()?.spawn())
+    }
+
     /// Checks the registrations and creates the Kafka clients.
     ///
     /// The Kafka configuration you passed is used as given except for these

@@ -238,16 +238,23 @@ impl RelayBuilder {
         self
     }
 
-    /// Validates the configuration, creates the producer and starts the relay
-    /// as a tokio task. Must be called inside a tokio runtime.
+    /// Validates the configuration and creates the producer: a [`Relay`]
+    /// to [`spawn`](Relay::spawn) or [`run`](Relay::run).
     ///
-    /// Fails if the Kafka configuration disables idempotence or weakens `acks`
-    /// (the relay's producer is always idempotent with `acks=all`), if a tuning value is out of range, or if
-    /// librdkafka refuses the configuration.
-    pub fn spawn(self) -> Result<RelayHandle, RelayError> {
+    /// Fails if the Kafka configuration disables idempotence or weakens
+    /// `acks` (the relay's producer is always idempotent with `acks=all`), if
+    /// a tuning value is out of range, or if librdkafka refuses the
+    /// configuration.
+    pub fn build(self) -> Result<Relay, RelayError> {
         validate(&self.config)?;
         let kafka = producer_config(&self.kafka, &self.config)?;
-        Relay::start(self.pool, kafka, self.config)
+        Relay::new(self.pool, kafka, self.config)
+    }
+
+    /// `build()?.spawn()`: validates, creates the producer and starts the
+    /// relay as a tokio task. Must be called inside a tokio runtime.
+    pub fn spawn(self) -> Result<RelayHandle, RelayError> {
+        Ok(self.build()?.spawn())
     }
 }
 

@@ -76,10 +76,27 @@ pub(crate) use publish::{WireRow, wire_headers};
 use telemetry::Totals;
 use worker::{Wakeups, Worker};
 
-/// Entry point of the relay; see [`Relay::builder`].
-#[derive(Debug)]
+/// A relay ready to run: its configuration checked and its producer created.
+///
+/// The same shape as a consumer: [`Relay::builder`] → [`RelayBuilder::build`]
+/// → [`spawn`](Self::spawn) (a task and its [`RelayHandle`]) or
+/// [`run`](Self::run) (on the current task until a token is cancelled).
+/// [`RelayBuilder::spawn`] is `build()?.spawn()` in one call.
 pub struct Relay {
-    _private: (),
+    pool: PgPool,
+    config: RelayConfig,
+    publisher: Publisher,
+    partitions: Partitions,
+}
+
+/// Shows the configuration (the librdkafka settings are in the builder's
+/// `Debug`, with secrets redacted).
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Relay {
@@ -101,37 +118,76 @@ impl Relay {
         RelayBuilder::new(pool, kafka)
     }
 
-    fn start(
+    /// Creates the producer; the configuration was validated by the builder.
+    pub(crate) fn new(
         pool: PgPool,
         kafka: ClientConfig,
         config: RelayConfig,
-    ) -> Result<RelayHandle, RelayError> {
+    ) -> Result<Self, RelayError> {
         let publisher = Publisher::new(kafka)?;
         let partitions = Partitions::new(
             publisher.partitioner(),
             config.delivery_timeout,
             (config.error_backoff_initial, config.error_backoff_max),
         );
-        let cancel = CancellationToken::new();
-        let totals = Arc::new(Totals::default());
-        let shutdown_timeout = config.shutdown_timeout;
-        let remote = config.listen_notify.then(|| {
-            let wake = Arc::new(tokio::sync::Notify::new());
-            notify::spawn_listener(&pool, Arc::clone(&wake), cancel.child_token());
-            wake
-        });
-        let worker = Worker {
+        Ok(Self {
             pool,
-            lanes: lanes::Lanes::new(&config),
             config,
             publisher,
-            totals: Arc::clone(&totals),
-            cancel: cancel.clone(),
+            partitions,
+        })
+    }
+
+    /// The relay's loop, stopped by `cancel`, counting into `totals`.
+    fn worker(self, cancel: CancellationToken, totals: Arc<Totals>) -> Worker {
+        let remote = self.config.listen_notify.then(|| {
+            let wake = Arc::new(tokio::sync::Notify::new());
+            notify::spawn_listener(&self.pool, Arc::clone(&wake), cancel.child_token());
+            wake
+        });
+        Worker {
+            pool: self.pool,
+            lanes: lanes::Lanes::new(&self.config),
+            config: self.config,
+            publisher: self.publisher,
+            totals,
+            cancel,
             wakeup: Wakeups::new(txoutbox_core::wakeup::listener(), remote),
             claim_blocked: false,
             flight: Flight::default(),
-            partitions,
-        };
+            partitions: self.partitions,
+        }
+    }
+
+    /// Runs the relay on the current task until `token` is cancelled (then
+    /// it stops as [`RelayHandle::shutdown`] does, without a time limit), and
+    /// returns its totals; an error if it ended on its own (see
+    /// [`RelayHandle::stopped`]). For supervisors that own their tasks, e.g.
+    /// in a `JoinSet`.
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::relay::RelayError> {
+    /// let mut kafka = rdkafka::ClientConfig::new();
+    /// kafka.set("bootstrap.servers", "localhost:9092");
+    /// let relay = txoutbox_runtime::relay::Relay::builder(pool, kafka).build()?;
+    /// let token = tokio_util::sync::CancellationToken::new();
+    /// let summary = relay.run(token.child_token()).await?;
+    /// println!("published {}", summary.published);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run(self, token: CancellationToken) -> Result<RelaySummary, RelayError> {
+        let totals = Arc::new(Totals::default());
+        self.worker(token, Arc::clone(&totals)).run().await?;
+        Ok(totals.summary(true))
+    }
+
+    /// Starts the relay on a new tokio task. Must be called inside a tokio
+    /// runtime.
+    pub fn spawn(self) -> RelayHandle {
+        let cancel = CancellationToken::new();
+        let totals = Arc::new(Totals::default());
+        let shutdown_timeout = self.config.shutdown_timeout;
+        let worker = self.worker(cancel.clone(), Arc::clone(&totals));
         let lifecycle = Lifecycle::new();
         let task = tokio::spawn({
             let (lifecycle, cancel) = (lifecycle.clone(), cancel.clone());
@@ -149,13 +205,13 @@ impl Relay {
                 lifecycle.finish(stopped, &[("task", "relay".to_owned())]);
             }
         });
-        Ok(RelayHandle {
+        RelayHandle {
             cancel,
             task: Some(task),
             totals,
             shutdown_timeout,
             lifecycle,
-        })
+        }
     }
 }
 
@@ -224,15 +280,7 @@ impl RelayHandle {
 
     /// The totals so far, while the relay runs (`clean` is `true`).
     pub fn summary(&self) -> RelaySummary {
-        RelaySummary {
-            published: Totals::get(&self.totals.published),
-            parked: Totals::get(&self.totals.parked),
-            held_back: Totals::get(&self.totals.held_back),
-            batches: Totals::get(&self.totals.batches),
-            errors: Totals::get(&self.totals.errors),
-            producer_rebuilds: Totals::get(&self.totals.producer_rebuilds),
-            clean: true,
-        }
+        self.totals.summary(true)
     }
 
     /// Resolves when the relay's task has ended: [`Stopped::Requested`] after

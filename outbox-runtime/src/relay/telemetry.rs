@@ -58,4 +58,17 @@ impl Totals {
     pub(crate) fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
+
+    /// The totals so far as a summary.
+    pub(crate) fn summary(&self, clean: bool) -> super::RelaySummary {
+        super::RelaySummary {
+            published: Self::get(&self.published),
+            parked: Self::get(&self.parked),
+            held_back: Self::get(&self.held_back),
+            batches: Self::get(&self.batches),
+            errors: Self::get(&self.errors),
+            producer_rebuilds: Self::get(&self.producer_rebuilds),
+            clean,
+        }
+    }
 }
