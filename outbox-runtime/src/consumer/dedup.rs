@@ -271,11 +271,8 @@ enum Step {
 /// with `last_error`).
 async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: String) -> One {
     let mut attempts = failed_before;
-    if attempts >= ctx.settings.max_attempts {
-        return One::DeadLetter(format!(
-            "handler `{}` failed {attempts} times; last error: {last_error}",
-            w.handler.name()
-        ));
+    if let Some(give_up) = out_of_attempts(ctx, w, attempts, &last_error) {
+        return give_up;
     }
     if !ctx.pause(ctx.settings.backoff(attempts)).await {
         return One::Interrupted;
@@ -326,11 +323,8 @@ async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: 
                     continue;
                 }
                 attempts += 1;
-                if attempts >= ctx.settings.max_attempts {
-                    return One::DeadLetter(format!(
-                        "handler `{}` failed {attempts} times; last error: {error}",
-                        w.handler.name()
-                    ));
+                if let Some(give_up) = out_of_attempts(ctx, w, attempts, &error) {
+                    return give_up;
                 }
                 if !ctx.pause(ctx.settings.backoff(attempts)).await {
                     return One::Interrupted;
@@ -338,4 +332,14 @@ async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: 
             }
         }
     }
+}
+
+/// The dead-letter verdict once `attempts` failed attempts reached the bound.
+fn out_of_attempts(ctx: &Shared, w: &Work, attempts: u32, last_error: &str) -> Option<One> {
+    (attempts >= ctx.settings.max_attempts).then(|| {
+        One::DeadLetter(format!(
+            "handler `{}` failed {attempts} times; last error: {last_error}",
+            w.handler.name()
+        ))
+    })
 }
