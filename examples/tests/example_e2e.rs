@@ -4,47 +4,28 @@
 //! metrics the Grafana dashboard queries come out of the exporter under the
 //! names and types the dashboard expects.
 
+#[path = "support/databases.rs"]
+mod databases;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use databases::{demo_databases, drop_databases, server_url};
 use outbox_examples::demo::{Demo, DemoConfig};
 use outbox_examples::observability::{self, Liveness, Readiness};
 use outbox_examples::orders::{self, OrdersService, parse_create_order};
 use outbox_examples::service::{HttpServer, Tuning};
 use outbox_examples::setup::{Broker, connect_database};
 use serde_json::{Value, json};
-use sqlx::Connection;
 use support::dashboard::{Kind, documented, documented_metric, exposition_types, queried};
 use txoutbox_runtime::consumer::telemetry as consumer;
 use txoutbox_runtime::ops::status::Thresholds;
 use txoutbox_runtime::relay::{Relay, telemetry as relay};
 
-fn server_url() -> String {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (set in .cargo/config.toml)");
-    // Scheme, credentials and host of `postgres://user@host:port/db`: the demo
-    // names its own databases.
-    let (server, _database) = url.rsplit_once('/').expect("DATABASE_URL names a database");
-    server.to_owned()
-}
-
 fn brokers() -> String {
     std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-async fn drop_databases(server: &str, name: &str) {
-    let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
-        .await
-        .unwrap();
-    for suffix in ["_orders", "_payments"] {
-        let sql = format!("DROP DATABASE IF EXISTS \"{name}{suffix}\" WITH (FORCE)");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-    }
 }
 
 /// `GET http://addr/path`: status and body.
@@ -88,7 +69,7 @@ async fn every_order_is_paid_once_through_the_real_broker() {
     // Catch a failed probe so that the services stop and the databases go.
     let probed = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(probed)).await;
     let stopped = demo.shutdown().await;
-    drop_databases(&server, &name).await;
+    drop_databases(&server, &demo_databases(&name)).await;
     if let Err(panic) = probed {
         std::panic::resume_unwind(panic);
     }
@@ -314,7 +295,7 @@ async fn liveness_fails_when_the_relay_stops_on_its_own() {
     let _ = service.shutdown().await;
     other.shutdown().await;
     pool.close().await;
-    drop_databases(&server, &name).await;
+    drop_databases(&server, &demo_databases(&name)).await;
     assert_eq!(status, 503, "{live}");
     assert_eq!(live["status"], "dead");
     let relay = &live["tasks"][0];

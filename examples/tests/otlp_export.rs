@@ -2,6 +2,9 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set: the `demo` binary, run as a user
 //! runs it, against a stand-in collector that decodes what it receives.
 
+#[path = "support/databases.rs"]
+mod databases;
+
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -9,10 +12,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
+use databases::{demo_databases, drop_databases, server_url};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use prost::Message as _;
-use sqlx::Connection;
 
 type Received = Arc<Mutex<Vec<(String, Bytes)>>>;
 
@@ -41,8 +44,7 @@ async fn the_demo_exports_its_spans_to_the_configured_collector() {
         .with_state(received.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (set in .cargo/config.toml)");
-    let (server, _) = url.rsplit_once('/').unwrap();
+    let server = server_url();
     let name = format!("outbox_otlp_{}", uuid::Uuid::new_v4().simple());
     let mut demo = std::process::Command::new(env!("CARGO_BIN_EXE_demo"));
     demo.args(["--orders", "5", "--timeout-secs", "60"])
@@ -55,16 +57,7 @@ async fn the_demo_exports_its_spans_to_the_configured_collector() {
         .unwrap()
         .expect("the demo runs");
 
-    let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
-        .await
-        .unwrap();
-    for suffix in ["_orders", "_payments"] {
-        let sql = format!("DROP DATABASE IF EXISTS \"{name}{suffix}\" WITH (FORCE)");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-    }
+    drop_databases(&server, &demo_databases(&name)).await;
     assert!(
         output.status.success(),
         "demo failed:\n{}\n{}",

@@ -5,8 +5,13 @@
 //! orders service publishes is read by a consumer that knows only the seed's
 //! format.
 
+#[path = "support/databases.rs"]
+#[allow(dead_code)] // the demo's database names are not used here
+mod databases;
+
 use std::time::{Duration, Instant};
 
+use databases::{drop_databases, server_url};
 use outbox_examples::orders::{self, OrdersService};
 use outbox_examples::payments::{self, PaymentsService};
 use outbox_examples::service::{Tuning, create_topics};
@@ -15,16 +20,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde_json::{Value, json};
-use sqlx::Connection;
 use uuid::Uuid;
 
 const PARTITIONS: i32 = 3;
-
-fn server_url() -> String {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (set in .cargo/config.toml)");
-    let (server, _database) = url.rsplit_once('/').expect("DATABASE_URL names a database");
-    server.to_owned()
-}
 
 fn brokers() -> String {
     std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
@@ -34,17 +32,6 @@ fn client() -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", brokers());
     config
-}
-
-async fn drop_database(server: &str, name: &str) {
-    let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
-        .await
-        .unwrap();
-    let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&mut admin)
-        .await
-        .unwrap();
 }
 
 /// The end offset of each partition of `topic`.
@@ -182,7 +169,7 @@ async fn a_seed_format_order_is_paid_and_answered_with_payment_completed() {
         .unwrap();
     let _ = service.shutdown().await;
     pool.close().await;
-    drop_database(&server, &name).await;
+    drop_databases(&server, std::slice::from_ref(&name)).await;
     assert_eq!(paid, 1, "the seed's order was paid once");
     assert_eq!(answer_key, order_id.to_string());
     assert_eq!(answer["amount"], 4200, "{answer}");
@@ -233,7 +220,7 @@ async fn the_orders_service_output_is_read_by_a_seed_format_consumer() {
     let (key, payload, _) = find("order.events", &from, |value| value["order_id"] == order_id);
     let _ = service.shutdown().await;
     pool.close().await;
-    drop_database(&server, &name).await;
+    drop_databases(&server, std::slice::from_ref(&name)).await;
     // The seed's consumer keys on the order and reads only the value.
     assert_eq!(json!(key), order_id);
     readable_by_the_seed(&payload).unwrap();

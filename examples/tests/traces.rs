@@ -4,38 +4,22 @@
 //! each the parent of the next. Spans go to an in-memory OpenTelemetry
 //! exporter through the same `tracing` layer the example binaries install.
 
+#[path = "support/databases.rs"]
+mod databases;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use databases::{demo_databases, drop_databases, server_url};
 use opentelemetry::trace::SpanId;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use outbox_examples::demo::{Demo, DemoConfig};
 use outbox_examples::setup::Broker;
 use rdkafka::mocking::MockCluster;
-use sqlx::Connection;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-
-fn server_url() -> String {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (set in .cargo/config.toml)");
-    let (server, _database) = url.rsplit_once('/').expect("DATABASE_URL names a database");
-    server.to_owned()
-}
-
-async fn drop_databases(server: &str, name: &str) {
-    let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
-        .await
-        .unwrap();
-    for suffix in ["_orders", "_payments"] {
-        let sql = format!("DROP DATABASE IF EXISTS \"{name}{suffix}\" WITH (FORCE)");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-    }
-}
 
 fn attribute(span: &SpanData, key: &str) -> Option<String> {
     span.attributes
@@ -81,7 +65,7 @@ async fn an_order_is_one_trace_from_the_handler_to_both_consumers() {
         .expect("start the services");
     let summary = demo.drive_and_wait().await;
     let stopped = demo.shutdown().await;
-    drop_databases(&server, &name).await;
+    drop_databases(&server, &demo_databases(&name)).await;
     stopped.expect("clean shutdown");
     let summary = summary.expect("demo run");
     assert!(summary.complete(), "incomplete run:\n{summary}");
