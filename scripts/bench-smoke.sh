@@ -21,9 +21,9 @@ run() {
     printf -- '--- bench %s: ok in %d s\n' "$name" $((SECONDS - started))
 }
 
-run handler BENCH_ITERATIONS=50 \
+run handler BENCH_ITERATIONS=50 BENCH_ROUNDS=1 \
     cargo bench -p txoutbox-core --bench handler
-run consumer OUTBOX_BENCH_EVENTS=2000 \
+run consumer OUTBOX_BENCH_EVENTS=2000 OUTBOX_BENCH_ROUNDS=1 OUTBOX_BENCH_BASELINE_EVENTS=500 \
     cargo bench -p txoutbox-runtime --bench consumer
 run inbox_claim OUTBOX_BENCH_PENDING=2000 OUTBOX_BENCH_ROUNDS=1 \
     cargo bench -p txoutbox-runtime --features test-hooks --bench inbox_claim

@@ -6,7 +6,9 @@
 //!
 //! Needs PostgreSQL at `DATABASE_URL` (a scratch database is created and
 //! dropped). Run: `cargo bench -p txoutbox-core --bench handler`.
-//! `BENCH_ITERATIONS` (default 2000) sets the samples per variant and size.
+//! `BENCH_ITERATIONS` (default 1000) sets the samples per variant, size and
+//! round; `BENCH_ROUNDS` (default 5) the rounds, whose ratios are summarized
+//! as min / median / max.
 
 use std::time::{Duration, Instant};
 
@@ -104,6 +106,18 @@ async fn place_order_by_hand(pool: &PgPool, amount: i64, lines: usize) -> Result
     Ok(order_id)
 }
 
+/// `git describe --always --dirty` of the measured tree.
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown commit".to_owned())
+}
+
 fn median(samples: &mut [Duration]) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
@@ -120,7 +134,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let iterations: usize = std::env::var("BENCH_ITERATIONS")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(1000);
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5)
+        .max(1);
     let database = format!("outbox_bench_handler_{}", std::process::id());
     let admin_options: PgConnectOptions = url.parse()?;
     let mut admin = sqlx::PgConnection::connect_with(&admin_options).await?;
@@ -146,41 +165,66 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     setup.close().await;
 
     println!(
-        "#[outbox_handler] vs hand-written sqlx transaction, {iterations} samples each, times in µs"
+        "#[outbox_handler] vs hand-written sqlx transaction, {rounds} rounds of \
+         {iterations} samples each, times in µs, commit {}",
+        commit()
     );
     println!(
-        "{:<22} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>6}",
-        "commit", "events", "hand p50", "p90", "macro p50", "p90", "ratio"
+        "{:<5} {:<22} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>6}",
+        "round", "commit", "events", "hand p50", "p90", "macro p50", "p90", "ratio"
     );
-    // Durable commits are what services run; with `synchronous_commit = off`
-    // the WAL flush no longer hides the framework's own cost, so that row is
-    // the stricter test of the overhead.
-    for synchronous_commit in ["on", "off"] {
-        // One connection: both variants use the same backend and statement cache.
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(
-                admin_options
-                    .clone()
-                    .database(&database)
-                    .options([("synchronous_commit", synchronous_commit)]),
-            )
-            .await?;
-        for lines in [1usize, 10] {
-            let (mut by_hand, mut handler) = measure(&pool, lines, iterations).await?;
-            let (hand_p50, handler_p50) = (median(&mut by_hand), median(&mut handler));
-            let us = |d: Duration| d.as_secs_f64() * 1e6;
-            println!(
-                "{:<22} {lines:>6} | {:>9.0} {:>9.0} | {:>9.0} {:>9.0} | {:>6.3}",
-                format!("synchronous_commit={synchronous_commit}"),
-                us(hand_p50),
-                us(percentile(&by_hand, 0.9)),
-                us(handler_p50),
-                us(percentile(&handler, 0.9)),
-                handler_p50.as_secs_f64() / hand_p50.as_secs_f64()
-            );
+    let mut ratios: Vec<((&str, usize), Vec<f64>)> = Vec::new();
+    for round in 1..=rounds {
+        // Durable commits are what services run; with `synchronous_commit = off`
+        // the WAL flush no longer hides the framework's own cost, so that row is
+        // the stricter test of the overhead.
+        for synchronous_commit in ["on", "off"] {
+            // One connection: both variants use the same backend and statement cache.
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(
+                    admin_options
+                        .clone()
+                        .database(&database)
+                        .options([("synchronous_commit", synchronous_commit)]),
+                )
+                .await?;
+            for lines in [1usize, 10] {
+                let (mut by_hand, mut handler) = measure(&pool, lines, iterations).await?;
+                let (hand_p50, handler_p50) = (median(&mut by_hand), median(&mut handler));
+                let us = |d: Duration| d.as_secs_f64() * 1e6;
+                let ratio = handler_p50.as_secs_f64() / hand_p50.as_secs_f64();
+                println!(
+                    "{round:<5} {:<22} {lines:>6} | {:>9.0} {:>9.0} | {:>9.0} {:>9.0} | {ratio:>6.3}",
+                    format!("synchronous_commit={synchronous_commit}"),
+                    us(hand_p50),
+                    us(percentile(&by_hand, 0.9)),
+                    us(handler_p50),
+                    us(percentile(&handler, 0.9)),
+                );
+                match ratios
+                    .iter_mut()
+                    .find(|(of, _)| *of == (synchronous_commit, lines))
+                {
+                    Some((_, seen)) => seen.push(ratio),
+                    None => ratios.push(((synchronous_commit, lines), vec![ratio])),
+                }
+            }
+            pool.close().await;
         }
-        pool.close().await;
+    }
+    println!("\n| commit | events / command | ratio min / median / max | rounds within 1.05 |");
+    println!("|---|---:|---|---:|");
+    for ((synchronous_commit, lines), mut seen) in ratios {
+        seen.sort_by(f64::total_cmp);
+        println!(
+            "| synchronous_commit={synchronous_commit} | {lines} | {:.3} / {:.3} / {:.3} | {} of {} |",
+            seen[0],
+            seen[seen.len() / 2],
+            seen[seen.len() - 1],
+            seen.iter().filter(|r| **r <= 1.05).count(),
+            seen.len()
+        );
     }
 
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))

@@ -8,7 +8,14 @@
 //! OUTBOX_BENCH_EVENTS=20000 cargo bench -p txoutbox-runtime --bench consumer
 //! OUTBOX_BENCH_PROCESSORS=4 OUTBOX_BENCH_PROCESSOR_BATCH=500 cargo bench ...  # inbox tuning
 //! OUTBOX_BENCH_KEYS=16 cargo bench ...  # 16 partition keys instead of one per event
+//! OUTBOX_BENCH_ROUNDS=5 OUTBOX_BENCH_BASELINE_EVENTS=10000 ...     # the defaults
+//! OUTBOX_BENCH_PROFILE=1 cargo bench ...  # where the database time goes (see `profile`)
 //! ```
+//!
+//! Each round drains the same events with the baseline (its first
+//! `OUTBOX_BENCH_BASELINE_EVENTS`), the dedup consumer and the inbox consumer
+//! (in alternating order), then empties the tables; the summary gives
+//! min / median / max over the rounds and the inbox / dedup ratio per round.
 //!
 //! Needs `DATABASE_URL` (a database the bench may create scratch databases
 //! from) and `KAFKA_BROKERS_TEST`. Each variant consumes the same N events with
@@ -20,6 +27,7 @@
 //! set): `consumer-drain.svg`, each variant's throughput over time.
 
 mod charts;
+mod profile;
 mod support;
 
 use std::time::{Duration, Instant};
@@ -80,6 +88,14 @@ async fn on_paid_dedup(
 }
 
 #[event_handler]
+async fn on_paid_inbox_pending(
+    tx: &mut Transaction<'_, Postgres>,
+    event: BenchPaid,
+) -> Result<(), sqlx::Error> {
+    effect(tx, &event, "inbox_pending").await
+}
+
+#[event_handler]
 async fn on_paid_inbox(
     tx: &mut Transaction<'_, Postgres>,
     event: BenchPaid,
@@ -100,7 +116,13 @@ fn kafka() -> ClientConfig {
 }
 
 async fn scratch_database() -> (PgPool, String) {
-    let (pool, name) = support::scratch_database("outbox_bench_consumer", 8).await;
+    let (mut pool, name) = support::scratch_database("outbox_bench_consumer", 8).await;
+    if profile::enabled() {
+        // The setting applies to sessions opened after it: open new ones.
+        profile::prepare(&pool, &name).await;
+        pool.close().await;
+        pool = support::connect(&name, 8).await;
+    }
     sqlx::raw_sql(
         "CREATE TABLE effect (event_id uuid NOT NULL, amount bigint NOT NULL, variant text NOT NULL,
                               at timestamptz NOT NULL DEFAULT clock_timestamp())",
@@ -175,8 +197,8 @@ async fn produce(n: usize) {
 
 /// Seconds from the first to the last effect of `variant` (inbox: from the first stored row).
 async fn elapsed(pool: &PgPool, variant: &str) -> f64 {
-    let from = if variant == "inbox" {
-        "(SELECT min(received_at) FROM inbox_event)"
+    let from = if variant.starts_with("inbox") {
+        "(SELECT min(received_at) FROM inbox_event WHERE consumer_group LIKE 'bench-' || $1 || '-%')"
     } else {
         "min(at)"
     };
@@ -192,8 +214,8 @@ async fn elapsed(pool: &PgPool, variant: &str) -> f64 {
 /// `(seconds since the variant's start, effects so far)` in 10 ms steps,
 /// from the same start as [`elapsed`].
 async fn timeline(pool: &PgPool, variant: &str) -> Vec<(f64, f64)> {
-    let from = if variant == "inbox" {
-        "(SELECT min(received_at) FROM inbox_event)"
+    let from = if variant.starts_with("inbox") {
+        "(SELECT min(received_at) FROM inbox_event WHERE consumer_group LIKE 'bench-' || $1 || '-%')"
     } else {
         "(SELECT min(at) FROM effect WHERE variant = $1)"
     };
@@ -271,9 +293,69 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// One variant's drain in one round.
+struct Drained {
+    events: usize,
+    seconds: f64,
+}
+
+impl Drained {
+    fn rate(&self) -> f64 {
+        self.events as f64 / self.seconds
+    }
+}
+
+/// Runs the dedup or inbox consumer over the `n` events from `start` with a
+/// group of its own, until every effect is in.
+async fn drain(pool: &PgPool, variant: &str, start: &[i64], n: usize) -> Drained {
+    let group = format!("bench-{variant}-{}", Uuid::new_v4().simple());
+    start_group(&group, start);
+    let builder = Consumer::builder(pool.clone(), kafka(), &group).create_missing_dlq_topics(true);
+    let inbox = |builder: txoutbox_runtime::consumer::ConsumerBuilder| {
+        builder
+            .mode(Mode::Inbox)
+            .processor_batch_size(env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500))
+            .processors(env_or("OUTBOX_BENCH_PROCESSORS", 2))
+    };
+    let builder = match variant {
+        "inbox" => inbox(builder.handler(on_paid_inbox)),
+        "inbox_pending" => inbox(builder.handler(on_paid_inbox_pending)).handle_on_receipt(false),
+        _ => builder.handler(on_paid_dedup),
+    };
+    let running = builder.build().unwrap().spawn();
+    wait_effects(pool, variant, n).await;
+    running.shutdown().await.unwrap();
+    Drained {
+        events: n,
+        seconds: elapsed(pool, variant).await,
+    }
+}
+
+/// Empties what a round wrote, so every round starts from the same tables.
+async fn clear(pool: &PgPool) {
+    sqlx::raw_sql("TRUNCATE effect, processed_event, inbox_event, inbox_key")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// `min / median / max` of `values`.
+fn spread(values: &[f64], digits: usize) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    format!(
+        "{:.digits$} / {median:.digits$} / {:.digits$}",
+        sorted[0],
+        sorted[sorted.len() - 1]
+    )
+}
+
 #[tokio::main]
 async fn main() {
     let n = env_or("OUTBOX_BENCH_EVENTS", 100_000);
+    let rounds = env_or("OUTBOX_BENCH_ROUNDS", 5).max(1);
+    let baseline_events = env_or("OUTBOX_BENCH_BASELINE_EVENTS", 10_000).min(n);
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
         kafka().create().unwrap();
     let _ = admin
@@ -296,81 +378,133 @@ async fn main() {
         produced.elapsed().as_secs_f64()
     );
     let (pool, db) = scratch_database().await;
-
-    baseline(&pool, &start, n).await;
-    let base = elapsed(&pool, "baseline").await;
-
-    let group = format!("bench-dedup-{}", Uuid::new_v4().simple());
-    start_group(&group, &start);
-    let running = Consumer::builder(pool.clone(), kafka(), &group)
-        .create_missing_dlq_topics(true)
-        .handler(on_paid_dedup)
-        .build()
-        .unwrap()
-        .spawn();
-    wait_effects(&pool, "dedup", n).await;
-    running.shutdown().await.unwrap();
-    let dedup = elapsed(&pool, "dedup").await;
-
-    let group = format!("bench-inbox-{}", Uuid::new_v4().simple());
-    start_group(&group, &start);
-    let running = Consumer::builder(pool.clone(), kafka(), &group)
-        .create_missing_dlq_topics(true)
-        .handler(on_paid_inbox)
-        .mode(Mode::Inbox)
-        .processor_batch_size(env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500))
-        .processors(env_or("OUTBOX_BENCH_PROCESSORS", 2))
-        .build()
-        .unwrap()
-        .spawn();
-    wait_effects(&pool, "inbox", n).await;
-    running.shutdown().await.unwrap();
-    let inbox = elapsed(&pool, "inbox").await;
-
     let inbox_label = format!(
         "inbox consumer + {} processors claiming {} rows",
         env_or("OUTBOX_BENCH_PROCESSORS", 2),
         env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500)
     );
-    let mut drains = Vec::new();
-    for (label, variant) in [
-        ("baseline: one transaction per message", "baseline"),
-        ("dedup consumer (default settings)", "dedup"),
-        (inbox_label.as_str(), "inbox"),
-    ] {
-        drains.push((label.to_owned(), timeline(&pool, variant).await));
-    }
     let keys = match env_or("OUTBOX_BENCH_KEYS", 0) {
         0 => "one key per event".to_owned(),
         keys => format!("{keys} keys"),
     };
-    let chart = charts::throughput(
-        "consumer-drain.svg",
-        &format!("Consumers draining {n} events: throughput over time"),
-        &format!(
-            "commit {}, {PARTITIONS} partitions, {keys}, database clock; \
-             2-core machine shared with other work",
-            charts::commit()
-        ),
-        Duration::from_millis(250),
-        &drains,
-    );
-    println!("chart: {}", chart.display());
 
+    let pending_label = format!("{inbox_label}, every event stored pending first");
+    let variants: [(&str, &str); 3] = [
+        ("dedup", "dedup consumer (default settings)"),
+        ("inbox", inbox_label.as_str()),
+        ("inbox_pending", pending_label.as_str()),
+    ];
+    let mut base = Vec::new();
+    let mut drained: Vec<Vec<Drained>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        // The profile, if asked for, covers the first round's variants.
+        let profiling = profile::enabled() && round == 0;
+        if profiling {
+            profile::reset(&pool).await;
+        }
+        baseline(&pool, &start, baseline_events).await;
+        base.push(Drained {
+            events: baseline_events,
+            seconds: elapsed(&pool, "baseline").await,
+        });
+        if profiling {
+            profile::report(
+                &pool,
+                "baseline: one transaction per message",
+                baseline_events as u64,
+            )
+            .await;
+        }
+        // Rotate which consumer goes first, so none always meets a warmer
+        // (or more loaded) machine.
+        for step in 0..variants.len() {
+            let which = (round + step) % variants.len();
+            let (variant, label) = variants[which];
+            if profiling {
+                profile::reset(&pool).await;
+            }
+            drained[which].push(drain(&pool, variant, &start, n).await);
+            if profiling {
+                profile::report(&pool, label, n as u64).await;
+            }
+        }
+        println!(
+            "round {}: baseline {:.0}/s, dedup {:.0}/s, inbox {:.0}/s (inbox/dedup {:.0}%), inbox stored pending first {:.0}/s",
+            round + 1,
+            base[round].rate(),
+            drained[0][round].rate(),
+            drained[1][round].rate(),
+            100.0 * drained[1][round].rate() / drained[0][round].rate(),
+            drained[2][round].rate(),
+        );
+        if round == 0 {
+            let mut drains = vec![(
+                "baseline: one transaction per message".to_owned(),
+                timeline(&pool, "baseline").await,
+            )];
+            for (variant, label) in variants {
+                drains.push((label.to_owned(), timeline(&pool, variant).await));
+            }
+            let chart = charts::throughput(
+                "consumer-drain.svg",
+                &format!("Consumers draining {n} events: throughput over time"),
+                &format!(
+                    "commit {}, {PARTITIONS} partitions, {keys}, database clock; \
+                     2-core machine shared with other work",
+                    charts::commit()
+                ),
+                Duration::from_millis(250),
+                &drains,
+            );
+            println!("chart: {}", chart.display());
+        }
+        clear(&pool).await;
+    }
     pool.close().await;
     support::drop_database(&db).await;
-    let rate = |secs: f64| n as f64 / secs;
-    println!("| variant | events | seconds | events/s | vs baseline |");
-    println!("|---|---:|---:|---:|---:|");
-    for (name, secs) in [
-        ("baseline: one transaction per message", base),
-        ("dedup consumer (default settings)", dedup),
-        (inbox_label.as_str(), inbox),
-    ] {
+
+    let rates = |drains: &[Drained]| drains.iter().map(Drained::rate).collect::<Vec<_>>();
+    let base_median = {
+        let mut r = rates(&base);
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    };
+    println!(
+        "\ncommit {}, {keys}, {n} events per consumer drain ({baseline_events} for the baseline), {rounds} rounds\n",
+        charts::commit()
+    );
+    println!("| variant | events/s min / median / max | median vs baseline median |");
+    println!("|---|---|---:|");
+    let mut rows = vec![("baseline: one transaction per message", &base)];
+    rows.extend(
+        variants
+            .iter()
+            .zip(&drained)
+            .map(|((_, label), d)| (*label, d)),
+    );
+    for (name, drains) in rows {
+        let mut r = rates(drains);
+        r.sort_by(f64::total_cmp);
         println!(
-            "| {name} | {n} | {secs:.2} | {:.0} | {:.1}x |",
-            rate(secs),
-            base / secs
+            "| {name} | {} | {:.1}x |",
+            spread(&r, 0),
+            r[r.len() / 2] / base_median
         );
     }
+    let ratios = |of: &[Drained]| -> Vec<f64> {
+        of.iter()
+            .zip(&drained[0])
+            .map(|(i, d)| 100.0 * i.rate() / d.rate())
+            .collect()
+    };
+    let inbox = ratios(&drained[1]);
+    println!(
+        "\ninbox / dedup, same round: {} % (target 80 %: met in {} of {rounds} rounds)",
+        spread(&inbox, 1),
+        inbox.iter().filter(|r| **r >= 80.0).count()
+    );
+    println!(
+        "inbox with every event stored pending first / dedup, same round: {} %",
+        spread(&ratios(&drained[2]), 1)
+    );
 }

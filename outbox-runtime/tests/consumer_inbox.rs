@@ -14,6 +14,7 @@ use txoutbox_runtime::consumer::{Consumer, EventMeta, Mode, event_handler};
 
 test_event!(InboxPaid, "consumer-test.inbox.paid", "InboxPaid");
 test_event!(InboxFlaky, "consumer-test.inbox.flaky", "InboxFlaky");
+test_event!(InboxReceipt, "consumer-test.inbox.receipt", "InboxReceipt");
 
 /// Records the event, with the trace it ran in, after a short pause so that
 /// processors overlap.
@@ -60,6 +61,8 @@ async fn duplicates_are_stored_once_and_two_processors_handle_each_row_once(pool
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_inbox_paid)
         .mode(Mode::Inbox)
+        // Every row goes through the processors (what this test is about).
+        .handle_on_receipt(false)
         .processors(2)
         .processor_batch_size(7)
         .batch_size(50)
@@ -175,6 +178,169 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
         count(&pool, "SELECT count(*) FROM effect WHERE amount < 0").await,
         0
     );
+}
+
+/// Records who handled the event (`receipt`: the receiving loop, which knows
+/// the partition; `processor`: replayed from the table) and in which order;
+/// fails while the event's key is in `blocked`.
+#[event_handler]
+async fn on_inbox_receipt(
+    tx: &mut Transaction<'_, Postgres>,
+    event: InboxReceipt,
+    meta: &EventMeta,
+) -> Result<(), String> {
+    let blocked: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM blocked WHERE order_id = $1)")
+            .bind(event.order_id)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| e.to_string())?;
+    if blocked {
+        return Err(format!("key {} is blocked", event.order_id));
+    }
+    let by = if meta.partition.is_some() {
+        "receipt"
+    } else {
+        "processor"
+    };
+    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .bind(format!("{by} {}", event.order_id))
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[sqlx::test(migrations = false)]
+async fn idle_keys_are_handled_on_receipt_and_a_key_with_pending_rows_waits_its_turn(pool: PgPool) {
+    prepare_db(&pool).await;
+    sqlx::raw_sql("CREATE TABLE blocked (order_id uuid PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    create_topic(InboxReceipt::TOPIC, 2).await;
+    let group = unique_group("inbox-receipt");
+    start_group_at(&group, InboxReceipt::TOPIC, 2, true).await;
+    let producer = producer();
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_inbox_receipt)
+        .mode(Mode::Inbox)
+        .max_attempts(1_000)
+        .backoff(Duration::from_millis(20), Duration::from_millis(50))
+        .processor_poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+        .spawn();
+
+    // A key whose first event fails: its batch is rolled back to storing,
+    // and the row backs off in the table.
+    let head = InboxReceipt::new(0);
+    sqlx::query("INSERT INTO blocked VALUES ($1)")
+        .bind(head.order_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    produce_event(&producer, &head).await;
+    wait_until(
+        "the failing head backs off",
+        Duration::from_secs(20),
+        || async {
+            count(
+                &pool,
+                "SELECT count(*) FROM inbox_event WHERE attempts > 0 AND NOT processed",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+
+    // Its key's next events, and 30 events of idle keys (each twice).
+    let behind: Vec<InboxReceipt> = (1..=3)
+        .map(|amount| InboxReceipt {
+            amount,
+            ..InboxReceipt::new(0)
+        })
+        .map(|event| InboxReceipt {
+            order_id: head.order_id,
+            ..event
+        })
+        .collect();
+    let idle: Vec<InboxReceipt> = (100..130).map(InboxReceipt::new).collect();
+    for event in &behind {
+        produce_event(&producer, event).await;
+    }
+    for event in idle.iter().chain(&idle) {
+        produce_event(&producer, event).await;
+    }
+    wait_until("the idle keys handled", Duration::from_secs(20), || async {
+        count(&pool, "SELECT count(*) FROM effect WHERE amount >= 100").await == 30
+    })
+    .await;
+    // Handled on receipt, once each, rows stored already processed.
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM effect WHERE amount >= 100 AND note LIKE 'receipt %'"
+        )
+        .await,
+        30,
+        "events of keys with nothing pending are handled by the receiving loop"
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM inbox_event WHERE processed AND processed_at IS NOT NULL"
+        )
+        .await,
+        30
+    );
+    // The blocked key's later events wait behind its head, unhandled.
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM effect WHERE amount < 100").await,
+        0
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM inbox_event WHERE NOT processed AND parked_at IS NULL"
+        )
+        .await,
+        4,
+        "the head and the three events behind it are pending"
+    );
+
+    // Unblocked, the processors take the key in order.
+    sqlx::query("DELETE FROM blocked")
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_until(
+        "the blocked key drained",
+        Duration::from_secs(20),
+        || async { count(&pool, "SELECT count(*) FROM effect WHERE amount < 100").await == 4 },
+    )
+    .await;
+    running.shutdown().await.unwrap();
+    let order: Vec<(i64, String)> =
+        sqlx::query_as("SELECT amount, note FROM effect WHERE amount < 100 ORDER BY at")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let amounts: Vec<i64> = order.iter().map(|(amount, _)| *amount).collect();
+    assert_eq!(amounts, [0, 1, 2, 3], "per-key order");
+    assert!(
+        order.iter().all(|(_, note)| note.starts_with("processor ")),
+        "{order:?}"
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM effect").await, 34);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await,
+        34
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox_key").await, 0);
 }
 
 /// Produces `per_key` events for each of `keys` new keys, interleaved, the
@@ -304,6 +470,8 @@ async fn hot_keys_are_drained_in_runs_and_a_failure_holds_back_the_rest_of_its_r
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_inbox_run)
         .mode(Mode::Inbox)
+        // Runs are what processors take: every row goes through them.
+        .handle_on_receipt(false)
         // One processor, so that which call fails is deterministic; the test
         // above runs processors side by side.
         .processors(1)

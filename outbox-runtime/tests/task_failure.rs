@@ -144,6 +144,8 @@ async fn a_task_that_ends_on_its_own_is_reported_by_its_handle(pool: PgPool) {
     let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_doomed)
         .mode(Mode::Inbox)
+        // The processor, not the receiving loop, handles the event and dies.
+        .handle_on_receipt(false)
         .processors(2)
         .processor_poll_interval(Duration::from_millis(20))
         .build()

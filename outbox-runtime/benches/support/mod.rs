@@ -14,14 +14,21 @@ pub(crate) async fn scratch_database(prefix: &str, connections: u32) -> (PgPool,
         .execute(&mut admin)
         .await
         .unwrap();
-    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(connections)
-        .connect_with(options.database(&name))
-        .await
-        .unwrap();
+    let pool = connect(&name, connections).await;
     txoutbox_runtime::migrations::run(&pool).await.unwrap();
     (pool, name)
+}
+
+/// A pool of `connections` to database `name` on `DATABASE_URL`'s server.
+#[allow(dead_code)] // not every bench reconnects
+pub(crate) async fn connect(name: &str, connections: u32) -> PgPool {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections)
+        .connect_with(options.database(name))
+        .await
+        .unwrap()
 }
 
 /// Drops a database made by [`scratch_database`].

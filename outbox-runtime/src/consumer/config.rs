@@ -17,10 +17,13 @@ pub enum Mode {
     /// stored after the commit.
     #[default]
     Dedup,
-    /// For critical or bursty flows: messages are first written to
-    /// `inbox_event` (many per statement) and the offset is stored after that
-    /// insert commits; processors then claim rows `FOR UPDATE SKIP LOCKED` and
-    /// run the handler in the transaction that marks the row processed.
+    /// For critical or bursty flows: messages are written to `inbox_event`
+    /// (many per statement) and the offset is stored after that insert
+    /// commits; processors claim pending rows `FOR UPDATE SKIP LOCKED`, key by
+    /// key in arrival order, and run the handler in the transaction that marks
+    /// the row processed. An event whose key has nothing pending is handled
+    /// on receipt, in the storing transaction (see
+    /// [`ConsumerBuilder::handle_on_receipt`]).
     Inbox,
 }
 
@@ -65,6 +68,7 @@ pub(crate) struct Settings {
     pub(crate) processors: usize,
     pub(crate) processor_batch_size: usize,
     pub(crate) processor_poll_interval: Duration,
+    pub(crate) handle_on_receipt: bool,
     pub(crate) backlog_interval: Duration,
     pub(crate) refetch_offset_gaps: bool,
     pub(crate) create_missing_dlq_topics: bool,
@@ -138,6 +142,7 @@ impl ConsumerBuilder {
                 processors: 2,
                 processor_batch_size: 500,
                 processor_poll_interval: Duration::from_millis(500),
+                handle_on_receipt: true,
                 backlog_interval: Duration::from_secs(10),
                 refetch_offset_gaps: false,
                 create_missing_dlq_topics: false,
@@ -212,6 +217,24 @@ impl ConsumerBuilder {
     /// Rows one inbox processor claims per transaction. Default 500; at least 1.
     pub fn processor_batch_size(mut self, size: usize) -> Self {
         self.settings.processor_batch_size = size.max(1);
+        self
+    }
+
+    /// Inbox mode: whether the receiving loop handles an event itself, in the
+    /// transaction that stores it, when nothing of its key is pending in the
+    /// inbox (its row then goes in already processed). Default `true`.
+    ///
+    /// The guarantees do not change: the row and the handler's writes commit
+    /// together, per-key order holds (an event whose key has a pending row is
+    /// stored pending behind it), and if a handler fails the batch's handling
+    /// is rolled back and its rows are stored pending for the processors,
+    /// which retry, count attempts and park as usual. What changes is the
+    /// cost: a row handled on receipt is one insert, where a pending row is
+    /// an insert, a claim and an update (see BENCHMARKS.md). Turn it off when
+    /// handlers are slow and consuming must never wait for them; with
+    /// [`processors(0)`](Self::processors) rows are always only stored.
+    pub fn handle_on_receipt(mut self, on: bool) -> Self {
+        self.settings.handle_on_receipt = on;
         self
     }
 

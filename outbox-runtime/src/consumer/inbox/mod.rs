@@ -12,6 +12,7 @@
 
 mod claim;
 mod group;
+mod receipt;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,56 +43,31 @@ pub async fn claim_once_for_benchmark(
     Ok(rows.len())
 }
 
-/// Stores a batch in the inbox; returns which messages are finished.
+/// Stores a batch in the inbox (handling on receipt what qualifies, see
+/// [`receipt`]); returns which messages are finished.
 pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<bool> {
     let mut done = vec![false; batch.len()];
     let mut stored = Vec::new();
+    let mut rows = Vec::new();
     let mut aside = Vec::new();
-    let (mut ids, mut payloads, mut types, mut topics, mut keys, mut headers) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
     for (index, message) in batch.iter().enumerate() {
         match route(message, &ctx.dispatch, &ctx.settings) {
             Routed::Store(envelope) => {
-                let meta = envelope.meta;
                 stored.push(index);
-                ids.push(meta.event_id);
-                payloads.push(envelope.payload);
-                types.push(meta.event_type);
-                topics.push(meta.topic);
-                keys.push(meta.key);
-                let map: serde_json::Map<_, _> = meta
-                    .headers
-                    .into_iter()
-                    .map(|(k, v)| (k, serde_json::Value::String(v)))
-                    .collect();
-                headers.push(serde_json::Value::Object(map));
+                rows.push(envelope);
             }
             Routed::Skip(event_type) => aside.push((index, Aside::Skip(event_type))),
             Routed::DeadLetter(reason, error) => aside.push((index, Aside::Dead(reason, error))),
             Routed::Handle { .. } => unreachable!("inbox mode stores, processors handle"),
         }
     }
-    if !ids.is_empty() {
+    if !rows.is_empty() {
+        // With no processor here, rows are only stored (for processors elsewhere).
+        let on_receipt = ctx.settings.handle_on_receipt && ctx.settings.processors > 0;
         let mut db_retry = 0;
-        let inserted = loop {
-            // The insert trigger gives new keys their `inbox_key` entry.
-            let result = sqlx::query(
-                "INSERT INTO inbox_event
-                     (consumer_group, event_id, payload, event_type, topic, partition_key, headers)
-                 SELECT $1, * FROM UNNEST($2::uuid[], $3::jsonb[], $4::text[], $5::text[], $6::text[], $7::jsonb[])
-                 ON CONFLICT (consumer_group, event_id) DO NOTHING",
-            )
-            .bind(&ctx.settings.group_id)
-            .bind(&ids)
-            .bind(&payloads)
-            .bind(&types)
-            .bind(&topics)
-            .bind(&keys)
-            .bind(&headers)
-            .execute(&ctx.pool)
-            .await;
-            match result {
-                Ok(result) => break result.rows_affected(),
+        let outcome = loop {
+            match receipt::store(ctx, &rows, on_receipt).await {
+                Ok(outcome) => break outcome,
                 Err(error) => {
                     if !ctx.db_failed(&error, &mut db_retry).await {
                         return done;
@@ -100,9 +76,12 @@ pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<boo
             }
         };
         let group = ctx.group();
-        metrics::counter!(m::INBOX_STORED, "group" => group.clone()).increment(inserted);
-        metrics::counter!(m::DUPLICATES, "group" => group).increment(ids.len() as u64 - inserted);
-        ctx.stored.notify_waiters();
+        metrics::counter!(m::INBOX_STORED, "group" => group.clone()).increment(outcome.inserted);
+        metrics::counter!(m::DUPLICATES, "group" => group)
+            .increment(rows.len() as u64 - outcome.inserted);
+        if outcome.pending > 0 {
+            ctx.stored.notify_waiters();
+        }
         stored.into_iter().for_each(|i| done[i] = true);
     }
     ctx.set_aside(batch, aside, &mut done).await;

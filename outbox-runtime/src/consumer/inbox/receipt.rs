@@ -1,0 +1,214 @@
+//! Storing a batch in the inbox, and handling on receipt: an event whose key
+//! has nothing pending in the inbox is handled in the transaction that stores
+//! it, and its row goes in already processed.
+//!
+//! A pending row costs three writes and two trigger runs (insert, claim,
+//! mark), and a processor's transaction; a row handled on receipt costs one
+//! insert that touches none of the pending-row indexes. The guarantees are
+//! the inbox's: the row and the handler's writes commit together, a
+//! redelivered event finds its row and is not handled again, and per-key
+//! order holds because only keys with no pending row (no `inbox_key` entry)
+//! qualify, and every later row of a key that does not qualify is stored
+//! pending behind it. If any handler of the batch fails, the batch's handling
+//! is rolled back and every row is stored pending, so failures are retried,
+//! counted and parked by the processors as before.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::super::handler::{Decoded, ErasedHandler};
+use super::super::message::Envelope;
+use super::super::shared::Shared;
+use super::super::telemetry as m;
+
+/// What storing a batch did.
+#[derive(Debug, Default)]
+pub(super) struct Stored {
+    /// Rows inserted (the others were already in this group's inbox).
+    pub(super) inserted: u64,
+    /// Of those, rows stored pending, for the processors.
+    pub(super) pending: u64,
+}
+
+/// Stores `rows` (in offset order) in the group's inbox in one transaction,
+/// handling on receipt those that qualify when `on_receipt` is set.
+pub(super) async fn store(
+    ctx: &Shared,
+    rows: &[Envelope],
+    on_receipt: bool,
+) -> sqlx::Result<Stored> {
+    let group = ctx.settings.group_id.as_str();
+    let mut tx = ctx.pool.begin().await?;
+    let mut stored = Stored::default();
+    let mut later: Vec<&Envelope> = rows.iter().collect();
+    let mut handled_by_type: HashMap<String, u64> = HashMap::new();
+    if on_receipt {
+        let (now, rest) = qualify(ctx, &mut tx, rows).await?;
+        if !now.is_empty() {
+            sqlx::query("SAVEPOINT outbox_inbox_receipt")
+                .execute(&mut *tx)
+                .await?;
+            let envelopes: Vec<&Envelope> = now.iter().map(|(row, ..)| *row).collect();
+            let mut fresh: HashSet<Uuid> = insert(&mut tx, group, &envelopes, true)
+                .await?
+                .into_iter()
+                .collect();
+            let inserted = fresh.len() as u64;
+            let mut failed = false;
+            for (row, handler, event) in now {
+                // Not inserted: in the inbox already (a redelivery), or a
+                // second copy within this batch.
+                if !fresh.remove(&row.meta.event_id) {
+                    continue;
+                }
+                if ctx
+                    .call(&*handler, &mut tx, event, &row.meta)
+                    .await
+                    .is_err()
+                {
+                    failed = true;
+                    break;
+                }
+                *handled_by_type
+                    .entry(row.meta.event_type.clone())
+                    .or_default() += 1;
+            }
+            if failed {
+                // The processors retry it, with the attempts counted.
+                sqlx::query("ROLLBACK TO SAVEPOINT outbox_inbox_receipt")
+                    .execute(&mut *tx)
+                    .await?;
+                handled_by_type.clear();
+            } else {
+                stored.inserted += inserted;
+                later = rest;
+            }
+        }
+    }
+    if !later.is_empty() {
+        // The insert trigger gives new keys their `inbox_key` entry.
+        let inserted = insert(&mut tx, group, &later, false).await?.len() as u64;
+        stored.inserted += inserted;
+        stored.pending = inserted;
+    }
+    tx.commit().await?;
+    ctx.committed();
+    for (event_type, count) in handled_by_type {
+        metrics::counter!(m::HANDLED, "group" => ctx.group(), "event_type" => event_type)
+            .increment(count);
+    }
+    Ok(stored)
+}
+
+/// A row handled on receipt: its envelope, handler and decoded event.
+type Now<'a> = (&'a Envelope, Arc<dyn ErasedHandler>, Decoded);
+
+/// Splits `rows` into those handled on receipt and those stored pending.
+/// A row qualifies if nothing of its key is pending (no `inbox_key` entry,
+/// and no earlier row of the batch stored pending), a handler here takes its
+/// event type and its payload decodes. A row that does not qualify holds
+/// back the rest of its key.
+async fn qualify<'a>(
+    ctx: &Shared,
+    conn: &mut PgConnection,
+    rows: &'a [Envelope],
+) -> sqlx::Result<(Vec<Now<'a>>, Vec<&'a Envelope>)> {
+    let (topics, keys): (Vec<&str>, Vec<&str>) = rows
+        .iter()
+        .filter_map(|row| Some((row.meta.topic.as_str(), row.meta.key.as_deref()?)))
+        .unzip();
+    let waiting: Vec<(String, String)> = if keys.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_as(
+            "SELECT k.topic, k.partition_key FROM inbox_key k
+             WHERE k.consumer_group = $1
+               AND (k.topic, k.partition_key) IN (SELECT * FROM unnest($2::text[], $3::text[]))",
+        )
+        .bind(&ctx.settings.group_id)
+        .bind(&topics)
+        .bind(&keys)
+        .fetch_all(&mut *conn)
+        .await?
+    };
+    let mut held: HashSet<(&str, &str)> = waiting
+        .iter()
+        .map(|(topic, key)| (topic.as_str(), key.as_str()))
+        .collect();
+    let (mut now, mut later) = (Vec::new(), Vec::new());
+    for row in rows {
+        let key = row
+            .meta
+            .key
+            .as_deref()
+            .map(|key| (row.meta.topic.as_str(), key));
+        if key.is_some_and(|key| held.contains(&key)) {
+            later.push(row);
+            continue;
+        }
+        let ready = ctx
+            .dispatch
+            .handler(&row.meta.topic, &row.meta.event_type)
+            .and_then(|handler| Some((handler.clone(), handler.decode(&row.payload).ok()?)));
+        match ready {
+            Some((handler, event)) => now.push((row, handler, event)),
+            None => {
+                later.push(row);
+                held.extend(key);
+            }
+        }
+    }
+    Ok((now, later))
+}
+
+/// Inserts `rows` into `group`'s inbox, already processed or pending;
+/// returns the ids inserted (a row already in the inbox is left as it is).
+async fn insert(
+    conn: &mut PgConnection,
+    group: &str,
+    rows: &[&Envelope],
+    processed: bool,
+) -> sqlx::Result<Vec<Uuid>> {
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut payloads = Vec::with_capacity(rows.len());
+    let mut types = Vec::with_capacity(rows.len());
+    let mut topics = Vec::with_capacity(rows.len());
+    let mut keys = Vec::with_capacity(rows.len());
+    let mut headers = Vec::with_capacity(rows.len());
+    for row in rows {
+        let meta = &row.meta;
+        ids.push(meta.event_id);
+        payloads.push(&row.payload);
+        types.push(meta.event_type.as_str());
+        topics.push(meta.topic.as_str());
+        keys.push(meta.key.as_deref());
+        let map: serde_json::Map<_, _> = meta
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        headers.push(serde_json::Value::Object(map));
+    }
+    sqlx::query_scalar(
+        "INSERT INTO inbox_event
+             (consumer_group, event_id, payload, event_type, topic, partition_key, headers,
+              processed, processed_at)
+         SELECT $1, r.*, $8, CASE WHEN $8 THEN now() END
+         FROM UNNEST($2::uuid[], $3::jsonb[], $4::text[], $5::text[], $6::text[], $7::jsonb[]) AS r
+         ON CONFLICT (consumer_group, event_id) DO NOTHING
+         RETURNING event_id",
+    )
+    .bind(group)
+    .bind(&ids)
+    .bind(&payloads)
+    .bind(&types)
+    .bind(&topics)
+    .bind(&keys)
+    .bind(&headers)
+    .bind(processed)
+    .fetch_all(conn)
+    .await
+}
