@@ -5,7 +5,8 @@
 //! ```text
 //! scripts/services.sh up
 //! cargo bench -p txoutbox-runtime --bench capacity
-//! CAPACITY_EVENTS=20000 CAPACITY_RELAYS=1,2,4 cargo bench -p txoutbox-runtime --bench capacity
+//! CAPACITY_EVENTS=20000 CAPACITY_BACKLOG=50000 CAPACITY_RELAYS=1,2,4 \
+//!     cargo bench -p txoutbox-runtime --bench capacity        # the defaults
 //! ```
 //!
 //! Per-statement figures need `pg_stat_statements` preloaded (see
@@ -155,11 +156,13 @@ async fn sizes(pool: &PgPool) -> (i64, i64) {
     .unwrap()
 }
 
-/// Advisory locks (relay lanes) held, per backend.
+/// Lanes held, per relay: the relay's lane locks are the advisory locks
+/// `(0x6f62786c, lane)` of its session (`docs/relay.md`, "Lanes").
 async fn lanes_per_relay(pool: &PgPool) -> Vec<i64> {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks
-         WHERE locktype = 'advisory' AND granted AND database = (
+         WHERE locktype = 'advisory' AND granted AND objsubid = 2
+           AND classid = 1868724332::oid AND database = (
              SELECT oid FROM pg_database WHERE datname = current_database())
          GROUP BY pid ORDER BY 1 DESC",
     )
@@ -168,11 +171,29 @@ async fn lanes_per_relay(pool: &PgPool) -> Vec<i64> {
     .unwrap()
 }
 
+/// Polls `check` every 10 ms until it gives a value; panics after `limit`.
+async fn until<T, F, Fut>(limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "not reached within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// One phase of an event's life, measured.
 struct Phase {
     name: &'static str,
     wal: i64,
     seconds: f64,
+    /// From `pg_stat_statements`, when it is loaded.
+    statements: Option<profile::PerEvent>,
 }
 
 async fn measured<F: std::future::Future<Output = ()>>(
@@ -190,10 +211,17 @@ async fn measured<F: std::future::Future<Output = ()>>(
     run.await;
     let seconds = started.elapsed().as_secs_f64();
     let wal = wal_lsn(pool).await - wal;
-    if statements {
-        profile::report(pool, name, events as u64).await;
+    let statements = if statements {
+        Some(profile::report(pool, name, events as u64).await)
+    } else {
+        None
+    };
+    Phase {
+        name,
+        wal,
+        seconds,
+        statements,
     }
-    Phase { name, wal, seconds }
 }
 
 #[tokio::main]
@@ -268,19 +296,55 @@ async fn main() {
     let record_bytes =
         serde_json::to_vec(&sample.payload).unwrap().len() + sample.partition_key.len();
 
-    println!("\n| phase | seconds | WAL bytes/event |");
-    println!("|---|---:|---:|");
+    println!(
+        "\n| phase | seconds | WAL bytes/event (statements) | WAL bytes/event (server) | statements/event | execution µs/event |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
     let mut wal_total = 0;
+    let mut life = profile::PerEvent::default();
+    let cell =
+        |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
     for phase in &phases {
         wal_total += phase.wal;
+        if let Some(s) = phase.statements {
+            life.statements += s.statements;
+            life.exec_us += s.exec_us;
+            life.wal_bytes += s.wal_bytes;
+        }
         println!(
-            "| {} | {:.2} | {:.0} |",
+            "| {} | {:.2} | {} | {:.0} | {} | {} |",
             phase.name,
             phase.seconds,
-            phase.wal as f64 / n as f64
+            cell(phase.statements.map(|s| s.wal_bytes), 0),
+            phase.wal as f64 / n as f64,
+            cell(phase.statements.map(|s| s.statements), 3),
+            cell(phase.statements.map(|s| s.exec_us), 1),
         );
     }
-    println!("| whole life | | {:.0} |", wal_total as f64 / n as f64);
+    let server_wal = wal_total as f64 / n as f64;
+    let measured = phases.iter().all(|p| p.statements.is_some());
+    // This database's own WAL when known; the server's counts every database.
+    let wal_per_event = if measured { life.wal_bytes } else { server_wal };
+    println!(
+        "| whole life | | {} | {server_wal:.0} | {} | {} |",
+        cell(measured.then_some(life.wal_bytes), 0),
+        cell(measured.then_some(life.statements), 3),
+        cell(measured.then_some(life.exec_us), 1),
+    );
+    println!(
+        "\nmodel: {:.0} events/s per MB/s of WAL{}",
+        1e6 / wal_per_event,
+        if measured {
+            format!(
+                "; {:.0} events/s per PostgreSQL core busy only with statement execution \
+                 (1 s / {:.1} µs)",
+                1e6 / life.exec_us,
+                life.exec_us
+            )
+        } else {
+            String::new()
+        }
+    );
     println!(
         "\ntable growth {:.0} bytes/event, index growth {:.0} bytes/event while written; \
          index growth {:.0} bytes/event more while marked (the mark is not a HOT update); \
@@ -295,71 +359,64 @@ async fn main() {
          content-type and event-id headers and the record batch framing"
     );
 
-    // 2. Several relays on one database.
+    // 2. Several relays on one database: they balance the lanes, share a
+    // backlog, and take over the lanes of one that stops.
+    let backlog_events = env_usize("CAPACITY_BACKLOG", 50_000);
     println!(
-        "\n| relays | drain events/s | lanes per relay when balanced | balanced after | published per relay | hand-over: lanes of a stopped relay taken after |"
+        "\n{backlog_events} events drained by 1 to 4 relays in one process, \
+         each with its own producer and connections:\n"
+    );
+    println!(
+        "| relays | balanced after | lanes per relay | drain events/s | published per relay | lanes of a stopped relay taken after |"
     );
     println!("|---:|---:|---|---:|---|---:|");
     for k in relays {
         let topic = self::topic().await;
-        backlog(&pool, &topic, n).await;
         let started = Instant::now();
         let handles: Vec<_> = (0..k)
             .map(|_| Relay::builder(pool.clone(), kafka()).spawn().unwrap())
             .collect();
-        let mut balanced = None;
-        let mut lanes = Vec::new();
-        loop {
+        let lanes = until(Duration::from_secs(60), || async {
             let held = lanes_per_relay(&pool).await;
-            if balanced.is_none()
-                && held.len() == k
+            let balanced = held.len() == k
                 && held.iter().sum::<i64>() == 64
-                && held[0] - held[held.len() - 1] <= 1
-            {
-                balanced = Some(started.elapsed());
-                lanes = held;
-            }
-            if unpublished(&pool).await == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let drained = started.elapsed();
+                && held[0] - held[held.len() - 1] <= 1;
+            balanced.then_some(held)
+        })
+        .await;
+        let balanced = started.elapsed();
+        backlog(&pool, &topic, backlog_events).await;
+        let drain = Instant::now();
+        until(Duration::from_secs(600), || async {
+            (unpublished(&pool).await == 0).then_some(())
+        })
+        .await;
+        let drained = drain.elapsed();
+        let shares: Vec<u64> = handles.iter().map(|r| r.summary().published).collect();
         let mut handles = handles.into_iter();
         let first = handles.next().unwrap();
         let rest: Vec<_> = handles.collect();
-        let mut shares = vec![first.summary().published];
-        shares.extend(rest.iter().map(|r| r.summary().published));
-        // Hand-over: stop one relay; the others take its lanes.
+        // Hand-over: one relay stops; the others take its lanes.
         let hand_over = if rest.is_empty() {
-            None
+            first.shutdown().await;
+            "-".to_owned()
         } else {
             first.shutdown().await;
             let stopped = Instant::now();
-            loop {
+            until(Duration::from_secs(60), || async {
                 let held = lanes_per_relay(&pool).await;
-                if held.len() == k - 1 && held.iter().sum::<i64>() == 64 {
-                    break Some(stopped.elapsed());
-                }
-                if stopped.elapsed() > Duration::from_secs(60) {
-                    break None;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+                (held.len() == k - 1 && held.iter().sum::<i64>() == 64).then_some(())
+            })
+            .await;
+            format!("{:.2} s", stopped.elapsed().as_secs_f64())
         };
         for relay in rest {
             relay.shutdown().await;
         }
         println!(
-            "| {k} | {:.0} | {:?} | {} | {:?} | {} |",
-            n as f64 / drained.as_secs_f64(),
-            lanes,
-            balanced.map_or("not balanced".into(), |b| format!(
-                "{:.2} s",
-                b.as_secs_f64()
-            )),
-            shares,
-            hand_over.map_or("-".into(), |h| format!("{:.2} s", h.as_secs_f64())),
+            "| {k} | {:.2} s | {lanes:?} | {:.0} | {shares:?} | {hand_over} |",
+            balanced.as_secs_f64(),
+            backlog_events as f64 / drained.as_secs_f64(),
         );
         sqlx::query("DELETE FROM outbox_event")
             .execute(&pool)

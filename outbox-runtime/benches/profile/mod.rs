@@ -65,10 +65,20 @@ pub(crate) async fn reset(pool: &PgPool) {
 /// rows, blocks dirtied, WAL records, WAL bytes.
 type Statement = (String, bool, i64, f64, i64, i64, i64, f64);
 
-/// Prints what this database did since [`reset`], per event of `events`.
-pub(crate) async fn report(pool: &PgPool, label: &str, events: u64) {
-    // Table counters reach the shared statistics within about a second.
-    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+/// Per-event totals of a profile's top-level statements.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PerEvent {
+    pub(crate) statements: f64,
+    pub(crate) exec_us: f64,
+    pub(crate) wal_bytes: f64,
+}
+
+/// Prints what this database did since [`reset`], per event of `events`, and
+/// returns the totals.
+pub(crate) async fn report(pool: &PgPool, label: &str, events: u64) -> PerEvent {
+    // A backend that goes idle publishes its table counters within 10 s
+    // (PostgreSQL 15's PGSTAT_IDLE_INTERVAL).
+    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
     let per = |x: f64| x / events.max(1) as f64;
     let statements: Vec<Statement> = sqlx::query_as(
         "SELECT regexp_replace(query, '\\s+', ' ', 'g'), toplevel, calls, total_exec_time, rows,
@@ -123,6 +133,11 @@ pub(crate) async fn report(pool: &PgPool, label: &str, events: u64) {
     .fetch_all(pool)
     .await
     .unwrap();
+    let totals = PerEvent {
+        statements: per(total_calls as f64),
+        exec_us: per(total_ms * 1_000.0),
+        wal_bytes: per(total_wal),
+    };
     println!("\n| table | inserted/event | updated/event | of which HOT | deleted/event |");
     println!("|---|---:|---:|---:|---:|");
     for (table, ins, upd, hot, del) in tables {
@@ -134,4 +149,5 @@ pub(crate) async fn report(pool: &PgPool, label: &str, events: u64) {
             per(del as f64)
         );
     }
+    totals
 }
