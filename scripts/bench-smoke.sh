@@ -32,3 +32,7 @@ run relay RELAY_BENCH_EVENTS=2000 RELAY_BENCH_BASELINE_EVENTS=100 RELAY_BENCH_PU
     cargo bench -p txoutbox-runtime --features test-hooks --bench relay
 run capacity CAPACITY_EVENTS=500 CAPACITY_BACKLOG=2000 CAPACITY_RELAYS=1,2 \
     cargo bench -p txoutbox-runtime --bench capacity
+# The seed's own Python relay as a baseline (skipped if Python is missing).
+scripts/seed-baseline.sh >/dev/null || true
+run seed_python SEED_ROUNDS=1 SEED_EVENTS=200 SEED_RELAY_EVENTS=1000 \
+    cargo bench -p txoutbox-runtime --bench seed_python
