@@ -48,8 +48,9 @@ fn candidate_window(batch: usize) -> i64 {
 /// also takes the key's next pending rows and handles them in order in the
 /// same transaction: nobody else can take them, since claiming a key starts
 /// with its head. The batch is filled by rank within the key (every head,
-/// then every second row, ...), each run at most `batch / heads` long, so a
-/// long run never crowds other keys' heads out of the batch.
+/// then every second row, ...), each run at most `(batch - heads) / heads`
+/// rows behind its head, so a long run never crowds other keys' heads out of
+/// the batch, and a batch full of heads looks up no run at all.
 ///
 /// Rows are looked up by their arrival sequence, which is unique across
 /// groups; the group is implied by the keys they were found through.
@@ -102,7 +103,7 @@ pub(crate) async fn claim_rows(
                  WHERE i.consumer_group = $1 AND i.topic = h.topic
                    AND i.partition_key = h.partition_key
                    AND NOT i.processed AND i.parked_at IS NULL AND i.seq > h.seq
-                 ORDER BY i.seq LIMIT (SELECT $4 / count(*) FROM owned)) r
+                 ORDER BY i.seq LIMIT (SELECT ($4 - count(*)) / count(*) FROM owned)) r
              WHERE h.partition_key IS NOT NULL),
          picked AS (SELECT seq FROM runs ORDER BY rank, seq LIMIT $4)
          SELECT {COLUMNS} FROM inbox_event i
