@@ -32,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+mod backoff;
 mod config;
 mod flight;
 mod lanes;
@@ -39,9 +40,11 @@ mod membership;
 pub mod notify;
 mod partitioner;
 mod partitions;
+mod pipeline;
 mod publish;
 mod store;
 pub mod telemetry;
+mod wakeup;
 mod worker;
 
 use std::panic::AssertUnwindSafe;
@@ -68,13 +71,13 @@ pub async fn configure_connection(conn: &mut sqlx::PgConnection) -> sqlx::Result
 }
 
 use crate::lifecycle::{Lifecycle, Stopped};
-use flight::Flight;
 pub(crate) use membership::members;
 use partitions::Partitions;
 use publish::Publisher;
 pub(crate) use publish::{WireRow, wire_headers};
 use telemetry::Totals;
-use worker::{Wakeups, Worker};
+use wakeup::Wakeups;
+use worker::Worker;
 
 /// A relay ready to run: its configuration checked and its producer created.
 ///
@@ -145,18 +148,15 @@ impl Relay {
             notify::spawn_listener(&self.pool, Arc::clone(&wake), cancel.child_token());
             wake
         });
-        Worker {
-            pool: self.pool,
-            lanes: lanes::Lanes::new(&self.config),
-            config: self.config,
-            publisher: self.publisher,
+        Worker::new(
+            self.pool,
+            self.config,
+            self.publisher,
+            self.partitions,
             totals,
             cancel,
-            wakeup: Wakeups::new(txoutbox_core::wakeup::listener(), remote),
-            claim_blocked: false,
-            flight: Flight::default(),
-            partitions: self.partitions,
-        }
+            Wakeups::new(txoutbox_core::wakeup::listener(), remote),
+        )
     }
 
     /// Runs the relay on the current task until `token` is cancelled (then

@@ -34,7 +34,7 @@ use sqlx::{Connection, PgPool};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::worker::jittered_exponential;
+use super::backoff::jittered_exponential;
 
 /// The channel the trigger notifies and relays listen on.
 pub const CHANNEL: &str = "outbox_event";

@@ -311,7 +311,7 @@ impl Partitions {
             down.probe = None;
             down.failures += 1;
             down.next_probe = Instant::now()
-                + super::worker::jittered_exponential(initial, max, down.failures - 1);
+                + super::backoff::jittered_exponential(initial, max, down.failures - 1);
         }
     }
 
