@@ -13,7 +13,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use super::flight::{Batch, Enqueued, Flight, Resolved};
+use super::batch::{Batch, Enqueued, Resolved};
+use super::flight::Flight;
 use super::partitions::Partitions;
 
 /// Most batches in flight at once.

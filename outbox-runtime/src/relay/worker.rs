@@ -17,12 +17,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::error_delay;
 use super::config::RelayConfig;
-use super::lanes::{self, Lanes, Rebalanced};
+use super::error::RelayError;
+use super::lanes::{Lanes, Rebalanced};
 use super::partitions::Partitions;
 use super::pipeline::Pipeline;
 use super::publish::Publisher;
+use super::session;
 use super::store;
-use super::telemetry::{self as metric, Totals};
+use super::summary::Totals;
+use super::telemetry as metric;
 use super::wakeup::Wakeups;
 
 /// First wait after a poll that found fewer rows than a batch; doubles while
@@ -122,7 +125,7 @@ impl Worker {
     /// after `partition_stall_timeout`; see [`Flight`](super::flight::Flight)
     /// and [`Partitions`]. On shutdown what is in flight is awaited and
     /// marked, and the lanes are released.
-    pub(crate) async fn run(mut self) -> Result<(), super::RelayError> {
+    pub(crate) async fn run(mut self) -> Result<(), RelayError> {
         let mut cadence = Cadence {
             failures: 0,
             idle_wait: IDLE_WAIT_FIRST,
@@ -177,11 +180,7 @@ impl Worker {
     /// Takes or releases lanes for a fair share (due at `now`). `Ok(false)`
     /// when the turn must start over (after an error, paused already); an
     /// error when the relay must stop.
-    async fn rebalance(
-        &mut self,
-        now: Instant,
-        cadence: &mut Cadence,
-    ) -> Result<bool, super::RelayError> {
+    async fn rebalance(&mut self, now: Instant, cadence: &mut Cadence) -> Result<bool, RelayError> {
         cadence.next_rebalance = now + self.config.rebalance_interval;
         self.probe_broker_if_failing().await;
         let mut result = self
@@ -259,7 +258,7 @@ impl Worker {
 
     async fn refresh_backlog(&self) {
         let limit = self.config.database_timeout;
-        match lanes::bounded(limit, "measuring the backlog", store::backlog(&self.pool)).await {
+        match session::bounded(limit, "measuring the backlog", store::backlog(&self.pool)).await {
             Ok((rows, oldest_age)) => {
                 metrics::gauge!(metric::BACKLOG).set(rows as f64);
                 metrics::gauge!(metric::OLDEST_UNPUBLISHED_AGE).set(oldest_age);

@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use tracing::{Instrument, Span, field};
 
-use super::super::flight::Enqueued;
-use super::super::lanes;
+use super::super::batch::Enqueued;
 use super::super::partitions::Route;
 use super::super::publish::Outcome;
+use super::super::session;
 use super::super::store::{self, ClaimedRow};
 use super::{BatchError, Worker};
 
@@ -64,7 +64,7 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        lanes::bounded(
+        session::bounded(
             self.config.database_timeout,
             "releasing held-back rows",
             store::release_held(conn, &ids),
@@ -83,7 +83,7 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let rows = lanes::bounded(
+        let rows = session::bounded(
             self.config.database_timeout,
             "claiming a batch",
             store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size),

@@ -6,12 +6,13 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use super::super::backoff::retry_delay;
-use super::super::flight::{Batch, Resolved};
-use super::super::lanes;
+use super::super::batch::{Batch, Resolved};
 use super::super::partitions::Tp;
 use super::super::publish::Outcome;
+use super::super::session;
 use super::super::store::{self, ClaimedRow, Retry};
-use super::super::telemetry::{self as metric, Totals};
+use super::super::summary::Totals;
+use super::super::telemetry as metric;
 use super::{BatchError, Progress, Worker};
 
 impl Worker {
@@ -258,7 +259,7 @@ impl Worker {
             .lanes
             .connection()
             .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
-        let settlement = lanes::bounded(
+        let settlement = session::bounded(
             self.config.database_timeout,
             "marking a batch",
             store::settle(conn, delivered, retries, self.config.max_attempts),

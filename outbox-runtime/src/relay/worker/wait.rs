@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::super::backoff::error_delay;
-use super::super::telemetry::Totals;
+use super::super::summary::Totals;
 use super::{BatchError, Cadence, IDLE_WAIT_FIRST, Progress, REBUILD_AFTER_OUTAGES, Worker};
 
 impl Worker {
