@@ -90,8 +90,9 @@ pub struct RelayConfig {
     /// relay whose connection froze from waiting for hours. Default `5 s`.
     pub database_timeout: Duration,
     /// Also wake up on PostgreSQL notifications from other processes' commits
-    /// (see [`notify`](super::notify): needs the trigger installed with
-    /// [`notify::enable`](super::notify::enable) or `outbox notify enable`).
+    /// (see [`ops::notify`](crate::ops::notify): needs the trigger installed
+    /// with [`ops::notify::enable`](crate::ops::notify::enable) or `outbox
+    /// notify enable`).
     /// Costs one extra connection per relay. Default `false`: commits in the
     /// relay's own process wake it at once; others are seen within
     /// `poll_interval`.

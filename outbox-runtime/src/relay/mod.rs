@@ -40,7 +40,6 @@ mod error;
 mod flight;
 mod lanes;
 mod membership;
-pub mod notify;
 mod partitioner;
 mod partitions;
 mod pipeline;

@@ -12,11 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::RelayConfig;
 use super::error::RelayError;
-use super::notify;
 use super::partitions::Partitions;
 use super::publish::Publisher;
 use super::summary::{RelaySummary, Totals};
-use super::wakeup::Wakeups;
+use super::wakeup::{self, Wakeups};
 use super::worker::Worker;
 use crate::lifecycle::{Lifecycle, Stopped};
 
@@ -68,7 +67,7 @@ impl Relay {
     fn worker(self, cancel: CancellationToken, totals: Arc<Totals>) -> Worker {
         let remote = self.config.listen_notify.then(|| {
             let wake = Arc::new(tokio::sync::Notify::new());
-            notify::spawn_listener(&self.pool, Arc::clone(&wake), cancel.child_token());
+            wakeup::spawn_listener(&self.pool, Arc::clone(&wake), cancel.child_token());
             wake
         });
         Worker::new(
