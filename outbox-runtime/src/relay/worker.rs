@@ -140,6 +140,7 @@ impl Worker {
                 return Err(fatal);
             }
             let now = Instant::now();
+            // Rebalance lanes (when due).
             if now >= cadence.next_rebalance && !self.rebalance(now, &mut cadence).await? {
                 continue;
             }
@@ -157,6 +158,7 @@ impl Worker {
                 .await;
                 continue;
             }
+            // Claim, then publish.
             let claimed = match self.claim_and_publish().await {
                 Ok(claimed) => claimed,
                 Err(error) => {
@@ -167,6 +169,7 @@ impl Worker {
                     continue;
                 }
             };
+            // Settle what the broker answered, or wait.
             self.settle_or_wait(claimed, &mut cadence).await;
         }
         // Graceful shutdown: what is in flight is awaited and marked.
