@@ -3,7 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What a relay did, returned by [`RelayHandle::shutdown`].
+/// What a relay did, returned by
+/// [`RelayHandle::shutdown`](super::RelayHandle::shutdown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelaySummary {
