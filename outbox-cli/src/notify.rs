@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use sqlx::PgPool;
-use txoutbox_runtime::relay::notify;
+use txoutbox_runtime::ops::notify;
 
 use crate::error::CliError;
 use crate::output;

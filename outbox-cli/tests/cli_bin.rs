@@ -413,7 +413,7 @@ async fn notify_enable_status_disable(pool: PgPool) {
         .await
         .unwrap();
     listener
-        .listen(txoutbox_runtime::relay::notify::CHANNEL)
+        .listen(txoutbox_runtime::ops::notify::CHANNEL)
         .await
         .unwrap();
     OutboxRow::new("orders").insert(&pool).await;

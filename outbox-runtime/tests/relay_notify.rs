@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use relay_support::*;
 use sqlx::{Connection, PgConnection, PgPool};
-use txoutbox_runtime::relay::{Relay, notify};
+use txoutbox_runtime::ops::notify;
+use txoutbox_runtime::relay::Relay;
 
 /// Inserts one row on a connection of its own, without the in-process
 /// wake-up (which a writer in another process cannot send).

@@ -1,12 +1,7 @@
-//! The consumer's settings and their builder.
+//! The consumer's settings: the mode, the policy for unknown event types,
+//! and the tuning the builder fills in.
 
 use std::time::Duration;
-
-use rdkafka::ClientConfig;
-use sqlx::PgPool;
-
-use super::handler::{Dispatch, EventHandler, Registration};
-use super::{BuildError, Consumer};
 
 /// How received events reach their handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,12 +43,13 @@ pub enum UnknownEventPolicy {
     /// So keep [`Skip`](Self::Skip) for topics that carry event types this
     /// service never handles. A message that names no event type on a topic
     /// with several handlers is dead-lettered (nobody could ever route it).
-    /// [`ConsumerBuilder::build`] refuses this policy in dedup mode, which has
+    /// [`ConsumerBuilder::build`](super::ConsumerBuilder::build) refuses this policy in dedup mode, which has
     /// nowhere to keep a message.
     Keep,
 }
 
-/// Settings of a [`Consumer`]; see [`ConsumerBuilder`] for each default.
+/// Settings of a [`Consumer`](super::Consumer); see
+/// [`ConsumerBuilder`](super::ConsumerBuilder) for each default.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) group_id: String,
@@ -78,238 +74,5 @@ impl Settings {
     /// Delay before retry number `attempt` (1-based), see [`txoutbox_core::Backoff`].
     pub(crate) fn backoff(&self, attempt: u32) -> Duration {
         txoutbox_core::Backoff::new(self.backoff_initial, self.backoff_max).delay(attempt)
-    }
-}
-
-/// Builds a [`Consumer`]. Start with [`Consumer::builder`].
-///
-/// ```no_run
-/// # use txoutbox_runtime::consumer::{Consumer, Mode};
-/// # fn f(pool: sqlx::PgPool, h: impl txoutbox_runtime::consumer::EventHandler) -> Result<(), Box<dyn std::error::Error>> {
-/// let mut kafka = rdkafka::ClientConfig::new();
-/// kafka.set("bootstrap.servers", "127.0.0.1:9092");
-/// let consumer = Consumer::builder(pool, kafka, "payments")
-///     .handler(h)
-///     .mode(Mode::Inbox)
-///     .build()?;
-/// let running = consumer.spawn();
-/// # Ok(()) }
-/// ```
-#[must_use = "call .build() to get a consumer"]
-pub struct ConsumerBuilder {
-    pool: PgPool,
-    kafka: ClientConfig,
-    settings: Settings,
-    handlers: Vec<Registration>,
-}
-
-/// Shows the settings, the handlers (topic and event type) and the librdkafka
-/// settings with secrets replaced by `[redacted]`.
-impl std::fmt::Debug for ConsumerBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConsumerBuilder")
-            .field("pool", &self.pool)
-            .field("kafka", &crate::redact::Redacted(&self.kafka))
-            .field("settings", &self.settings)
-            .field(
-                "handlers",
-                &self
-                    .handlers
-                    .iter()
-                    .map(|r| (r.topic, r.event_type))
-                    .collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-impl ConsumerBuilder {
-    pub(crate) fn new(pool: PgPool, kafka: ClientConfig, group_id: String) -> Self {
-        Self {
-            pool,
-            kafka,
-            handlers: Vec::new(),
-            settings: Settings {
-                group_id,
-                mode: Mode::Dedup,
-                max_attempts: 5,
-                backoff_initial: Duration::from_millis(100),
-                backoff_max: Duration::from_secs(10),
-                dlq_suffix: ".dlq".to_owned(),
-                unknown_events: UnknownEventPolicy::Skip,
-                max_message_bytes: 1024 * 1024,
-                batch_size: 500,
-                processors: 2,
-                processor_batch_size: 500,
-                processor_poll_interval: Duration::from_millis(500),
-                handle_on_receipt: true,
-                backlog_interval: Duration::from_secs(10),
-                refetch_offset_gaps: false,
-                create_missing_dlq_topics: false,
-            },
-        }
-    }
-
-    /// Registers a handler (an `#[event_handler]` function). Its event's topic is
-    /// subscribed; two handlers for one (topic, event type) fail [`build`](Self::build).
-    pub fn handler<H: EventHandler>(mut self, handler: H) -> Self {
-        self.handlers.push(Registration::new(handler));
-        self
-    }
-
-    /// Dedup (default) or inbox; see [`Mode`].
-    pub fn mode(mut self, mode: Mode) -> Self {
-        self.settings.mode = mode;
-        self
-    }
-
-    /// Handler attempts per event before it is dead-lettered (dedup) or parked
-    /// (inbox). Default 5; at least 1.
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.settings.max_attempts = attempts.max(1);
-        self
-    }
-
-    /// Backoff between handler attempts and while the database is unreachable:
-    /// doubles from `initial` up to `max`, with jitter. Default 100 ms to 10 s.
-    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.settings.backoff_initial = initial;
-        self.settings.backoff_max = max.max(initial);
-        self
-    }
-
-    /// Suffix of the dead-letter topic (`<topic><suffix>`). Default `.dlq`.
-    /// The topic must exist: a consumer whose dead-letter topic is missing
-    /// does not start (see [`create_missing_dlq_topics`](Self::create_missing_dlq_topics)
-    /// and `outbox topics apply`).
-    pub fn dlq_suffix(mut self, suffix: impl Into<String>) -> Self {
-        self.settings.dlq_suffix = suffix.into();
-        self
-    }
-
-    /// What to do with event types that have no handler. Default [`UnknownEventPolicy::Skip`].
-    pub fn unknown_events(mut self, policy: UnknownEventPolicy) -> Self {
-        self.settings.unknown_events = policy;
-        self
-    }
-
-    /// Messages larger than this (key + value) are dead-lettered unread. Default 1 MiB.
-    pub fn max_message_bytes(mut self, bytes: usize) -> Self {
-        self.settings.max_message_bytes = bytes;
-        self
-    }
-
-    /// Most messages handled in one database transaction (dedup mode) or
-    /// inserted by one statement (inbox mode); a batch is what has already been
-    /// fetched, never a wait for more. Default 500; at least 1.
-    pub fn batch_size(mut self, size: usize) -> Self {
-        self.settings.batch_size = size.max(1);
-        self
-    }
-
-    /// Inbox processors running in parallel (inbox mode). Default 2. Zero runs
-    /// none: rows are only stored, for processors in another process.
-    pub fn processors(mut self, count: usize) -> Self {
-        self.settings.processors = count;
-        self
-    }
-
-    /// Rows one inbox processor claims per transaction. Default 500; at least 1.
-    pub fn processor_batch_size(mut self, size: usize) -> Self {
-        self.settings.processor_batch_size = size.max(1);
-        self
-    }
-
-    /// Inbox mode: whether the receiving loop handles an event itself, in the
-    /// transaction that stores it, when nothing of its key is pending in the
-    /// inbox (its row then goes in already processed). Default `true`.
-    ///
-    /// The guarantees do not change: the row and the handler's writes commit
-    /// together, per-key order holds (an event whose key has a pending row is
-    /// stored pending behind it), and if a handler fails the batch's handling
-    /// is rolled back and its rows are stored pending for the processors,
-    /// which retry, count attempts and park as usual. What changes is the
-    /// cost: a row handled on receipt is one insert, where a pending row is
-    /// an insert, a claim and an update (see BENCHMARKS.md). Turn it off when
-    /// handlers are slow and consuming must never wait for them; with
-    /// [`processors(0)`](Self::processors) rows are always only stored.
-    pub fn handle_on_receipt(mut self, on: bool) -> Self {
-        self.settings.handle_on_receipt = on;
-        self
-    }
-
-    /// How often an idle inbox processor looks for due rows (it is also woken at
-    /// once when this consumer stores rows). Default 500 ms.
-    pub fn processor_poll_interval(mut self, interval: Duration) -> Self {
-        self.settings.processor_poll_interval = interval;
-        self
-    }
-
-    /// Create missing dead-letter topics at start (1 partition, replication
-    /// factor 1) instead of refusing to start. Default `false`: production
-    /// topics are provisioned (`outbox topics apply`, with the partitions,
-    /// replication and configs the cluster needs), and a consumer whose
-    /// dead-letter topic is missing stops at start naming it. Meant for
-    /// development and tests.
-    pub fn create_missing_dlq_topics(mut self, create: bool) -> Self {
-        self.settings.create_missing_dlq_topics = create;
-        self
-    }
-
-    /// When a partition's next message skips offsets, read the partition again
-    /// from the first missing offset, once, before accepting the gap. Default
-    /// `false`.
-    ///
-    /// A defence against brokers that serve a record before an earlier one is
-    /// readable: tansu 0.6 does so under concurrent producers (see
-    /// `RELIABILITY.md`), and without this the consumer moves past the late
-    /// records for good. Kafka itself never does, but leaves real gaps
-    /// (transaction markers, compaction), each of which then costs one
-    /// re-fetch; leave it off for transactional or compacted topics on Kafka.
-    /// Gaps are counted in `outbox_consumer_offset_gaps_total` either way.
-    pub fn refetch_offset_gaps(mut self, enabled: bool) -> Self {
-        self.settings.refetch_offset_gaps = enabled;
-        self
-    }
-
-    /// `build()?.spawn()`: checks the handlers and settings, creates the
-    /// Kafka consumer and starts it on a new tokio task.
-    pub fn spawn(self) -> Result<super::ConsumerHandle, BuildError> {
-        Ok(self.build()?.spawn())
-    }
-
-    /// Checks the registrations and creates the Kafka clients.
-    ///
-    /// The Kafka configuration you passed is used as given except for these
-    /// keys, which the consumer owns: `group.id`, `enable.auto.offset.store=false`
-    /// (offsets are stored only after the database commit), `enable.auto.commit=true`
-    /// (stored offsets are committed in the background, on rebalance and on
-    /// shutdown); `auto.offset.reset` defaults to `earliest` and
-    /// `statistics.interval.ms` to 10 s (it feeds the lag gauge).
-    pub fn build(self) -> Result<Consumer, BuildError> {
-        if self.handlers.is_empty() {
-            return Err(BuildError::NoHandlers);
-        }
-        if self.settings.unknown_events == UnknownEventPolicy::Keep
-            && self.settings.mode != Mode::Inbox
-        {
-            return Err(BuildError::InvalidConfig(
-                "UnknownEventPolicy::Keep needs Mode::Inbox: a dedup-mode consumer has nowhere to keep a message it cannot handle",
-            ));
-        }
-        let dispatch =
-            Dispatch::new(self.handlers).map_err(|dups| BuildError::DuplicateHandlers {
-                duplicates: dups
-                    .into_iter()
-                    .map(|d| {
-                        format!(
-                            "`{}` and `{}` both handle `{}` on topic `{}`",
-                            d.first, d.second, d.event_type, d.topic
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            })?;
-        Consumer::new(self.pool, self.kafka, self.settings, dispatch)
     }
 }

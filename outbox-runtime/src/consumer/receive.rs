@@ -12,9 +12,10 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::Instrument;
 
 use super::config::Mode;
+use super::error::ConsumerError;
 use super::offsets::{Positions, Seen, next_offsets};
 use super::run::Consumer;
-use super::{ConsumerError, dedup, inbox, telemetry as m};
+use super::{dedup, inbox, telemetry as m};
 
 impl Consumer {
     pub(super) async fn receive(self) -> Result<(), ConsumerError> {

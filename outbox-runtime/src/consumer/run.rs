@@ -13,11 +13,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::client_context::KafkaContext;
-use super::config::{ConsumerBuilder, Mode, Settings};
+use super::config::{Mode, Settings};
 use super::dlq::DeadLetters;
+use super::error::{BuildError, ConsumerError};
 use super::handler::Dispatch;
+use super::inbox;
 use super::shared::Shared;
-use super::{BuildError, ConsumerError, inbox};
 use crate::lifecycle::{Lifecycle, Stopped, panic_message};
 
 /// A Kafka consumer that runs [`EventHandler`](super::EventHandler)s
@@ -130,18 +131,6 @@ impl ConsumerHandle {
 }
 
 impl Consumer {
-    /// Starts a builder: the pool for `processed_event` / `inbox_event` and your
-    /// handlers' writes, the Kafka client configuration (at least
-    /// `bootstrap.servers`), and the consumer group id, which is also the dedup
-    /// scope in `processed_event`.
-    pub fn builder(
-        pool: PgPool,
-        kafka_config: ClientConfig,
-        group_id: impl Into<String>,
-    ) -> ConsumerBuilder {
-        ConsumerBuilder::new(pool, kafka_config, group_id.into())
-    }
-
     pub(crate) fn new(
         pool: PgPool,
         mut kafka: ClientConfig,

@@ -10,107 +10,20 @@
 //! longer holding a pipeline slot.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::channel::oneshot::Canceled;
 use futures::stream::{FuturesUnordered, StreamExt};
-use rdkafka::producer::DeliveryFuture;
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use tracing::Span;
 
+use super::batch::{Batch, Enqueued, Report, Resolved, Straggler};
 use super::partitions::Partitions;
 use super::publish::{Outcome, report_outcome};
-use super::store::ClaimedRow;
 
 /// librdkafka fails every message after `message.timeout.ms`; this margin
 /// only guards against a lost report.
 const REPORT_GUARD: Duration = Duration::from_secs(5);
-
-/// A sent row's delivery report, tagged with where it belongs.
-struct Report {
-    seq: u64,
-    index: usize,
-    future: DeliveryFuture,
-}
-
-impl Future for Report {
-    type Output = (u64, usize, Result<OwnedDeliveryResult, Canceled>);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (seq, index) = (self.seq, self.index);
-        self.future
-            .poll_unpin(cx)
-            .map(|report| (seq, index, report))
-    }
-}
-
-/// A claimed batch being delivered.
-pub(crate) struct Batch {
-    pub rows: Vec<ClaimedRow>,
-    /// `None` while a sent row's report is outstanding.
-    pub outcomes: Vec<Option<Outcome>>,
-    /// The partition each row went to (from its report), else the predicted one.
-    pub partitions: Vec<Option<i32>>,
-    pub started: Instant,
-    pub span: Span,
-    /// The producer it was sent through (`Publisher::generation`).
-    generation: u64,
-    seq: u64,
-    outstanding: usize,
-    deadline: Instant,
-}
-
-impl Batch {
-    /// Rows whose report is outstanding, with their predicted partition.
-    pub(crate) fn pending(&self) -> impl Iterator<Item = (&ClaimedRow, Option<i32>)> {
-        self.rows
-            .iter()
-            .zip(&self.outcomes)
-            .zip(&self.partitions)
-            .filter(|((_, outcome), _)| outcome.is_none())
-            .map(|((row, _), partition)| (row, *partition))
-    }
-}
-
-/// A row of a batch settled without it, its report still to come.
-struct Straggler {
-    row: ClaimedRow,
-    predicted: Option<i32>,
-    deadline: Instant,
-}
-
-/// A straggler whose report is in.
-pub(crate) struct Resolved {
-    pub row: ClaimedRow,
-    pub outcome: Outcome,
-}
-
-/// A batch as the publisher built it.
-pub(crate) struct Enqueued {
-    pub rows: Vec<ClaimedRow>,
-    /// One per row; `None` for a sent row.
-    pub outcomes: Vec<Option<Outcome>>,
-    pub predicted: Vec<Option<i32>>,
-    /// Sent rows: index, report, and whether the row is its partition's probe
-    /// (a straggler from the start: its partition is known to be down).
-    pub sent: Vec<(usize, DeliveryFuture, bool)>,
-    pub started: Instant,
-    pub span: Span,
-    /// The producer it was sent through (`Publisher::generation`).
-    pub generation: u64,
-}
-
-impl Enqueued {
-    /// `false` when every row was held behind a row in flight: nothing was
-    /// sent, refused or held back, so there is nothing to await or record.
-    pub(crate) fn needs_settling(&self) -> bool {
-        !self.sent.is_empty() || self.outcomes.iter().any(|o| *o != Some(Outcome::Held))
-    }
-}
 
 /// Everything in flight.
 #[derive(Default)]
@@ -400,74 +313,4 @@ impl Flight {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(id: i64, key: &str) -> ClaimedRow {
-        ClaimedRow {
-            id,
-            event_id: uuid::Uuid::nil(),
-            aggregate_type: "Order".into(),
-            aggregate_id: key.into(),
-            event_type: "OrderCreated".into(),
-            payload: "{}".into(),
-            topic: "t".into(),
-            partition_key: key.into(),
-            traceparent: None,
-            attempts: 0,
-        }
-    }
-
-    fn enqueued(
-        rows: Vec<ClaimedRow>,
-        outcomes: Vec<Option<Outcome>>,
-        generation: u64,
-    ) -> Enqueued {
-        Enqueued {
-            predicted: vec![None; rows.len()],
-            rows,
-            outcomes,
-            sent: Vec::new(),
-            started: Instant::now(),
-            span: Span::none(),
-            generation,
-        }
-    }
-
-    fn sorted(keys: HashSet<String>) -> Vec<String> {
-        let mut keys: Vec<String> = keys.into_iter().collect();
-        keys.sort();
-        keys
-    }
-
-    #[test]
-    fn keys_in_flight_are_held_only_where_order_could_break() {
-        let mut flight = Flight::default();
-        // Awaiting its report on the current producer: not held. Delivered:
-        // not held. Failed, or not sent: held.
-        flight.add(
-            enqueued(
-                vec![
-                    row(1, "pending"),
-                    row(2, "delivered"),
-                    row(3, "failed"),
-                    row(4, "held"),
-                ],
-                vec![
-                    None,
-                    Some(Outcome::Delivered),
-                    Some(Outcome::Unavailable("timed out".into())),
-                    Some(Outcome::Held),
-                ],
-                0,
-            ),
-            Duration::from_secs(30),
-        );
-        assert_eq!(sorted(flight.held_keys(0)), ["failed", "held"]);
-        // After a rebuild, a row still awaiting its report from the old
-        // producer holds its key; a delivered one does not.
-        assert_eq!(sorted(flight.held_keys(1)), ["failed", "held", "pending"]);
-        // Every key in flight, for the rows of unavailable partitions.
-        assert_eq!(flight.keys().len(), 4);
-    }
-}
+mod tests;

@@ -21,15 +21,15 @@
 //! taking free ones.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::RelayError;
-use super::config::RelayConfig;
+use super::config::{RelayConfig, renew_every};
+use super::error::RelayError;
 use super::membership::{self, Identity, JoinError, LANE_LOCK, Renewal};
+use super::session::{self, bounded};
 use super::telemetry as metric;
 
 /// What [`Lanes::rebalance`] did.
@@ -63,31 +63,6 @@ pub(crate) struct Lanes {
     /// A reason to stop for good (refused lane count, shared session...),
     /// taken by the worker at its next turn.
     fatal: Option<RelayError>,
-}
-
-/// An error standing for "the relay's own connection did not answer in time".
-pub(crate) fn timed_out(limit: Duration, what: &str) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!(
-            "the relay's own database connection did not answer within {limit:?} ({what}); \
-             it is dropped with its lanes"
-        ),
-    ))
-}
-
-/// Runs one operation on the relay's own connection, at most `limit`: a
-/// frozen connection (a partition that keeps the socket open) would
-/// otherwise hang the relay for as long as TCP keeps it.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    what: &str,
-    operation: impl Future<Output = sqlx::Result<T>>,
-) -> sqlx::Result<T> {
-    match tokio::time::timeout(limit, operation).await {
-        Ok(result) => result,
-        Err(_elapsed) => Err(timed_out(limit, what)),
-    }
 }
 
 impl Lanes {
@@ -258,9 +233,9 @@ impl Lanes {
         let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
         let server_version = conn.server_version_num().unwrap_or(0);
         super::store::configure_connection(&mut conn).await?;
-        membership::configure_keepalive(&mut conn, self.identity.lease, server_version).await?;
+        session::configure_keepalive(&mut conn, self.identity.lease, server_version).await?;
         let joined = async {
-            let (id, backend_pid) = membership::claim_session(&mut conn).await?;
+            let (id, backend_pid) = session::claim_session(&mut conn).await?;
             membership::join(&mut conn, id, &self.identity).await?;
             Ok::<_, JoinError>((id, backend_pid))
         }
@@ -364,10 +339,4 @@ impl Lanes {
         self.session = None;
         self.owned.clear();
     }
-}
-
-/// How often the lease is renewed: every rebalance, and at least three times
-/// per lease.
-pub(crate) fn renew_every(config: &RelayConfig) -> Duration {
-    config.rebalance_interval.min(config.lease_timeout / 3)
 }

@@ -27,19 +27,13 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::FutureProducer;
 
 use super::partitioner::Partitioner;
+use super::prediction::Prediction;
 use super::telemetry as metric;
 
-/// How long a topic's partition count is trusted before it is fetched again
-/// (also re-fetched at once when a delivery lands elsewhere than predicted).
-const METADATA_MAX_AGE: Duration = Duration::from_secs(300);
-/// When a failed metadata request is tried again.
-const METADATA_RETRY: Duration = Duration::from_secs(30);
 /// Longest hold of a row of an unavailable partition (it is released at
 /// once when the partition is back; this bounds the wait only if that
 /// release is lost: the relay stopped, or its lane moved to another relay).
 pub(crate) const HOLD_MAX: Duration = Duration::from_secs(300);
-/// Bound of one metadata request (run on a blocking thread).
-const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A topic's partition.
 pub(crate) type Tp = (String, i32);
@@ -73,19 +67,10 @@ struct Down {
     held_total: u64,
 }
 
-#[derive(Debug)]
-struct Count {
-    partitions: Option<i32>,
-    refetch_at: Instant,
-}
-
 /// Partition health and prediction of one relay.
 pub(crate) struct Partitions {
-    partitioner: Option<Partitioner>,
-    counts: HashMap<String, Count>,
-    /// Topics whose partition count is wanted.
-    wanted: Vec<String>,
-    fetching: Option<(String, tokio::task::JoinHandle<Option<i32>>)>,
+    /// Which partition a key goes to.
+    prediction: Prediction,
     down: HashMap<Tp, Down>,
     /// Last delivery seen on each partition.
     delivered_at: HashMap<Tp, Instant>,
@@ -104,10 +89,7 @@ impl Partitions {
         probe_backoff: (Duration, Duration),
     ) -> Self {
         Self {
-            partitioner,
-            counts: HashMap::new(),
-            wanted: Vec::new(),
-            fetching: None,
+            prediction: Prediction::new(partitioner),
             down: HashMap::new(),
             delivered_at: HashMap::new(),
             released: Vec::new(),
@@ -118,68 +100,12 @@ impl Partitions {
 
     /// The partition librdkafka will put `key` of `topic` in, if known.
     pub(crate) fn predict(&mut self, topic: &str, key: &str) -> Option<i32> {
-        let partitioner = self.partitioner?;
-        let (partitions, stale) = match self.counts.get(topic) {
-            Some(count) => (count.partitions, Instant::now() >= count.refetch_at),
-            None => (None, true),
-        };
-        if stale {
-            self.want(topic);
-        }
-        partitioner.partition(key.as_bytes(), partitions?)
+        self.prediction.predict(topic, key)
     }
 
-    fn want(&mut self, topic: &str) {
-        let fetching = self.fetching.as_ref().is_some_and(|(t, _)| t == topic);
-        if !fetching && !self.wanted.iter().any(|t| t == topic) {
-            self.wanted.push(topic.to_owned());
-        }
-    }
-
-    /// Collects a finished metadata request and starts the next wanted one
-    /// (one at a time, on a blocking thread: librdkafka's call blocks).
+    /// See [`Prediction::refresh_metadata`].
     pub(crate) fn refresh_metadata(&mut self, producer: &FutureProducer) {
-        if let Some((_, fetch)) = &self.fetching {
-            if !fetch.is_finished() {
-                return;
-            }
-            let (topic, fetch) = self.fetching.take().expect("checked");
-            let partitions = futures::FutureExt::now_or_never(fetch)
-                .and_then(Result::ok)
-                .flatten();
-            let wait = if partitions.is_some() {
-                METADATA_MAX_AGE
-            } else {
-                METADATA_RETRY
-            };
-            let refetch_at = Instant::now() + wait;
-            self.wanted.retain(|t| *t != topic);
-            self.counts.insert(
-                topic,
-                Count {
-                    partitions,
-                    refetch_at,
-                },
-            );
-        }
-        let Some(topic) = self.wanted.pop() else {
-            return;
-        };
-        let producer = producer.clone();
-        let name = topic.clone();
-        let fetch = tokio::task::spawn_blocking(move || {
-            use rdkafka::producer::Producer;
-            let metadata = producer
-                .client()
-                .fetch_metadata(Some(&name), METADATA_TIMEOUT)
-                .ok()?;
-            let found = metadata.topics().iter().find(|t| t.name() == name)?;
-            if found.error().is_some() || found.partitions().is_empty() {
-                return None;
-            }
-            Some(found.partitions().len() as i32)
-        });
-        self.fetching = Some((topic, fetch));
+        self.prediction.refresh_metadata(producer);
     }
 
     /// Whether the partition is currently held back.
@@ -294,7 +220,7 @@ impl Partitions {
         };
         if delivered && predicted.is_some_and(|p| p != partition) {
             // The partition count changed: fetch it again.
-            self.want(topic);
+            self.prediction.want(topic);
         }
         let tp = (topic.to_owned(), partition);
         if delivered {
@@ -311,7 +237,7 @@ impl Partitions {
             down.probe = None;
             down.failures += 1;
             down.next_probe = Instant::now()
-                + super::worker::jittered_exponential(initial, max, down.failures - 1);
+                + super::backoff::jittered_exponential(initial, max, down.failures - 1);
         }
     }
 
@@ -375,116 +301,4 @@ impl Partitions {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use rdkafka::ClientConfig;
-    use rdkafka::mocking::MockCluster;
-    use rdkafka::producer::FutureRecord;
-
-    use super::*;
-
-    /// The prediction is where librdkafka really puts each key, for the
-    /// default partitioner and the Java-compatible one.
-    #[tokio::test]
-    async fn predictions_match_librdkafkas_partitioning() {
-        let cluster = MockCluster::new(1).unwrap();
-        for setting in [None, Some("murmur2_random"), Some("fnv1a")] {
-            let topic = format!("predict-{}", setting.unwrap_or("default"));
-            cluster.create_topic(&topic, 7, 1).unwrap();
-            let mut config = ClientConfig::new();
-            config.set("bootstrap.servers", cluster.bootstrap_servers());
-            if let Some(setting) = setting {
-                config.set("partitioner", setting);
-            }
-            let producer: FutureProducer = config.create().unwrap();
-            let mut partitions = Partitions::new(
-                Partitioner::from_setting(setting),
-                Duration::from_secs(1),
-                (Duration::from_millis(1), Duration::from_millis(1)),
-            );
-            assert_eq!(partitions.predict(&topic, "k"), None, "count not known yet");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while partitions.predict(&topic, "k").is_none() {
-                assert!(Instant::now() < deadline, "metadata never arrived");
-                partitions.refresh_metadata(&producer);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            let mut actual = HashMap::new();
-            for i in 0..300 {
-                let key = format!("key-{i}-{}", "x".repeat(i % 7));
-                let delivery = producer
-                    .send(
-                        FutureRecord::to(&topic).key(&key).payload("{}"),
-                        Duration::from_secs(5),
-                    )
-                    .await
-                    .unwrap();
-                actual.insert(key, delivery.partition);
-            }
-            for (key, partition) in &actual {
-                assert_eq!(
-                    partitions.predict(&topic, key),
-                    Some(*partition),
-                    "{setting:?} {key}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn one_probe_at_a_time_and_a_delivery_releases_the_held_back_rows() {
-        let mut partitions = Partitions::new(
-            None,
-            Duration::from_secs(60),
-            (Duration::from_millis(1), Duration::from_millis(1)),
-        );
-        let tp = ("t".to_owned(), 2);
-        assert_eq!(partitions.route("t", 2, 1), Route::Send);
-        assert!(partitions.suspect(&tp, "stalled".into()));
-        assert!(!partitions.suspect(&tp, "again".into()));
-        // Rows sent before the suspicion are probes enough for a while.
-        assert_eq!(partitions.route("t", 2, 1), Route::HoldBack);
-        partitions.down.get_mut(&tp).unwrap().next_probe = Instant::now();
-        assert_eq!(partitions.route("t", 2, 1), Route::Probe);
-        assert_eq!(partitions.route("t", 2, 2), Route::HoldBack);
-        let (hold, reason) = partitions.held_back(&tp, 2);
-        assert_eq!(hold, Duration::from_secs(60));
-        assert!(reason.contains("partition 2 of topic t"), "{reason}");
-        assert_eq!(
-            partitions.route("t", 3, 3),
-            Route::Send,
-            "other partitions flow"
-        );
-        // The probe fails: the next one after a backoff.
-        partitions.reported("t", Some(2), Some(2), 1, false);
-        assert!(partitions.is_down(&tp));
-        std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(partitions.route("t", 2, 4), Route::Probe);
-        partitions.reported("t", Some(2), Some(2), 4, true);
-        assert!(!partitions.is_down(&tp));
-        assert_eq!(partitions.take_released(), vec![2]);
-        assert_eq!(partitions.unavailable(), 0);
-    }
-
-    #[test]
-    fn holds_grow_with_the_outage_and_a_held_row_is_released_to_probe() {
-        let base = Duration::from_millis(20);
-        let mut partitions = Partitions::new(None, base, (base, base));
-        let tp = ("t".to_owned(), 0);
-        partitions.suspect(&tp, "down".into());
-        let (first, _) = partitions.held_back(&tp, 10);
-        assert_eq!(first, base, "at least delivery_timeout");
-        partitions.held_back(&tp, 11);
-        std::thread::sleep(base * 3);
-        let (later, _) = partitions.held_back(&tp, 12);
-        assert!(later >= base * 3, "as long as the outage so far: {later:?}");
-        // No claimed row became the probe: the oldest row still held is
-        // released to be it, once.
-        partitions.request_probes();
-        assert_eq!(partitions.take_released(), vec![12]);
-        partitions.request_probes();
-        assert!(partitions.take_released().is_empty());
-        assert_eq!(partitions.route("t", 0, 12), Route::Probe);
-    }
-}
+mod tests;

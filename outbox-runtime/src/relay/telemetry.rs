@@ -1,6 +1,4 @@
-//! Metric names (documented in `docs/relay.md`) and the relay's counters.
-
-use std::sync::atomic::{AtomicU64, Ordering};
+//! Metric names (documented in `docs/relay.md`).
 
 /// Gauge: unpublished, unparked rows (refreshed every `metrics_interval`).
 pub const BACKLOG: &str = "outbox_relay_backlog";
@@ -37,38 +35,4 @@ pub const BROKER_FAILING: &str = "outbox_relay_broker_failing";
 
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);
-}
-
-/// Totals of one relay, read by [`RelayHandle`](super::RelayHandle).
-#[derive(Debug, Default)]
-pub(crate) struct Totals {
-    pub published: AtomicU64,
-    pub parked: AtomicU64,
-    pub held_back: AtomicU64,
-    pub batches: AtomicU64,
-    pub errors: AtomicU64,
-    pub producer_rebuilds: AtomicU64,
-}
-
-impl Totals {
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-
-    /// The totals so far as a summary.
-    pub(crate) fn summary(&self, clean: bool) -> super::RelaySummary {
-        super::RelaySummary {
-            published: Self::get(&self.published),
-            parked: Self::get(&self.parked),
-            held_back: Self::get(&self.held_back),
-            batches: Self::get(&self.batches),
-            errors: Self::get(&self.errors),
-            producer_rebuilds: Self::get(&self.producer_rebuilds),
-            clean,
-        }
-    }
 }

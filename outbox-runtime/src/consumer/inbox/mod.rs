@@ -12,6 +12,7 @@
 
 mod claim;
 mod group;
+mod handle;
 mod receipt;
 
 use std::sync::Arc;
@@ -105,12 +106,12 @@ pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
         let stored = ctx.stored.notified();
         tokio::pin!(stored);
         stored.as_mut().enable();
-        match claim::claim_and_handle(&ctx).await {
+        match handle::claim_and_handle(&ctx).await {
             // Fewer rows than a batch does not mean nothing else is due: the
             // other keys' heads may have been locked by another processor a
             // moment ago. Only an empty claim waits.
-            Ok(claim::Claimed::Handled) => db_retry = 0,
-            Ok(claim::Claimed::Drained) => {
+            Ok(handle::Claimed::Handled) => db_retry = 0,
+            Ok(handle::Claimed::Drained) => {
                 db_retry = 0;
                 tokio::select! {
                     () = ctx.token.cancelled() => {}

@@ -1,0 +1,96 @@
+//! The trigger behind optional wake-ups of relays across processes
+//! (PostgreSQL `LISTEN`/`NOTIFY`): installed, removed and checked here, once
+//! per database, like a migration (`outbox notify enable|disable|status`).
+//!
+//! A relay in the writer's process is woken at once by the in-process commit
+//! signal. A relay in another process only sees new rows at its next poll
+//! (within [`RelayConfig::poll_interval`](crate::relay::RelayConfig::poll_interval)).
+//! With notifications enabled, a statement-level trigger on `outbox_event`
+//! sends `NOTIFY outbox_event` from every transaction that inserts rows (or
+//! un-parks them), and relays started with
+//! [`RelayBuilder::listen_notify`](crate::relay::RelayBuilder::listen_notify)
+//! wake up when such a transaction commits, whichever process or language
+//! wrote it.
+//!
+//! Off by default, because of its costs (see `docs/relay.md`): PostgreSQL
+//! serializes the commits of all notifying transactions of a cluster on one
+//! lock, and every listening relay holds one more connection. Notifications
+//! are only a hint: one lost while a listener reconnects is made up by the
+//! next poll, and a relay polls whether or not notifications arrive.
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use txoutbox_runtime::ops::notify;
+//! use txoutbox_runtime::relay::Relay;
+//!
+//! notify::enable(&pool).await?; // once per database, like a migration
+//! let mut kafka = rdkafka::ClientConfig::new();
+//! kafka.set("bootstrap.servers", "localhost:9092");
+//! let relay = Relay::builder(pool, kafka).listen_notify(true).spawn()?;
+//! # Ok(()) }
+//! ```
+
+use sqlx::{Connection, PgPool};
+
+/// The channel the trigger notifies and relays listen on.
+pub const CHANNEL: &str = "outbox_event";
+
+/// Name of the trigger [`enable`] creates on `outbox_event`.
+pub const TRIGGER: &str = "outbox_event_notify_relays";
+
+/// Installs (or replaces) the trigger that notifies relays of new and
+/// un-parked outbox rows. Idempotent; needs the right to create functions and
+/// triggers on `outbox_event` (run it where you run the migrations).
+pub async fn enable(pool: &PgPool) -> sqlx::Result<()> {
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    sqlx::query(
+        "CREATE OR REPLACE FUNCTION outbox_event_notify_relays() RETURNS trigger
+         LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM pg_notify('outbox_event', '');
+             RETURN NULL;
+         END $$",
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DROP TRIGGER IF EXISTS outbox_event_notify_relays ON outbox_event")
+        .execute(&mut *tx)
+        .await?;
+    // Statement level: one notification per INSERT statement (the write path
+    // inserts a transaction's events in one statement), and PostgreSQL folds
+    // identical notifications of one transaction into one.
+    sqlx::query(
+        "CREATE TRIGGER outbox_event_notify_relays
+         AFTER INSERT OR UPDATE OF parked_at ON outbox_event
+         FOR EACH STATEMENT EXECUTE FUNCTION outbox_event_notify_relays()",
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// Removes the trigger and its function. Idempotent. Relays that listen keep
+/// running and fall back to polling.
+pub async fn disable(pool: &PgPool) -> sqlx::Result<()> {
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    sqlx::query("DROP TRIGGER IF EXISTS outbox_event_notify_relays ON outbox_event")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DROP FUNCTION IF EXISTS outbox_event_notify_relays()")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+/// Whether the notification trigger is installed on `outbox_event`.
+pub async fn is_enabled(pool: &PgPool) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger
+                        WHERE tgrelid = to_regclass('outbox_event') AND tgname = $1)",
+    )
+    .bind(TRIGGER)
+    .fetch_one(pool)
+    .await
+}

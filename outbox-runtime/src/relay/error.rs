@@ -1,0 +1,58 @@
+//! Why a relay could not start, or stopped for good.
+
+/// Why a relay could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The Kafka configuration disables idempotence or weakens `acks`.
+    #[error(
+        "the outbox relay's producer must run with enable.idempotence=true \
+         and acks=all, but `{setting}={value}` was configured; remove that setting"
+    )]
+    IdempotenceRequired {
+        /// The librdkafka setting at fault.
+        setting: String,
+        /// Its configured value.
+        value: String,
+    },
+    /// A tuning value is out of range.
+    #[error("invalid relay configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// librdkafka refused the configuration.
+    #[error("could not create the relay's kafka producer: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// Another relay runs against the same database with a different
+    /// [`RelayConfig::lanes`](super::RelayConfig::lanes). Lanes of different counts cover different
+    /// keys, so both relays would publish some keys, out of order: the relay
+    /// that joins last is refused (its task ends with this error).
+    #[error(
+        "this relay is configured with {configured} lanes, but the relay {member} runs \
+         against the same database with {running} lanes; every relay of a database must \
+         use the same `lanes` (per-key order): configure {running}, or stop every relay \
+         to change the count"
+    )]
+    LaneCountMismatch {
+        /// This relay's lane count.
+        configured: u32,
+        /// The running relay's lane count.
+        running: u32,
+        /// The running relay: process, host and backend pid.
+        member: String,
+    },
+    /// The relay's own connection is not a database session of its own: its
+    /// lanes are session-level advisory locks, which a transaction-mode
+    /// connection pooler hands to other clients.
+    #[error(
+        "the relay's own database connection is not a session of its own ({0}); its lanes \
+         are session-level advisory locks, which a transaction-mode pooler (PgBouncer \
+         pool_mode=transaction) hands to other clients: give the relay a pool that \
+         connects to PostgreSQL directly or through a session-mode pool"
+    )]
+    SharedSession(String),
+    /// The relay membership table (migration 0006) does not exist.
+    #[error(
+        "the relay membership table outbox_relay_member is missing: apply the outbox \
+         migrations (`outbox migrate` or txoutbox_runtime::migrations::run)"
+    )]
+    NotMigrated,
+}

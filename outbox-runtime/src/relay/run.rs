@@ -1,0 +1,222 @@
+//! A relay's lifecycle: the built [`Relay`], run on the current task or
+//! spawned, and the [`RelayHandle`] that stops it.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use rdkafka::ClientConfig;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::config::RelayConfig;
+use super::error::RelayError;
+use super::partitions::Partitions;
+use super::publish::Publisher;
+use super::summary::{RelaySummary, Totals};
+use super::wakeup::{self, Wakeups};
+use super::worker::Worker;
+use crate::lifecycle::{Lifecycle, Stopped};
+
+/// A relay ready to run: its configuration checked and its producer created.
+///
+/// The same shape as a consumer: [`Relay::builder`] → [`RelayBuilder::build`](super::RelayBuilder::build)
+/// → [`spawn`](Self::spawn) (a task and its [`RelayHandle`]) or
+/// [`run`](Self::run) (on the current task until a token is cancelled).
+/// [`RelayBuilder::spawn`](super::RelayBuilder::spawn) is `build()?.spawn()` in one call.
+pub struct Relay {
+    pool: PgPool,
+    config: RelayConfig,
+    publisher: Publisher,
+    partitions: Partitions,
+}
+
+/// Shows the configuration (the librdkafka settings are in the builder's
+/// `Debug`, with secrets redacted).
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    /// Creates the producer; the configuration was validated by the builder.
+    pub(crate) fn new(
+        pool: PgPool,
+        kafka: ClientConfig,
+        config: RelayConfig,
+    ) -> Result<Self, RelayError> {
+        let publisher = Publisher::new(kafka)?;
+        let partitions = Partitions::new(
+            publisher.partitioner(),
+            config.delivery_timeout,
+            (config.error_backoff_initial, config.error_backoff_max),
+        );
+        Ok(Self {
+            pool,
+            config,
+            publisher,
+            partitions,
+        })
+    }
+
+    /// The relay's loop, stopped by `cancel`, counting into `totals`.
+    fn worker(self, cancel: CancellationToken, totals: Arc<Totals>) -> Worker {
+        let remote = self.config.listen_notify.then(|| {
+            let wake = Arc::new(tokio::sync::Notify::new());
+            wakeup::spawn_listener(&self.pool, Arc::clone(&wake), cancel.child_token());
+            wake
+        });
+        Worker::new(
+            self.pool,
+            self.config,
+            self.publisher,
+            self.partitions,
+            totals,
+            cancel,
+            Wakeups::new(txoutbox_core::wakeup::listener(), remote),
+        )
+    }
+
+    /// Runs the relay on the current task until `token` is cancelled (then
+    /// it stops as [`RelayHandle::shutdown`] does, without a time limit), and
+    /// returns its totals; an error if it ended on its own (see
+    /// [`RelayHandle::stopped`]). For supervisors that own their tasks, e.g.
+    /// in a `JoinSet`.
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::relay::RelayError> {
+    /// let mut kafka = rdkafka::ClientConfig::new();
+    /// kafka.set("bootstrap.servers", "localhost:9092");
+    /// let relay = txoutbox_runtime::relay::Relay::builder(pool, kafka).build()?;
+    /// let token = tokio_util::sync::CancellationToken::new();
+    /// let summary = relay.run(token.child_token()).await?;
+    /// println!("published {}", summary.published);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run(self, token: CancellationToken) -> Result<RelaySummary, RelayError> {
+        let totals = Arc::new(Totals::default());
+        self.worker(token, Arc::clone(&totals)).run().await?;
+        Ok(totals.summary(true))
+    }
+
+    /// Starts the relay on a new tokio task. Must be called inside a tokio
+    /// runtime.
+    pub fn spawn(self) -> RelayHandle {
+        let cancel = CancellationToken::new();
+        let totals = Arc::new(Totals::default());
+        let shutdown_timeout = self.config.shutdown_timeout;
+        let worker = self.worker(cancel.clone(), Arc::clone(&totals));
+        let lifecycle = Lifecycle::new();
+        let task = tokio::spawn({
+            let (lifecycle, cancel) = (lifecycle.clone(), cancel.clone());
+            async move {
+                let ended = AssertUnwindSafe(worker.run()).catch_unwind().await;
+                let stopped = match ended {
+                    Ok(Ok(())) if cancel.is_cancelled() => Stopped::Requested,
+                    Ok(Ok(())) => Stopped::Failed("the relay loop ended unexpectedly".into()),
+                    Ok(Err(error)) => Stopped::Failed(error.to_string()),
+                    Err(panic) => Stopped::Failed(format!(
+                        "the relay panicked: {}",
+                        crate::lifecycle::panic_message(&*panic)
+                    )),
+                };
+                lifecycle.finish(stopped, &[("task", "relay".to_owned())]);
+            }
+        });
+        RelayHandle {
+            cancel,
+            task: Some(task),
+            totals,
+            shutdown_timeout,
+            lifecycle,
+        }
+    }
+}
+
+/// A running relay. Dropping the handle asks the relay to stop (like
+/// [`shutdown`](Self::shutdown) without waiting).
+#[derive(Debug)]
+pub struct RelayHandle {
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    totals: Arc<Totals>,
+    shutdown_timeout: std::time::Duration,
+    lifecycle: Lifecycle,
+}
+
+impl RelayHandle {
+    /// Stops claiming, lets the batch in flight finish (deliveries awaited and
+    /// marked), releases the lanes and returns, within
+    /// [`RelayConfig::shutdown_timeout`](super::RelayConfig::shutdown_timeout).
+    ///
+    /// ```no_run
+    /// # async fn run(handle: txoutbox_runtime::relay::RelayHandle) {
+    /// let summary = handle.shutdown().await;
+    /// println!("published {} events in {} batches", summary.published, summary.batches);
+    /// # }
+    /// ```
+    pub async fn shutdown(mut self) -> RelaySummary {
+        self.cancel.cancel();
+        let mut clean = true;
+        if let Some(mut task) = self.task.take() {
+            match tokio::time::timeout(self.shutdown_timeout, &mut task).await {
+                Ok(joined) => clean = joined.is_ok(),
+                Err(_elapsed) => {
+                    task.abort();
+                    clean = false;
+                }
+            }
+        }
+        self.lifecycle.finish(Stopped::Requested, &[]);
+        RelaySummary {
+            clean,
+            ..self.summary()
+        }
+    }
+
+    /// The totals so far, while the relay runs (`clean` is `true`).
+    pub fn summary(&self) -> RelaySummary {
+        self.totals.summary(true)
+    }
+
+    /// Resolves when the relay's task has ended: [`Stopped::Requested`] after
+    /// [`shutdown`](Self::shutdown) or its token was cancelled,
+    /// [`Stopped::Failed`] if it ended on its own (see [`crate::lifecycle`]:
+    /// a service should then exit so that it is restarted). Can be awaited
+    /// any number of times, from any task.
+    ///
+    /// ```no_run
+    /// # async fn run(relay: txoutbox_runtime::relay::RelayHandle) {
+    /// let stopped = relay.stopped().await;
+    /// if stopped.is_failure() {
+    ///     eprintln!("relay {stopped}");
+    ///     std::process::exit(1);
+    /// }
+    /// # }
+    /// ```
+    pub fn stopped(&self) -> impl std::future::Future<Output = Stopped> + Send + 'static {
+        self.lifecycle.stopped()
+    }
+
+    /// Whether the relay's task is still running.
+    pub fn is_running(&self) -> bool {
+        self.lifecycle.current().is_none()
+    }
+
+    /// The token that stops the relay, e.g. to tie it to a server's graceful
+    /// shutdown (`axum::serve(..).with_graceful_shutdown(token.cancelled_owned())`)
+    /// or to stop it from another task.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+impl Drop for RelayHandle {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}

@@ -1,0 +1,179 @@
+//! The loop's claim and publish steps: the next batch of the owned lanes'
+//! rows, handed to the producer in order.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use tracing::{Instrument, Span, field};
+
+use super::super::batch::Enqueued;
+use super::super::partitions::Route;
+use super::super::publish::Outcome;
+use super::super::session;
+use super::super::store::{self, ClaimedRow};
+use super::{BatchError, Worker};
+
+impl Worker {
+    /// Gets the partitions' state up to date (partition counts, probes due,
+    /// rows released from holds), then, if the pipeline has room, claims the
+    /// next batch and publishes it. Returns the rows claimed into the
+    /// pipeline (0 when there was no room, nothing is publishable, or all of
+    /// it was held behind rows in flight).
+    pub(super) async fn claim_and_publish(&mut self) -> Result<usize, BatchError> {
+        self.partitions.refresh_metadata(self.publisher.producer());
+        self.partitions.request_probes();
+        self.release_held_back().await?;
+        self.pipeline.unpause_if_empty();
+        if !self.pipeline.has_room(self.config.batch_size) {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        let rows = self.claim().await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let span = tracing::info_span!(
+            "outbox_relay_batch",
+            claimed = rows.len(),
+            published = field::Empty,
+            held = field::Empty,
+            held_back = field::Empty,
+            straggling = field::Empty,
+            rejected = field::Empty,
+            unavailable = field::Empty,
+        );
+        let held_keys = self.pipeline.held_keys(self.publisher.generation());
+        let batch = self
+            .publish(rows, &held_keys, started, span.clone())
+            .instrument(span)
+            .await;
+        // Rows of held keys are not sent. If that was all of them, claiming
+        // again before something settles would find the same rows, so the
+        // pipeline pauses claims until a settle.
+        Ok(self.pipeline.admit(batch, self.config.delivery_timeout))
+    }
+
+    /// Clears the hold of rows held back for partitions that are available
+    /// again, so they are claimed at once.
+    async fn release_held_back(&mut self) -> Result<(), BatchError> {
+        let ids = self.partitions.take_released();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let conn = self
+            .lanes
+            .connection()
+            .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
+        session::bounded(
+            self.config.database_timeout,
+            "releasing held-back rows",
+            store::release_held(conn, &ids),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Claims the next batch of the owned lanes, leaving out the rows in
+    /// flight.
+    async fn claim(&mut self) -> Result<Vec<ClaimedRow>, BatchError> {
+        let lanes = self.lanes.owned();
+        let lane_count = self.lanes.lane_count();
+        let exclude = self.pipeline.ids();
+        let conn = self
+            .lanes
+            .connection()
+            .ok_or(BatchError::Database(sqlx::Error::PoolClosed))?;
+        let rows = session::bounded(
+            self.config.database_timeout,
+            "claiming a batch",
+            store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size),
+        )
+        .await?;
+        Ok(rows)
+    }
+
+    /// Enqueues every row, in order, and returns at once: the deliveries
+    /// proceed while the relay claims its next batch. A row whose key has
+    /// earlier rows in flight follows them through the same idempotent
+    /// producer, which keeps them in order. A row is not sent if its key is
+    /// in `held_keys` (an earlier row failed, is late, or went out through a
+    /// producer since rebuilt: see `Flight::held_keys`) or had an earlier row
+    /// fail to enqueue or be held back here. The first row of a key of a
+    /// partition known to be unavailable is held back in the database (unless
+    /// it is the partition's one probe, and only if no row of its key is in
+    /// flight), which keeps the key's later rows out of claims; the key's
+    /// later rows of this claim just wait.
+    async fn publish(
+        &mut self,
+        rows: Vec<ClaimedRow>,
+        held_keys: &HashSet<String>,
+        started: Instant,
+        span: Span,
+    ) -> Enqueued {
+        let deadline = Instant::now() + self.config.delivery_timeout;
+        let mut outcomes = vec![None; rows.len()];
+        let mut predicted = Vec::with_capacity(rows.len());
+        let mut sent = Vec::with_capacity(rows.len());
+        let mut failed_keys: HashSet<&str> = HashSet::new();
+        let any_down = self.partitions.unavailable() > 0;
+        // Only needed to hold back rows of unavailable partitions.
+        let in_flight_keys = if any_down {
+            self.pipeline.keys()
+        } else {
+            HashSet::new()
+        };
+        let generation = self.publisher.generation();
+        for (index, row) in rows.iter().enumerate() {
+            let key = row.partition_key.as_str();
+            let partition = self.partitions.predict(&row.topic, key);
+            predicted.push(partition);
+            let tp = partition
+                .filter(|_| any_down)
+                .map(|p| (row.topic.clone(), p));
+            let down = tp.as_ref().is_some_and(|tp| self.partitions.is_down(tp));
+            // An earlier row of the key in this claim failed or was held
+            // back, or one in flight makes order uncertain: this one waits,
+            // unwritten (once the earlier one's hold is recorded, the claim
+            // skips the key's later rows).
+            let held = held_keys.contains(key);
+            if failed_keys.contains(key) || (held && !down) {
+                outcomes[index] = Some(Outcome::Held);
+                continue;
+            }
+            let in_flight = held || in_flight_keys.contains(key);
+            let route = match &tp {
+                Some(_) if down && in_flight => Route::HoldBack,
+                Some((topic, partition)) => self.partitions.route(topic, *partition, row.id),
+                None => Route::Send,
+            };
+            if route == Route::HoldBack {
+                let tp = tp.expect("a partition held back is known");
+                let (hold, reason) = self.partitions.held_back(&tp, row.id);
+                outcomes[index] = Some(Outcome::Deferred { reason, hold });
+                failed_keys.insert(key);
+                continue;
+            }
+            match self.publisher.send(row, deadline).await {
+                Ok(report) => sent.push((index, report, route == Route::Probe)),
+                Err(outcome) => {
+                    if route == Route::Probe {
+                        self.partitions
+                            .reported(&row.topic, partition, partition, row.id, false);
+                    }
+                    outcomes[index] = Some(outcome);
+                    failed_keys.insert(key);
+                }
+            }
+        }
+        drop(failed_keys);
+        Enqueued {
+            rows,
+            outcomes,
+            predicted,
+            sent,
+            started,
+            span,
+            generation,
+        }
+    }
+}
