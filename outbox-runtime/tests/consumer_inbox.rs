@@ -66,11 +66,11 @@ async fn duplicates_are_stored_once_and_two_processors_handle_each_row_once(pool
         .build()
         .unwrap()
         .spawn();
-    wait_until("all rows processed", Duration::from_secs(25), || async {
+    eventually("all rows processed", Duration::from_secs(25), || async {
         count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 200
     })
     .await;
-    wait_until("offsets committed", Duration::from_secs(10), || async {
+    eventually("offsets committed", Duration::from_secs(10), || async {
         committed(&group, InboxPaid::TOPIC, 2).await == end
     })
     .await;
@@ -143,7 +143,7 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until("the poison row parked", Duration::from_secs(25), || async {
+    eventually("the poison row parked", Duration::from_secs(25), || async {
         count(
             &pool,
             "SELECT count(*) FROM inbox_event WHERE parked_at IS NOT NULL",
@@ -152,7 +152,7 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
             == 1
     })
     .await;
-    wait_until(
+    eventually(
         "the good rows processed",
         Duration::from_secs(10),
         || async { count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 20 },
@@ -256,7 +256,7 @@ async fn parallel_processors_keep_per_key_order(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until("all rows processed", Duration::from_secs(30), || async {
+    eventually("all rows processed", Duration::from_secs(30), || async {
         count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 150
     })
     .await;
@@ -313,7 +313,7 @@ async fn hot_keys_are_drained_in_runs_and_a_failure_holds_back_the_rest_of_its_r
         .build()
         .unwrap()
         .spawn();
-    wait_until("all rows processed", Duration::from_secs(30), || async {
+    eventually("all rows processed", Duration::from_secs(30), || async {
         count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 300
     })
     .await;
