@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use databases::{demo_databases, drop_databases, server_url};
+use databases::demo_databases;
 use outbox_examples::demo::{Demo, DemoConfig};
 use outbox_examples::observability::{self, Liveness, Readiness};
 use outbox_examples::orders::{self, OrdersService, parse_create_order};
@@ -23,10 +23,8 @@ use support::dashboard::{Kind, documented, documented_metric, exposition_types, 
 use txoutbox_runtime::consumer::telemetry as consumer;
 use txoutbox_runtime::ops::status::Thresholds;
 use txoutbox_runtime::relay::{Relay, telemetry as relay};
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
+use txoutbox_testkit::broker::brokers;
+use txoutbox_testkit::db::{drop_databases, server_url};
 
 /// `GET http://addr/path`: status and body.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -69,7 +67,7 @@ async fn every_order_is_paid_once_through_the_real_broker() {
     // Catch a failed probe so that the services stop and the databases go.
     let probed = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(probed)).await;
     let stopped = demo.shutdown().await;
-    drop_databases(&server, &demo_databases(&name)).await;
+    drop_databases(&demo_databases(&name)).await.unwrap();
     if let Err(panic) = probed {
         std::panic::resume_unwind(panic);
     }
@@ -295,7 +293,7 @@ async fn liveness_fails_when_the_relay_stops_on_its_own() {
     let _ = service.shutdown().await;
     other.shutdown().await;
     pool.close().await;
-    drop_databases(&server, &demo_databases(&name)).await;
+    drop_databases(&demo_databases(&name)).await.unwrap();
     assert_eq!(status, 503, "{live}");
     assert_eq!(live["status"], "dead");
     let relay = &live["tasks"][0];

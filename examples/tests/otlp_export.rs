@@ -12,10 +12,11 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
-use databases::{demo_databases, drop_databases, server_url};
+use databases::demo_databases;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use prost::Message as _;
+use txoutbox_testkit::db::{drop_databases, server_url};
 
 type Received = Arc<Mutex<Vec<(String, Bytes)>>>;
 
@@ -57,7 +58,7 @@ async fn the_demo_exports_its_spans_to_the_configured_collector() {
         .unwrap()
         .expect("the demo runs");
 
-    drop_databases(&server, &demo_databases(&name)).await;
+    drop_databases(&demo_databases(&name)).await.unwrap();
     assert!(
         output.status.success(),
         "demo failed:\n{}\n{}",

@@ -5,13 +5,8 @@
 //! orders service publishes is read by a consumer that knows only the seed's
 //! format.
 
-#[path = "support/databases.rs"]
-#[allow(dead_code)] // the demo's database names are not used here
-mod databases;
-
 use std::time::{Duration, Instant};
 
-use databases::{drop_databases, server_url};
 use outbox_examples::orders::{self, OrdersService};
 use outbox_examples::payments::{self, PaymentsService};
 use outbox_examples::service::{Tuning, create_topics};
@@ -20,13 +15,11 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde_json::{Value, json};
+use txoutbox_testkit::broker::brokers;
+use txoutbox_testkit::db::{drop_databases, server_url};
 use uuid::Uuid;
 
 const PARTITIONS: i32 = 3;
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
 
 fn client() -> ClientConfig {
     let mut config = ClientConfig::new();
@@ -169,7 +162,7 @@ async fn a_seed_format_order_is_paid_and_answered_with_payment_completed() {
         .unwrap();
     let _ = service.shutdown().await;
     pool.close().await;
-    drop_databases(&server, std::slice::from_ref(&name)).await;
+    drop_databases(std::slice::from_ref(&name)).await.unwrap();
     assert_eq!(paid, 1, "the seed's order was paid once");
     assert_eq!(answer_key, order_id.to_string());
     assert_eq!(answer["amount"], 4200, "{answer}");
@@ -220,7 +213,7 @@ async fn the_orders_service_output_is_read_by_a_seed_format_consumer() {
     let (key, payload, _) = find("order.events", &from, |value| value["order_id"] == order_id);
     let _ = service.shutdown().await;
     pool.close().await;
-    drop_databases(&server, std::slice::from_ref(&name)).await;
+    drop_databases(std::slice::from_ref(&name)).await.unwrap();
     // The seed's consumer keys on the order and reads only the value.
     assert_eq!(json!(key), order_id);
     readable_by_the_seed(&payload).unwrap();

@@ -10,7 +10,7 @@ mod databases;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use databases::{demo_databases, drop_databases, server_url};
+use databases::demo_databases;
 use opentelemetry::trace::SpanId;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use outbox_examples::demo::{Demo, DemoConfig};
@@ -20,6 +20,7 @@ use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+use txoutbox_testkit::db::{drop_databases, server_url};
 
 fn attribute(span: &SpanData, key: &str) -> Option<String> {
     span.attributes
@@ -65,7 +66,7 @@ async fn an_order_is_one_trace_from_the_handler_to_both_consumers() {
         .expect("start the services");
     let summary = demo.drive_and_wait().await;
     let stopped = demo.shutdown().await;
-    drop_databases(&server, &demo_databases(&name)).await;
+    drop_databases(&demo_databases(&name)).await.unwrap();
     stopped.expect("clean shutdown");
     let summary = summary.expect("demo run");
     assert!(summary.complete(), "incomplete run:\n{summary}");

@@ -3,9 +3,7 @@
 
 use std::process::{Command, Output};
 
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
+use txoutbox_testkit::broker::{brokers, unique_topic};
 
 fn outbox(args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
@@ -47,7 +45,7 @@ fn states(document: &serde_json::Value) -> Vec<(String, Option<i64>)> {
 
 #[test]
 fn plan_then_apply_creates_what_the_exporter_names_once() {
-    let topic = format!("cli-topics-{}", uuid::Uuid::new_v4().simple());
+    let topic = unique_topic("cli-topics");
     // An exporter: prints the registries' topics as JSON (`# ` swallows the
     // `topics` argument the tool appends).
     let exporter = format!(r#"echo '{{"events":["{topic}"],"consumed":["{topic}"]}}' #"#);

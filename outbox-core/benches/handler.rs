@@ -12,35 +12,22 @@
 
 use std::time::{Duration, Instant};
 
+use schemars::JsonSchema;
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool, Postgres, Transaction};
 use txoutbox_core::{DomainEvent, Events, outbox_handler};
 use uuid::Uuid;
 
-#[derive(Serialize)]
+#[derive(Serialize, JsonSchema, DomainEvent)]
+#[event(topic = "order.events", aggregate = "Order")]
 struct OrderLineAdded {
     event_id: Uuid,
+    #[partition_key]
     order_id: i64,
     line: usize,
     sku: String,
     quantity: i32,
-}
-
-impl DomainEvent for OrderLineAdded {
-    const TOPIC: &'static str = "order.events";
-    const EVENT_TYPE: &'static str = "OrderLineAdded";
-    const AGGREGATE_TYPE: &'static str = "Order";
-    const PARTITION_KEY_FIELD: &'static str = "order_id";
-    fn event_id(&self) -> Uuid {
-        self.event_id
-    }
-    fn aggregate_id(&self) -> String {
-        self.order_id.to_string()
-    }
-    fn partition_key(&self) -> String {
-        self.order_id.to_string()
-    }
 }
 
 fn line(order_id: i64, line: usize) -> OrderLineAdded {

@@ -4,35 +4,22 @@
 //! `cargo run -p txoutbox-core --example handler`.
 //! It works in a scratch database that it creates and drops.
 
+use schemars::JsonSchema;
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool, Postgres, Transaction};
 use txoutbox_core::{DomainEvent, Events, outbox_handler};
 use uuid::Uuid;
 
-/// The fact other services learn about, with its `DomainEvent` impl written
-/// by hand to show what `#[derive(DomainEvent)]` generates.
-#[derive(Debug, Serialize)]
+/// The fact other services learn about: topic, aggregate and Kafka key are
+/// declared with `#[derive(DomainEvent)]` (`docs/attributes.md`).
+#[derive(Debug, Serialize, JsonSchema, DomainEvent)]
+#[event(topic = "order.events", aggregate = "Order")]
 struct OrderCreated {
     event_id: Uuid,
+    #[partition_key]
     order_id: i64,
     amount: i64,
-}
-
-impl DomainEvent for OrderCreated {
-    const TOPIC: &'static str = "order.events";
-    const EVENT_TYPE: &'static str = "OrderCreated";
-    const AGGREGATE_TYPE: &'static str = "Order";
-    const PARTITION_KEY_FIELD: &'static str = "order_id";
-    fn event_id(&self) -> Uuid {
-        self.event_id
-    }
-    fn aggregate_id(&self) -> String {
-        self.order_id.to_string()
-    }
-    fn partition_key(&self) -> String {
-        self.order_id.to_string()
-    }
 }
 
 /// The application's error: it only needs `From<txoutbox_core::Error>`.

@@ -30,17 +30,9 @@ use crate::{DomainEvent, Error, OutboxRecord};
 ///
 /// ```
 /// # use txoutbox_core::{DomainEvent, Events};
-/// # #[derive(serde::Serialize)]
-/// # struct OrderCreated { event_id: uuid::Uuid, order_id: u64 }
-/// # impl DomainEvent for OrderCreated {
-/// #     const TOPIC: &'static str = "orders";
-/// #     const EVENT_TYPE: &'static str = "OrderCreated";
-/// #     const AGGREGATE_TYPE: &'static str = "Order";
-/// #     const PARTITION_KEY_FIELD: &'static str = "order_id";
-/// #     fn event_id(&self) -> uuid::Uuid { self.event_id }
-/// #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
-/// #     fn partition_key(&self) -> String { self.order_id.to_string() }
-/// # }
+/// # #[derive(serde::Serialize, schemars::JsonSchema, DomainEvent)]
+/// # #[event(topic = "orders", aggregate = "Order")]
+/// # struct OrderCreated { event_id: uuid::Uuid, #[partition_key] order_id: u64 }
 /// let mut events = Events::new();
 /// events.record(OrderCreated { event_id: uuid::Uuid::new_v4(), order_id: 7 });
 /// assert_eq!(events.len(), 1);
@@ -138,6 +130,10 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
+
+    // Hand-written `DomainEvent` impls on purpose: a derived event registers
+    // itself in this test binary's schema registry, whose exact contents
+    // `schema::tests::registry_lists_submitted_events_sorted` asserts.
 
     #[derive(Serialize)]
     struct Created {

@@ -17,17 +17,9 @@ use crate::{DomainEvent, Error, Events, OutboxRecord, TransactionSource, insert_
 /// takes the transaction and collector explicitly:
 ///
 /// ```no_run
-/// # #[derive(serde::Serialize)]
-/// # struct OrderCreated { event_id: uuid::Uuid, order_id: i64 }
-/// # impl txoutbox_core::DomainEvent for OrderCreated {
-/// #     const TOPIC: &'static str = "orders";
-/// #     const EVENT_TYPE: &'static str = "OrderCreated";
-/// #     const AGGREGATE_TYPE: &'static str = "Order";
-/// #     const PARTITION_KEY_FIELD: &'static str = "order_id";
-/// #     fn event_id(&self) -> uuid::Uuid { self.event_id }
-/// #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
-/// #     fn partition_key(&self) -> String { self.order_id.to_string() }
-/// # }
+/// # #[derive(serde::Serialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
+/// # #[event(topic = "orders", aggregate = "Order")]
+/// # struct OrderCreated { event_id: uuid::Uuid, #[partition_key] order_id: i64 }
 /// use txoutbox_core::{Events, outbox_handler};
 /// use sqlx::{Postgres, Transaction};
 ///

@@ -24,11 +24,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use sqlx::PgPool;
 use txoutbox_core::OutboxRecord;
 use txoutbox_runtime::ops::cleanup::{Purge, Target};
 use txoutbox_runtime::relay::Relay;
+use txoutbox_testkit::broker::{brokers, client_config, new_topic};
 use uuid::Uuid;
 
 const KEYS: usize = 1_000;
@@ -43,27 +43,11 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn kafka() -> ClientConfig {
-    let brokers = std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", brokers);
-    config
+    client_config(&brokers())
 }
 
 async fn topic() -> String {
-    let topic = format!("bench-capacity-{}", Uuid::new_v4().simple());
-    let admin: AdminClient<_> = kafka().create().unwrap();
-    admin
-        .create_topics(
-            &[NewTopic::new(
-                &topic,
-                PARTITIONS,
-                TopicReplication::Fixed(1),
-            )],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap();
-    topic
+    new_topic(&brokers(), "bench-capacity", PARTITIONS).await
 }
 
 fn record(topic: &str, i: usize) -> OutboxRecord {

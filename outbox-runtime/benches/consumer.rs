@@ -38,29 +38,16 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::{PgPool, Postgres, Transaction};
 use txoutbox_core::DomainEvent;
 use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
+use txoutbox_testkit::broker::{brokers, client_config, create_topic};
 use uuid::Uuid;
 
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, DomainEvent)]
+#[event(topic = "bench.consumer.paid", aggregate = "Order")]
 struct BenchPaid {
     event_id: Uuid,
+    #[partition_key]
     order_id: Uuid,
     amount: i64,
-}
-
-impl DomainEvent for BenchPaid {
-    const TOPIC: &'static str = "bench.consumer.paid";
-    const EVENT_TYPE: &'static str = "BenchPaid";
-    const AGGREGATE_TYPE: &'static str = "Order";
-    const PARTITION_KEY_FIELD: &'static str = "order_id";
-    fn event_id(&self) -> Uuid {
-        self.event_id
-    }
-    fn aggregate_id(&self) -> String {
-        self.order_id.to_string()
-    }
-    fn partition_key(&self) -> String {
-        self.order_id.to_string()
-    }
 }
 
 const PARTITIONS: i32 = 4;
@@ -103,14 +90,9 @@ async fn on_paid_inbox(
     effect(tx, &event, "inbox").await
 }
 
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
 fn kafka() -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers())
-        .set("session.timeout.ms", "6000")
+    let mut c = client_config(&brokers());
+    c.set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500");
     c
 }
@@ -356,18 +338,7 @@ async fn main() {
     let n = env_or("OUTBOX_BENCH_EVENTS", 100_000);
     let rounds = env_or("OUTBOX_BENCH_ROUNDS", 5).max(1);
     let baseline_events = env_or("OUTBOX_BENCH_BASELINE_EVENTS", 10_000).min(n);
-    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        kafka().create().unwrap();
-    let _ = admin
-        .create_topics(
-            &[rdkafka::admin::NewTopic::new(
-                BenchPaid::TOPIC,
-                PARTITIONS,
-                rdkafka::admin::TopicReplication::Fixed(1),
-            )],
-            &rdkafka::admin::AdminOptions::new(),
-        )
-        .await;
+    create_topic(&brokers(), BenchPaid::TOPIC, PARTITIONS).await;
     let probe: StreamConsumer = kafka().set("group.id", "bench-probe").create().unwrap();
     let start = watermarks(&probe);
     let produced = Instant::now();

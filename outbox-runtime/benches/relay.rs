@@ -45,7 +45,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
@@ -54,6 +53,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use txoutbox_runtime::relay::{Relay, RelayHandle};
+use txoutbox_testkit::broker::{new_topic, unique_group};
 use uuid::Uuid;
 
 const KEYS: i64 = 10_000;
@@ -96,7 +96,7 @@ async fn main() {
     let rate = env_usize("RELAY_BENCH_RATE", 1_000);
     let latency_secs = env_usize("RELAY_BENCH_LATENCY_SECS", 10);
     let rounds = env_usize("RELAY_BENCH_ROUNDS", 3).max(1);
-    let brokers = std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let brokers = txoutbox_testkit::broker::brokers();
     let batch = env_usize("RELAY_BENCH_BATCH", 1_000);
     let bench = Bench {
         pool: bench_database("outbox_bench_relay").await,
@@ -481,20 +481,7 @@ fn kafka(brokers: &str) -> ClientConfig {
 
 impl Bench {
     async fn topic(&self, name: &str) -> String {
-        let topic = format!("bench-{name}-{}", Uuid::new_v4().simple());
-        let admin: AdminClient<_> = kafka(&self.brokers).create().unwrap();
-        admin
-            .create_topics(
-                &[NewTopic::new(
-                    &topic,
-                    PARTITIONS,
-                    TopicReplication::Fixed(1),
-                )],
-                &AdminOptions::new(),
-            )
-            .await
-            .unwrap();
-        topic
+        new_topic(&self.brokers, &format!("bench-{name}"), PARTITIONS).await
     }
 
     /// Empties the outbox but for the already-published history rows.
@@ -949,7 +936,7 @@ fn idempotent(brokers: &str) -> ClientConfig {
 /// partition's offset order, partitions one after the other.
 fn read_back(brokers: &str, topic: &str, total: usize) -> Vec<(String, i64)> {
     let consumer: BaseConsumer = kafka(brokers)
-        .set("group.id", format!("bench-{}", Uuid::new_v4()))
+        .set("group.id", unique_group("bench"))
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
@@ -990,7 +977,7 @@ fn read_back(brokers: &str, topic: &str, total: usize) -> Vec<(String, i64)> {
 /// Reads the topic until `total` records arrived; returns (seq, arrival) pairs.
 fn consume_arrivals(brokers: &str, topic: &str, total: usize) -> Vec<(usize, Instant)> {
     let consumer: BaseConsumer = kafka(brokers)
-        .set("group.id", format!("bench-{}", Uuid::new_v4()))
+        .set("group.id", unique_group("bench"))
         .set("enable.auto.commit", "false")
         // tansu holds a fetch for much of this wait even when data is there
         // (commit-to-consumer p50 14 / 35 / 133 ms at 10 / 100 / 500 ms): 10

@@ -30,21 +30,15 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use sqlx::PgPool;
 use txoutbox_runtime::relay::Relay;
-use uuid::Uuid;
+use txoutbox_testkit::broker::{brokers, client_config, new_topic};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
 /// The Python interpreter with the seed's packages, if there is one.
@@ -84,19 +78,7 @@ fn sqlalchemy_dsn(database: &str) -> String {
 }
 
 async fn topic() -> String {
-    let topic = format!("bench-seed-python-{}", Uuid::new_v4().simple());
-    let admin: AdminClient<_> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    admin
-        .create_topics(
-            &[NewTopic::new(&topic, 8, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap();
-    topic
+    new_topic(&brokers(), "bench-seed-python", 8).await
 }
 
 /// `n` unpublished rows of about 250 bytes of JSON over 1,000 keys.
@@ -154,10 +136,10 @@ async fn python_drain(pool: &PgPool, python: &PathBuf, database: &str, n: usize,
 /// Drains `n` rows with this relay (default settings); events/s.
 async fn relay_drain(pool: &PgPool, n: usize) -> f64 {
     backlog(pool, &topic().await, n).await;
-    let mut kafka = ClientConfig::new();
-    kafka.set("bootstrap.servers", brokers());
     let started = Instant::now();
-    let relay = Relay::builder(pool.clone(), kafka).spawn().unwrap();
+    let relay = Relay::builder(pool.clone(), client_config(&brokers()))
+        .spawn()
+        .unwrap();
     while relay.summary().published < n as u64 {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

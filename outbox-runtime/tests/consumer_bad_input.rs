@@ -106,7 +106,7 @@ async fn bad_messages_are_dead_lettered_with_their_reason_and_the_consumer_goes_
         m.len() >= cases.len()
     })
     .await;
-    wait_until(
+    eventually(
         "the good event handled and all offsets committed",
         Duration::from_secs(20),
         || async {
@@ -232,7 +232,7 @@ async fn inbox_mode_dead_letters_nul_characters_and_goes_on(pool: PgPool) {
         .unwrap()
         .spawn();
     let dead = read_until(&dlq, dlq_start, Duration::from_secs(20), |m| m.len() >= 3).await;
-    wait_until(
+    eventually(
         "the good events handled and all offsets committed",
         Duration::from_secs(20),
         || async {

@@ -75,7 +75,7 @@ async fn the_same_event_twice_is_handled_once_in_the_producers_trace(pool: PgPoo
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "offsets committed past all four",
         Duration::from_secs(20),
         || async { committed(&group, DedupPaid::TOPIC, 1).await == end },
@@ -135,7 +135,7 @@ async fn a_crash_before_the_offset_commit_does_not_apply_the_effect_twice(pool: 
             .spawn()
     };
     let running = consumer();
-    wait_until("effect applied", Duration::from_secs(20), || async {
+    eventually("effect applied", Duration::from_secs(20), || async {
         count(&pool, "SELECT count(*) FROM effect").await == 1
     })
     .await;
@@ -150,7 +150,7 @@ async fn a_crash_before_the_offset_commit_does_not_apply_the_effect_twice(pool: 
     let later = CrashPaid::new(8);
     produce_event(&producer, &later).await;
     let running = consumer();
-    wait_until(
+    eventually(
         "the later event handled",
         Duration::from_secs(20),
         || async { count(&pool, "SELECT count(*) FROM effect WHERE amount = 8").await == 1 },
@@ -219,7 +219,7 @@ async fn a_failing_handler_is_retried_then_dead_lettered_and_the_partition_moves
         .unwrap()
         .spawn();
     let dead = read_until(&dlq, dlq_start, Duration::from_secs(20), |m| !m.is_empty()).await;
-    wait_until(
+    eventually(
         "the good events handled",
         Duration::from_secs(20),
         || async { count(&pool, "SELECT count(*) FROM effect").await == 2 },
@@ -292,7 +292,7 @@ async fn a_database_outage_pauses_the_consumer_without_skipping(pool: PgPool) {
         .spawn();
     let producer = producer();
     produce_event(&producer, &OutagePaid::new(1)).await;
-    wait_until("first event handled", Duration::from_secs(20), || async {
+    eventually("first event handled", Duration::from_secs(20), || async {
         count(&pool, "SELECT count(*) FROM effect").await == 1
     })
     .await;
@@ -330,13 +330,13 @@ async fn a_database_outage_pauses_the_consumer_without_skipping(pool: PgPool) {
     .execute(&mut admin)
     .await
     .unwrap();
-    wait_until(
+    eventually(
         "events handled after the outage",
         Duration::from_secs(20),
         || async { count(&admin_pool(&pool).await, "SELECT count(*) FROM effect").await == 4 },
     )
     .await;
-    wait_until(
+    eventually(
         "offsets committed after the outage",
         Duration::from_secs(20),
         || async { committed(&group, OutagePaid::TOPIC, 1).await[0] == start + 4 },
@@ -402,7 +402,7 @@ async fn shutdown_during_retries_commits_only_what_was_handled(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "the first message committed",
         Duration::from_secs(20),
         || async { committed(&group, StuckPaid::TOPIC, 1).await == vec![start + 1] },

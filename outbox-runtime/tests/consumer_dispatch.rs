@@ -64,7 +64,7 @@ async fn a_message_in_the_seeds_format_is_dispatched(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until("the event handled", Duration::from_secs(20), || async {
+    eventually("the event handled", Duration::from_secs(20), || async {
         count(&pool, "SELECT count(*) FROM effect").await == 1
     })
     .await;
@@ -136,7 +136,7 @@ async fn the_payload_event_type_routes_when_a_topic_has_several_handlers(pool: P
         .build()
         .unwrap()
         .spawn();
-    wait_until("all four consumed", Duration::from_secs(20), || async {
+    eventually("all four consumed", Duration::from_secs(20), || async {
         committed(&group, topic, 1).await == end
     })
     .await;

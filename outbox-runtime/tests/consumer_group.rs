@@ -82,7 +82,7 @@ async fn two_consumers_share_the_work<E: DomainEvent>(
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "the first consumer working",
         Duration::from_secs(20),
         || async { count(&pool, "SELECT count(*) FROM effect").await > 0 },
@@ -97,13 +97,13 @@ async fn two_consumers_share_the_work<E: DomainEvent>(
         produce_event(&producer, &make(i)).await;
     }
     let end = high_watermarks(E::TOPIC, PARTITIONS).await;
-    wait_until(
+    eventually(
         "all 400 events handled",
         Duration::from_secs(25),
         || async { count(&pool, "SELECT count(*) FROM effect").await >= 400 },
     )
     .await;
-    wait_until("all offsets committed", Duration::from_secs(15), || async {
+    eventually("all offsets committed", Duration::from_secs(15), || async {
         committed(&group, E::TOPIC, PARTITIONS).await == end
     })
     .await;

@@ -69,11 +69,11 @@ async fn duplicates_are_stored_once_and_two_processors_handle_each_row_once(pool
         .build()
         .unwrap()
         .spawn();
-    wait_until("all rows processed", Duration::from_secs(25), || async {
+    eventually("all rows processed", Duration::from_secs(25), || async {
         count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 200
     })
     .await;
-    wait_until("offsets committed", Duration::from_secs(10), || async {
+    eventually("offsets committed", Duration::from_secs(10), || async {
         committed(&group, InboxPaid::TOPIC, 2).await == end
     })
     .await;
@@ -146,7 +146,7 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until("the poison row parked", Duration::from_secs(25), || async {
+    eventually("the poison row parked", Duration::from_secs(25), || async {
         count(
             &pool,
             "SELECT count(*) FROM inbox_event WHERE parked_at IS NOT NULL",
@@ -155,7 +155,7 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
             == 1
     })
     .await;
-    wait_until(
+    eventually(
         "the good rows processed",
         Duration::from_secs(10),
         || async { count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 20 },
@@ -243,7 +243,7 @@ async fn idle_keys_are_handled_on_receipt_and_a_key_with_pending_rows_waits_its_
         .await
         .unwrap();
     produce_event(&producer, &head).await;
-    wait_until(
+    eventually(
         "the failing head backs off",
         Duration::from_secs(20),
         || async {
@@ -275,7 +275,7 @@ async fn idle_keys_are_handled_on_receipt_and_a_key_with_pending_rows_waits_its_
     for event in idle.iter().chain(&idle) {
         produce_event(&producer, event).await;
     }
-    wait_until("the idle keys handled", Duration::from_secs(20), || async {
+    eventually("the idle keys handled", Duration::from_secs(20), || async {
         count(&pool, "SELECT count(*) FROM effect WHERE amount >= 100").await == 30
     })
     .await;
@@ -317,7 +317,7 @@ async fn idle_keys_are_handled_on_receipt_and_a_key_with_pending_rows_waits_its_
         .execute(&pool)
         .await
         .unwrap();
-    wait_until(
+    eventually(
         "the blocked key drained",
         Duration::from_secs(20),
         || async { count(&pool, "SELECT count(*) FROM effect WHERE amount < 100").await == 4 },
@@ -422,7 +422,7 @@ async fn parallel_processors_keep_per_key_order(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until("all rows processed", Duration::from_secs(30), || async {
+    eventually("all rows processed", Duration::from_secs(30), || async {
         count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 150
     })
     .await;
@@ -481,7 +481,7 @@ async fn hot_keys_are_drained_in_runs_and_a_failure_holds_back_the_rest_of_its_r
         .build()
         .unwrap()
         .spawn();
-    wait_until("all rows processed", Duration::from_secs(30), || async {
+    eventually("all rows processed", Duration::from_secs(30), || async {
         count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 300
     })
     .await;

@@ -103,7 +103,7 @@ async fn inbox_a_key_that_keeps_failing_does_not_hold_back_other_keys(pool: PgPo
         .spawn();
     produce_all(&events).await;
     let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();
-    wait_until("every event stored", Duration::from_secs(60), || async {
+    eventually("every event stored", Duration::from_secs(60), || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_event WHERE event_id = ANY($1)")
             .bind(&ids)
             .fetch_one(&pool)
@@ -126,7 +126,7 @@ async fn inbox_a_key_that_keeps_failing_does_not_hold_back_other_keys(pool: PgPo
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "every healthy event handled",
         Duration::from_secs(30),
         || async {
@@ -214,7 +214,7 @@ async fn dedup_a_panicking_handler_counts_as_failed_attempts_and_the_consumer_go
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "the 20 other events handled",
         Duration::from_secs(30),
         || async { effects_of(&pool, &ids).await == 20 },
@@ -291,7 +291,7 @@ async fn inbox_a_panicking_handler_is_parked_after_its_attempts_and_processing_g
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "the 20 other events handled and the panicking one parked",
         Duration::from_secs(30),
         || async { effects_of(&pool, &ids).await == 20 && parked_of(&pool, &ids).await == 1 },
@@ -410,7 +410,7 @@ async fn inbox_rows_of_an_event_type_without_a_handler_wait_for_a_processor_that
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "the old process handled what it can",
         Duration::from_secs(20),
         || async { count(&pool, "SELECT count(*) FROM effect").await == 5 },
@@ -454,7 +454,7 @@ async fn inbox_rows_of_an_event_type_without_a_handler_wait_for_a_processor_that
         .build()
         .unwrap()
         .spawn();
-    wait_until("everything handled", Duration::from_secs(20), || async {
+    eventually("everything handled", Duration::from_secs(20), || async {
         count(&pool, "SELECT count(*) FROM effect").await == 11
     })
     .await;
@@ -522,7 +522,7 @@ async fn two_inbox_groups_in_one_database_each_handle_every_event(pool: PgPool) 
                 .spawn()
         })
         .collect();
-    wait_until(
+    eventually(
         "both groups handled every event",
         Duration::from_secs(30),
         || async { effects_of(&pool, &ids).await == 100 },
@@ -594,7 +594,7 @@ async fn inbox_keep_policy_stores_new_event_types_for_the_new_version(pool: PgPo
             produce_event(&producer, &event).await;
         }
     }
-    wait_until("every message stored", Duration::from_secs(20), || async {
+    eventually("every message stored", Duration::from_secs(20), || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_event WHERE partition_key = $1")
             .bind(key.to_string())
             .fetch_one(&pool)
@@ -603,7 +603,7 @@ async fn inbox_keep_policy_stores_new_event_types_for_the_new_version(pool: PgPo
             == 6
     })
     .await;
-    wait_until(
+    eventually(
         "the old version's part handled",
         Duration::from_secs(20),
         || async { applied(&pool, key).await == [0, 1] },
@@ -624,7 +624,7 @@ async fn inbox_keep_policy_stores_new_event_types_for_the_new_version(pool: PgPo
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "everything handled in order",
         Duration::from_secs(20),
         || async { applied(&pool, key).await == [0, 1, 2, 3, 4, 5] },
@@ -686,7 +686,7 @@ async fn a_retried_parked_inbox_row_is_claimed_again(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "the retried row handled",
         Duration::from_secs(20),
         || async { applied(&pool, key).await == [7] },
@@ -742,7 +742,7 @@ async fn dedup_a_failing_event_costs_its_batch_one_more_pass(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until("every event applied", Duration::from_secs(30), || async {
+    eventually("every event applied", Duration::from_secs(30), || async {
         effects_of(&pool, &ids).await == 100
     })
     .await;

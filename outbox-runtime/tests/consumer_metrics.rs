@@ -108,7 +108,7 @@ async fn the_documented_metrics_are_recorded(pool: PgPool) {
         .unwrap()
         .spawn();
     let g = format!("group={group}");
-    wait_until(
+    eventually(
         "all consumed and the lag reported",
         Duration::from_secs(20),
         || async {

@@ -121,7 +121,7 @@ async fn gaps_are_read_again_once_and_nothing_is_lost_or_doubled(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    wait_until("every event handled", Duration::from_secs(30), || async {
+    eventually("every event handled", Duration::from_secs(30), || async {
         count(&pool, "SELECT count(*) FROM effect").await == 30
     })
     .await;

@@ -109,7 +109,7 @@ async fn dedup_mode_stores_recorded_events_once_and_wakes_the_relay(pool: &PgPoo
     tokio::time::timeout(Duration::from_secs(20), wakeup.committed())
         .await
         .expect("the relay is woken after a commit that stored recorded events");
-    wait_until(
+    eventually(
         "good events handled, poison dead-lettered",
         Duration::from_secs(25),
         || async {
@@ -150,7 +150,7 @@ async fn inbox_mode_stores_recorded_events_with_the_processed_mark(pool: &PgPool
         .build()
         .unwrap()
         .spawn();
-    wait_until(
+    eventually(
         "rows processed or parked",
         Duration::from_secs(25),
         || async {

@@ -14,25 +14,18 @@ use txoutbox_runtime::lifecycle::Stopped;
 use txoutbox_runtime::topics::{self, TopicDefaults};
 
 /// An event whose dead-letter topic the test deletes first.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+    txoutbox_core::DomainEvent,
+)]
+#[event(topic = "consumer-startup-lonely", aggregate = "Lonely")]
 pub struct Lonely {
+    #[partition_key]
     pub event_id: uuid::Uuid,
-}
-
-impl txoutbox_core::DomainEvent for Lonely {
-    const TOPIC: &'static str = "consumer-startup-lonely";
-    const EVENT_TYPE: &'static str = "Lonely";
-    const AGGREGATE_TYPE: &'static str = "Lonely";
-    const PARTITION_KEY_FIELD: &'static str = "event_id";
-    fn event_id(&self) -> uuid::Uuid {
-        self.event_id
-    }
-    fn aggregate_id(&self) -> String {
-        self.event_id.to_string()
-    }
-    fn partition_key(&self) -> String {
-        self.event_id.to_string()
-    }
 }
 
 #[event_handler]
@@ -100,7 +93,7 @@ async fn a_missing_dead_letter_topic_is_named_at_start_or_created_on_request(poo
         );
         topics::plan(&kafka(), &wanted).await.unwrap().is_complete()
     };
-    wait_until(
+    eventually(
         "the dead-letter topic created",
         Duration::from_secs(20),
         plan_has_dlq,

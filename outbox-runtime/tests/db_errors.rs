@@ -186,7 +186,7 @@ async fn an_inbox_row_records_the_database_error_without_source_lines(pool: PgPo
         .build()
         .unwrap()
         .spawn();
-    wait_until("the row parked", Duration::from_secs(25), || async {
+    eventually("the row parked", Duration::from_secs(25), || async {
         count(
             &pool,
             "SELECT count(*) FROM inbox_event WHERE parked_at IS NOT NULL",

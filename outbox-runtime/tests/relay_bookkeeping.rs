@@ -51,14 +51,14 @@ async fn a_row_whose_failure_cannot_be_recorded_is_parked_and_its_batch_marked_o
         .spawn()
         .unwrap();
     eventually(
-        Duration::from_secs(20),
         "every row but the refused one published",
+        Duration::from_secs(20),
         || async { unpublished(&pool).await == 1 },
     )
     .await;
     eventually(
-        Duration::from_secs(10),
         "the refused row parked",
+        Duration::from_secs(10),
         || async {
             dead_letters::count(&pool, Table::Outbox, &Selection::All)
                 .await

@@ -36,7 +36,7 @@ async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool:
         .spawn()
         .unwrap();
     // Other keys are not held up by the poison row's retries.
-    eventually(Duration::from_secs(10), "other keys published", || async {
+    eventually("other keys published", Duration::from_secs(10), || async {
         unpublished(&pool).await == 2
     })
     .await;
@@ -48,8 +48,8 @@ async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool:
     assert!(attempts < 3, "still retrying, not parked yet ({attempts})");
 
     eventually(
-        Duration::from_secs(15),
         "poison parked, its successor published",
+        Duration::from_secs(15),
         || async { unpublished(&pool).await == 1 },
     )
     .await;

@@ -148,8 +148,8 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
         .spawn()
         .unwrap();
     eventually(
-        Duration::from_secs(20),
         "published, poison parked, backlog gauge back to 0",
+        Duration::from_secs(20),
         || async {
             unpublished(&pool).await == 1
                 && recorded.values(m::BACKLOG).last() == Some(&0.0)
@@ -210,8 +210,8 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
         .spawn()
         .unwrap();
     eventually(
-        Duration::from_secs(15),
         "broker_unavailable counted",
+        Duration::from_secs(15),
         || async { errors(&recorded, "broker_unavailable") >= 1 },
     )
     .await;
@@ -235,8 +235,8 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
     .unwrap();
     insert(&pool, &[NewEvent::new(&topic, "late", 2)]).await;
     eventually(
-        Duration::from_secs(15),
         "database error counted",
+        Duration::from_secs(15),
         || async { errors(&recorded, "database") >= 1 },
     )
     .await;
@@ -248,8 +248,8 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
 
 async fn all_published_but_parked(pool: &PgPool) {
     eventually(
-        Duration::from_secs(15),
         "all but the parked row published",
+        Duration::from_secs(15),
         || async { unpublished(pool).await == 1 },
     )
     .await;

@@ -82,7 +82,7 @@ async fn notifications_wake_a_relay_for_commits_of_other_processes(pool: PgPool)
         None,
         "no trigger: the row waits for the next poll"
     );
-    eventually(Duration::from_secs(15), "the poll publishes it", || {
+    eventually("the poll publishes it", Duration::from_secs(15), || {
         published(&pool, id)
     })
     .await;

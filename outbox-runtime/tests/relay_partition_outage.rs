@@ -116,8 +116,8 @@ async fn a_broker_down_holds_back_only_its_partitions_and_parks_nothing(pool: Pg
     let written = writer.await.unwrap();
 
     eventually(
-        Duration::from_secs(30),
         "every event published after the broker is back",
+        Duration::from_secs(30),
         || async { unpublished(&pool).await == 0 },
     )
     .await;

@@ -6,14 +6,10 @@
 use std::collections::BTreeSet;
 
 use txoutbox_runtime::topics::{self, TopicDefaults, TopicRole};
+use txoutbox_testkit::broker::{brokers, client_config};
 
 fn kafka() -> rdkafka::ClientConfig {
-    let mut config = rdkafka::ClientConfig::new();
-    config.set(
-        "bootstrap.servers",
-        std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into()),
-    );
-    config
+    client_config(&brokers())
 }
 
 #[tokio::test]

@@ -12,37 +12,23 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use txoutbox_testkit::broker::{self, brokers, client_config, unique_group};
 
 fn config() -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set(
-        "bootstrap.servers",
-        std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into()),
-    );
-    config
+    client_config(&brokers())
 }
 
 async fn new_topic(name: &str) -> String {
-    let topic = format!("conformance-{name}-{}", uuid::Uuid::new_v4().simple());
-    let admin: AdminClient<_> = config().create().unwrap();
-    admin
-        .create_topics(
-            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .unwrap();
-    topic
+    broker::new_topic(&brokers(), &format!("conformance-{name}"), 1).await
 }
 
 fn reader(topic: &str, from: Offset) -> BaseConsumer {
     let consumer: BaseConsumer = config()
-        .set("group.id", format!("conformance-{}", uuid::Uuid::new_v4()))
+        .set("group.id", unique_group("conformance"))
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "10")
         .create()

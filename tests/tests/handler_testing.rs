@@ -58,7 +58,10 @@ async fn returns_the_events_of_a_failing_handler_too(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn fails_on_an_event_the_outbox_would_refuse(pool: PgPool) {
     setup(&pool).await;
-    let result = record_events(&pool, async |_tx, events| events.record(Malformed(vec![]))).await;
+    let result = record_events(&pool, async |_tx, events| {
+        events.record(Malformed::new(vec![]))
+    })
+    .await;
     assert!(matches!(
         result,
         Err(txoutbox_core::Error::PayloadNotObject { .. })

@@ -173,7 +173,7 @@ async fn unserializable_event_fails_the_unit_of_work_before_commit(pool: PgPool)
     let result = transaction(&pool)
         .run(async |tx, events| {
             place_order(tx, events, 10, 1).await?;
-            events.record(Malformed(vec![1, 2]));
+            events.record(Malformed::new(vec![1, 2]));
             Ok::<_, AppError>(())
         })
         .await;

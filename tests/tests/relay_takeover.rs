@@ -13,38 +13,18 @@ use std::time::{Duration, Instant};
 
 use outbox_tests::faults::proxy::Proxy;
 use outbox_tests::faults::topic;
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use txoutbox_runtime::relay::{Relay, RelayConfig, RelayHandle};
+use txoutbox_testkit::broker::{brokers, client_config, new_topic};
+use txoutbox_testkit::{count, eventually};
 use uuid::Uuid;
 
 const LANES: u32 = 16;
 const KEYS: i64 = 32;
 
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-async fn create_topic(brokers: &str, topic: &str) {
-    let admin: AdminClient<_> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap();
-    let created = admin
-        .create_topics(
-            &[NewTopic::new(topic, 4, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .unwrap();
-    assert!(created.iter().all(Result::is_ok), "{created:?}");
-}
-
 fn relay(pool: PgPool, brokers: &str) -> RelayHandle {
-    let mut kafka = ClientConfig::new();
-    kafka.set("bootstrap.servers", brokers);
+    let kafka = client_config(brokers);
     // Lease, rebalance and database timeouts are the defaults.
     Relay::builder(pool, kafka)
         .lanes(LANES)
@@ -86,18 +66,6 @@ async fn backends_behind(pool: &PgPool, proxy: &Proxy) -> HashSet<i32> {
     .collect()
 }
 
-async fn wait_for<F, Fut>(timeout: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Writes one event per key every 25 ms, each key's `seq` counting up from 1.
 fn spawn_writer(
     pool: PgPool,
@@ -135,8 +103,7 @@ async fn a_frozen_relay_loses_its_lanes_within_the_lease_and_order_holds(pool: P
     let defaults = RelayConfig::default();
     let bound = defaults.lease_timeout + defaults.rebalance_interval * 2;
     let brokers = brokers();
-    let topic = format!("relay-takeover-{}", Uuid::new_v4().simple());
-    create_topic(&brokers, &topic).await;
+    let topic = new_topic(&brokers, "relay-takeover", 4).await;
 
     let options = pool.connect_options();
     let target = format!("{}:{}", options.get_host(), options.get_port());
@@ -147,16 +114,16 @@ async fn a_frozen_relay_loses_its_lanes_within_the_lease_and_order_holds(pool: P
 
     // Relay A (through the proxy) takes every lane, then B arrives and gets half.
     let a = relay(through_proxy, &brokers);
-    wait_for(Duration::from_secs(20), "A owns every lane", || async {
+    eventually("A owns every lane", Duration::from_secs(20), || async {
         lane_owners(&pool).await.len() == LANES as usize
     })
     .await;
     let b = relay(pool.clone(), &brokers);
     let stop = Arc::new(AtomicBool::new(false));
     let writer = spawn_writer(pool.clone(), topic.clone(), Arc::clone(&stop));
-    wait_for(
-        Duration::from_secs(30),
+    eventually(
         "A and B share the lanes",
+        Duration::from_secs(30),
         || async {
             let owners = lane_owners(&pool).await;
             let a_side = backends_behind(&pool, &proxy).await;
@@ -181,7 +148,7 @@ async fn a_frozen_relay_loses_its_lanes_within_the_lease_and_order_holds(pool: P
         .unwrap();
     let frozen = Instant::now();
     proxy.freeze_all();
-    wait_for(bound * 3, "B owns A's lanes", || async {
+    eventually("B owns A's lanes", bound * 3, || async {
         let owners = lane_owners(&pool).await;
         a_lanes
             .iter()
@@ -208,13 +175,13 @@ async fn a_frozen_relay_loses_its_lanes_within_the_lease_and_order_holds(pool: P
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let rounds = writer.await.unwrap();
-    wait_for(Duration::from_secs(60), "everything published", || async {
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE published_at IS NULL")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        left == 0
+    eventually("everything published", Duration::from_secs(60), || async {
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox_event WHERE published_at IS NULL",
+        )
+        .await
+            == 0
     })
     .await;
     assert!(a.is_running(), "the frozen relay recovered by itself");

@@ -1,4 +1,6 @@
-//! Export tests on hand-written events (the derive is tested in its own crate).
+//! Export tests on hand-written events, so that this test binary's registry
+//! holds exactly the two submitted below (the derive, its registration
+//! included, is tested in `tests/derive.rs`, a binary of its own).
 
 use std::fs;
 use std::path::PathBuf;

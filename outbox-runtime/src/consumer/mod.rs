@@ -6,17 +6,9 @@
 //! ```no_run
 //! use txoutbox_runtime::consumer::{event_handler, Consumer, Mode};
 //! use sqlx::{Postgres, Transaction};
-//! # #[derive(serde::Serialize, serde::Deserialize)]
-//! # struct PaymentCompleted { event_id: uuid::Uuid, order_id: uuid::Uuid }
-//! # impl txoutbox_core::DomainEvent for PaymentCompleted {
-//! #     const TOPIC: &'static str = "payments";
-//! #     const EVENT_TYPE: &'static str = "PaymentCompleted";
-//! #     const AGGREGATE_TYPE: &'static str = "Payment";
-//! #     const PARTITION_KEY_FIELD: &'static str = "order_id";
-//! #     fn event_id(&self) -> uuid::Uuid { self.event_id }
-//! #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
-//! #     fn partition_key(&self) -> String { self.order_id.to_string() }
-//! # }
+//! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
+//! # #[event(topic = "payments", aggregate = "Payment")]
+//! # struct PaymentCompleted { event_id: uuid::Uuid, #[partition_key] order_id: uuid::Uuid }
 //!
 //! #[event_handler]
 //! async fn on_payment_completed(

@@ -1,27 +1,27 @@
-//! Shared helpers of the consumer tests: broker access, test events, waiting.
+//! Shared helpers of the consumer tests: consumer-side broker access (group
+//! offsets, producing, reading back) and the effect table; the broker
+//! address, topics, test events, waiting and counting come from
+//! `txoutbox-testkit`.
 #![allow(dead_code, missing_docs)]
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::PgPool;
-use uuid::Uuid;
+use txoutbox_testkit::broker::{client_config, create_topics};
 
-pub(crate) fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
-}
+#[allow(unused_imports)] // each test binary uses a different subset
+pub(crate) use txoutbox_testkit::broker::{brokers, unique_group};
+#[allow(unused_imports)]
+pub(crate) use txoutbox_testkit::{count, eventually, test_event};
 
 /// Consumer settings tuned so group joins and commits are quick in tests.
 pub(crate) fn kafka_config() -> ClientConfig {
-    let mut config = ClientConfig::new();
+    let mut config = client_config(&brokers());
     config
-        .set("bootstrap.servers", brokers())
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500")
         .set("fetch.wait.max.ms", "50")
@@ -30,35 +30,10 @@ pub(crate) fn kafka_config() -> ClientConfig {
     config
 }
 
-/// A group id nobody used before.
-pub(crate) fn unique_group(name: &str) -> String {
-    format!("{name}-{}", Uuid::new_v4().simple())
-}
-
 /// Creates `topic` (and its dead-letter topic) unless it exists.
 pub(crate) async fn create_topic(topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .expect("admin client");
     let dlq = format!("{topic}.dlq");
-    let topics = [
-        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)),
-        NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)),
-    ];
-    let results = admin
-        .create_topics(&topics, &AdminOptions::new())
-        .await
-        .expect("create topics");
-    for result in results {
-        if let Err((name, code)) = result {
-            assert_eq!(
-                code,
-                rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
-                "creating {name}"
-            );
-        }
-    }
+    create_topics(&brokers(), &[(topic, partitions), (&dlq, 1)]).await;
 }
 
 /// Commits the end of every partition of `topic` for `group`, so a consumer of
@@ -135,8 +110,7 @@ pub(crate) async fn committed(group: &str, topic: &str, partitions: i32) -> Vec<
 }
 
 pub(crate) fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+    client_config(&brokers())
         .set("message.max.bytes", "2000000")
         .create()
         .expect("producer")
@@ -235,19 +209,6 @@ pub(crate) fn header(message: &OwnedMessage, name: &str) -> Option<String> {
         .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
 }
 
-/// Polls `check` until it returns true or `timeout` passes.
-pub(crate) async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Migrations plus the table the test handlers write their effects to
 /// (no unique key: applying an effect twice shows as two rows).
 pub(crate) async fn prepare_db(pool: &PgPool) {
@@ -260,47 +221,4 @@ pub(crate) async fn prepare_db(pool: &PgPool) {
     .execute(pool)
     .await
     .unwrap();
-}
-
-pub(crate) async fn count(pool: &PgPool, sql: &'static str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
-}
-
-/// Declares a test event type on its own topic.
-#[macro_export]
-macro_rules! test_event {
-    ($name:ident, $topic:literal, $event_type:literal) => {
-        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-        pub struct $name {
-            pub event_id: uuid::Uuid,
-            pub order_id: uuid::Uuid,
-            pub amount: i64,
-        }
-
-        impl $name {
-            pub fn new(amount: i64) -> Self {
-                Self {
-                    event_id: uuid::Uuid::new_v4(),
-                    order_id: uuid::Uuid::new_v4(),
-                    amount,
-                }
-            }
-        }
-
-        impl txoutbox_core::DomainEvent for $name {
-            const TOPIC: &'static str = $topic;
-            const EVENT_TYPE: &'static str = $event_type;
-            const AGGREGATE_TYPE: &'static str = "Order";
-            const PARTITION_KEY_FIELD: &'static str = "order_id";
-            fn event_id(&self) -> uuid::Uuid {
-                self.event_id
-            }
-            fn aggregate_id(&self) -> String {
-                self.order_id.to_string()
-            }
-            fn partition_key(&self) -> String {
-                self.order_id.to_string()
-            }
-        }
-    };
 }

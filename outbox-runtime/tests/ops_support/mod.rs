@@ -1,20 +1,20 @@
 //! Fixtures shared by the operator tooling's tests (the `ops` library's here,
 //! the `outbox` binary's in `txoutbox-cli`): rows in every state the tooling
-//! distinguishes, written with plain SQL, and a topic to read back.
+//! distinguishes, written with plain SQL, and a topic to read back (the
+//! broker address, topic creation and counting come from `txoutbox-testkit`).
 
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
 use sqlx::PgPool;
+use txoutbox_testkit::broker::{client_config, unique_group};
 use uuid::Uuid;
 
 /// An outbox row to insert; ages are seconds before the database's `now()`.
@@ -145,31 +145,14 @@ pub(crate) async fn processed_row(pool: &PgPool, group: &str, ago: i64) -> Uuid 
     event_id
 }
 
-pub(crate) async fn count(pool: &PgPool, sql: &'static str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
-}
+#[allow(unused_imports)] // each test binary uses a different subset
+pub(crate) use txoutbox_testkit::broker::brokers;
+#[allow(unused_imports)]
+pub(crate) use txoutbox_testkit::count;
 
-pub(crate) fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
+/// A new single-partition topic, `cli-replay-<random>`.
 pub(crate) async fn new_topic() -> String {
-    let topic = format!("cli-replay-{}", uuid::Uuid::new_v4());
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap();
-    results.into_iter().for_each(|r| {
-        r.unwrap();
-    });
-    topic
+    txoutbox_testkit::broker::new_topic(&brokers(), "cli-replay", 1).await
 }
 
 pub(crate) struct Received {
@@ -181,10 +164,7 @@ pub(crate) struct Received {
 /// Reads the topic's only partition from the start up to an end marker this
 /// function appends, so "exactly these records" needs no waiting for silence.
 pub(crate) async fn read_back(topic: &str) -> Vec<Received> {
-    let marker: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let marker: FutureProducer = client_config(&brokers()).create().unwrap();
     marker
         .send(
             FutureRecord::to(topic).key("end-marker").payload("{}"),
@@ -192,12 +172,8 @@ pub(crate) async fn read_back(topic: &str) -> Vec<Received> {
         )
         .await
         .unwrap();
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set(
-            "group.id",
-            format!("cli-replay-test-{}", uuid::Uuid::new_v4()),
-        )
+    let consumer: StreamConsumer = client_config(&brokers())
+        .set("group.id", unique_group("cli-replay-test"))
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();

@@ -1,52 +1,27 @@
-//! Helpers shared by the relay tests: outbox rows by plain SQL, topics, a
-//! topic reader and a private broker that can be stopped.
+//! Helpers shared by the relay tests: outbox rows by plain SQL, a topic
+//! reader and a private broker that can be stopped; the broker address,
+//! topics and waiting come from `txoutbox-testkit`.
 #![allow(dead_code, missing_docs)]
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
+use txoutbox_testkit::broker::{free_port, spawn_tansu, wait_listening};
 use uuid::Uuid;
 
-pub(crate) fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
+#[allow(unused_imports)] // each test binary uses a different subset
+pub(crate) use txoutbox_testkit::broker::{brokers, client_config as kafka_config, create_topic};
+#[allow(unused_imports)]
+pub(crate) use txoutbox_testkit::{eventually, init_tracing};
 
-pub(crate) fn kafka_config(brokers: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", brokers);
-    config
-}
-
+/// A topic name of this run: `relay-test-<name>-<random>`.
 pub(crate) fn unique_topic(name: &str) -> String {
-    format!("relay-test-{name}-{}", Uuid::new_v4().simple())
-}
-
-pub(crate) async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
-    let admin: AdminClient<_> = kafka_config(brokers).create().unwrap();
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .unwrap();
-    for result in results {
-        if let Err((name, code)) = result {
-            assert_eq!(
-                code,
-                rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
-                "{name}"
-            );
-        }
-    }
+    txoutbox_testkit::broker::unique_topic(&format!("relay-test-{name}"))
 }
 
 pub(crate) async fn migrated(pool: &PgPool) {
@@ -115,27 +90,15 @@ pub(crate) async fn insert(pool: &PgPool, events: &[NewEvent]) -> Vec<Uuid> {
 }
 
 pub(crate) async fn unpublished(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE published_at IS NULL")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-/// Waits until `cond` holds, panicking with `what` after `timeout`.
-pub(crate) async fn eventually<F, Fut>(timeout: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    txoutbox_testkit::count(
+        pool,
+        "SELECT count(*) FROM outbox_event WHERE published_at IS NULL",
+    )
+    .await
 }
 
 pub(crate) async fn all_published(pool: &PgPool, timeout: Duration) {
-    eventually(timeout, "every outbox row published", || async {
+    eventually("every outbox row published", timeout, || async {
         unpublished(pool).await == 0
     })
     .await;
@@ -238,12 +201,10 @@ pub(crate) struct OwnBroker {
 
 impl OwnBroker {
     pub(crate) fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut broker = Self { port, child: None };
+        let mut broker = Self {
+            port: free_port(),
+            child: None,
+        };
         broker.restart();
         broker
     }
@@ -262,32 +223,8 @@ impl OwnBroker {
     /// Starts the broker again (memory storage: topics are gone and must be recreated).
     pub(crate) fn restart(&mut self) {
         self.stop();
-        let bin = std::env::var("TANSU_BIN").unwrap_or_else(|_| {
-            format!(
-                "{}/.cache/outbox-dev/bin/tansu",
-                std::env::var("HOME").unwrap()
-            )
-        });
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let child = Command::new(bin)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tansu binary (scripts/services.sh tansu installs it; or set TANSU_BIN)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "own tansu did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.child = Some(spawn_tansu(self.port, &self.address()));
+        wait_listening(self.port);
     }
 }
 
@@ -295,12 +232,4 @@ impl Drop for OwnBroker {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// Relay logs in test output, filtered by `RUST_LOG` (e.g. `RUST_LOG=txoutbox_runtime=debug`).
-pub(crate) fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .try_init();
 }

@@ -4,16 +4,12 @@
 //! cluster of several brokers, one of which can be taken down and brought
 //! back (its partitions keep their records).
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::mocking::{MockCluster, MockCoordinator};
-use rdkafka::types::RDKafkaErrorCode;
+use txoutbox_testkit::broker::{create_topics, free_port, spawn_tansu, wait_listening_async};
 
 use super::model::{DLQ_TOPIC, TOPIC};
 use super::proxy::Proxy;
@@ -52,14 +48,6 @@ pub struct Broker {
     partitions: i32,
     child: Option<Child>,
     proxy: Option<Proxy>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("bound")
-        .port()
 }
 
 impl Broker {
@@ -114,50 +102,9 @@ impl Broker {
     /// (Re)starts the broker on the same port and creates the topics.
     pub async fn restart(&mut self) {
         self.stop();
-        let bin = std::env::var("TANSU_BIN").unwrap_or_else(|_| {
-            format!(
-                "{}/.cache/outbox-dev/bin/tansu",
-                std::env::var("HOME").expect("HOME")
-            )
-        });
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let advertised = format!("tcp://{}", self.address());
-        let child = Command::new(bin)
-            .args(["broker", "--listener-url", &url])
-            .args(["--advertised-listener-url", &advertised])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tansu binary (scripts/services.sh tansu installs it; or set TANSU_BIN)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "own tansu did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        self.create_topics().await;
-    }
-
-    async fn create_topics(&self) {
-        let admin: AdminClient<_> = ClientConfig::new()
-            .set("bootstrap.servers", self.address())
-            .create()
-            .expect("admin client");
-        let topics = [
-            NewTopic::new(TOPIC, self.partitions, TopicReplication::Fixed(1)),
-            NewTopic::new(DLQ_TOPIC, 1, TopicReplication::Fixed(1)),
-        ];
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        let results = admin
-            .create_topics(&topics, &options)
-            .await
-            .expect("create topics");
-        for result in results {
-            if let Err((name, code)) = result {
-                assert_eq!(code, RDKafkaErrorCode::TopicAlreadyExists, "{name}");
-            }
-        }
+        self.child = Some(spawn_tansu(self.port, &self.address()));
+        wait_listening_async(self.port).await;
+        create_topics(&self.address(), &[(TOPIC, self.partitions), (DLQ_TOPIC, 1)]).await;
     }
 }
 

@@ -1,78 +1,59 @@
 //! Shared fixtures of the `handler_*` tests: a tiny orders domain with
-//! hand-written `DomainEvent` impls, its table, and outbox row readers.
+//! derived `DomainEvent`s, its table, and outbox row readers (row counting
+//! is `txoutbox-testkit`'s).
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use serde::{Deserialize, Serialize};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize, Serializer};
 use sqlx::PgPool;
 use txoutbox_core::DomainEvent;
 use uuid::Uuid;
 
 pub(crate) const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, DomainEvent)]
+#[event(topic = "order.events", aggregate = "Order")]
 pub(crate) struct OrderCreated {
     pub event_id: Uuid,
+    #[partition_key]
     pub order_id: i64,
     pub amount: i64,
 }
 
-impl DomainEvent for OrderCreated {
-    const TOPIC: &'static str = "order.events";
-    const EVENT_TYPE: &'static str = "OrderCreated";
-    const AGGREGATE_TYPE: &'static str = "Order";
-    const PARTITION_KEY_FIELD: &'static str = "order_id";
-    fn event_id(&self) -> Uuid {
-        self.event_id
-    }
-    fn aggregate_id(&self) -> String {
-        self.order_id.to_string()
-    }
-    fn partition_key(&self) -> String {
-        self.order_id.to_string()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, DomainEvent)]
+#[event(topic = "stock.events", aggregate = "Stock")]
 pub(crate) struct StockReserved {
     pub event_id: Uuid,
+    #[partition_key]
     pub sku: String,
     pub quantity: i32,
 }
 
-impl DomainEvent for StockReserved {
-    const TOPIC: &'static str = "stock.events";
-    const EVENT_TYPE: &'static str = "StockReserved";
-    const AGGREGATE_TYPE: &'static str = "Stock";
-    const PARTITION_KEY_FIELD: &'static str = "sku";
-    fn event_id(&self) -> Uuid {
-        self.event_id
-    }
-    fn aggregate_id(&self) -> String {
-        self.sku.clone()
-    }
-    fn partition_key(&self) -> String {
-        self.sku.clone()
+/// Serializes to a JSON array (its `bytes`, by the `Serialize` impl below),
+/// which the outbox refuses (payloads are objects).
+#[derive(Debug, JsonSchema, DomainEvent)]
+#[event(topic = "order.events", aggregate = "Order")]
+pub(crate) struct Malformed {
+    pub event_id: Uuid,
+    #[partition_key]
+    pub order_id: i64,
+    pub bytes: Vec<u8>,
+}
+
+impl Malformed {
+    pub(crate) fn new(bytes: Vec<u8>) -> Self {
+        Self {
+            event_id: Uuid::new_v4(),
+            order_id: 1,
+            bytes,
+        }
     }
 }
 
-/// Serializes to a JSON array, which the outbox refuses (payloads are objects).
-#[derive(Debug, Serialize)]
-pub(crate) struct Malformed(pub Vec<u8>);
-
-impl DomainEvent for Malformed {
-    const TOPIC: &'static str = "order.events";
-    const EVENT_TYPE: &'static str = "Malformed";
-    const AGGREGATE_TYPE: &'static str = "Order";
-    const PARTITION_KEY_FIELD: &'static str = "";
-    fn event_id(&self) -> Uuid {
-        Uuid::nil()
-    }
-    fn aggregate_id(&self) -> String {
-        String::new()
-    }
-    fn partition_key(&self) -> String {
-        String::new()
+impl Serialize for Malformed {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.bytes.serialize(serializer)
     }
 }
 
@@ -134,12 +115,8 @@ pub(crate) async fn insert_order(
         .await
 }
 
-pub(crate) async fn count(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
+#[allow(unused_imports)] // each test binary uses a different subset
+pub(crate) use txoutbox_testkit::count_rows as count;
 
 /// One `outbox_event` row, every column the write path sets or defaults.
 #[derive(Debug, sqlx::FromRow)]

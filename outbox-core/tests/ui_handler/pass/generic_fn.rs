@@ -27,25 +27,11 @@ async fn with_aliases(#[tx] _tx: &mut Tx<'_>, #[events] _events: &mut Collector)
     Ok(())
 }
 
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
+#[event(topic = "pings", aggregate = "Ping")]
 struct Pinged {
+    #[partition_key]
     event_id: uuid::Uuid,
-}
-
-impl DomainEvent for Pinged {
-    const TOPIC: &'static str = "pings";
-    const EVENT_TYPE: &'static str = "Pinged";
-    const AGGREGATE_TYPE: &'static str = "Ping";
-    const PARTITION_KEY_FIELD: &'static str = "event_id";
-    fn event_id(&self) -> uuid::Uuid {
-        self.event_id
-    }
-    fn aggregate_id(&self) -> String {
-        self.event_id.to_string()
-    }
-    fn partition_key(&self) -> String {
-        self.event_id.to_string()
-    }
 }
 
 #[allow(dead_code)]
