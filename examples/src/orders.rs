@@ -271,9 +271,10 @@ impl OrdersService {
     pub async fn shutdown(self) -> Result<(), ServiceError> {
         let served = self.server.shutdown().await;
         let consumer = self.consumer.shutdown().await;
-        self.relay.shutdown().await;
+        let relay = self.relay.shutdown().await;
         served?;
         consumer?;
+        relay?;
         Ok(())
     }
 }

@@ -139,9 +139,10 @@ impl PaymentsService {
     pub async fn shutdown(self) -> Result<(), ServiceError> {
         let served = self.server.shutdown().await;
         let consumer = self.consumer.shutdown().await;
-        self.relay.shutdown().await;
+        let relay = self.relay.shutdown().await;
         served?;
         consumer?;
+        relay?;
         Ok(())
     }
 }

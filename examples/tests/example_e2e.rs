@@ -291,7 +291,7 @@ async fn liveness_fails_when_the_relay_stops_on_its_own() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let _ = service.shutdown().await;
-    other.shutdown().await;
+    let _ = other.shutdown().await;
     pool.close().await;
     drop_databases(&demo_databases(&name)).await.unwrap();
     assert_eq!(status, 503, "{live}");

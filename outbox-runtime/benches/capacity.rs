@@ -257,7 +257,7 @@ async fn main() {
             while unpublished(&pool).await > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            relay.shutdown().await;
+            relay.shutdown().await.unwrap();
         })
         .await,
     );
@@ -382,10 +382,10 @@ async fn main() {
         let rest: Vec<_> = handles.collect();
         // Hand-over: one relay stops; the others take its lanes.
         let hand_over = if rest.is_empty() {
-            first.shutdown().await;
+            first.shutdown().await.unwrap();
             "-".to_owned()
         } else {
-            first.shutdown().await;
+            first.shutdown().await.unwrap();
             let stopped = Instant::now();
             until(Duration::from_secs(60), || async {
                 let held = lanes_per_relay(&pool).await;
@@ -395,7 +395,7 @@ async fn main() {
             format!("{:.2} s", stopped.elapsed().as_secs_f64())
         };
         for relay in rest {
-            relay.shutdown().await;
+            relay.shutdown().await.unwrap();
         }
         println!(
             "| {k} | {:.2} s | {lanes:?} | {:.0} | {shares:?} | {hand_over} |",

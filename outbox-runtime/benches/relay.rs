@@ -584,7 +584,7 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let elapsed = started.elapsed();
-        relay.shutdown().await;
+        relay.shutdown().await.unwrap();
         (n as f64 / elapsed.as_secs_f64(), samples, topic)
     }
 
@@ -785,7 +785,7 @@ impl Bench {
         }
         let achieved = total as f64 / started.elapsed().as_secs_f64();
         let arrivals = consumer.await.unwrap();
-        relay.shutdown().await;
+        relay.shutdown().await.unwrap();
         // Commit to broker acknowledgement: published_at is set right after
         // the acknowledgements of the row's batch came in.
         let published: Vec<(i64, f64)> = sqlx::query_as(

@@ -144,7 +144,7 @@ async fn relay_drain(pool: &PgPool, n: usize) -> f64 {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
-    relay.shutdown().await;
+    relay.shutdown().await.unwrap();
     rate
 }
 

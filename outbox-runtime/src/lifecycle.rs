@@ -20,7 +20,7 @@
 //!     stopped = consumer.stopped() => Some(("consumer", stopped)),
 //! };
 //! let _ = consumer.shutdown().await;
-//! relay.shutdown().await;
+//! let _ = relay.shutdown().await;
 //! match failed {
 //!     Some((task, Stopped::Failed(reason))) => {
 //!         eprintln!("the {task} stopped: {reason}");

@@ -69,7 +69,7 @@ async fn a_row_whose_failure_cannot_be_recorded_is_parked_and_its_batch_marked_o
     .await;
     // Give a looping relay the time to publish its batch again.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
     assert_eq!(summary.published, 201, "{summary:?}");
 

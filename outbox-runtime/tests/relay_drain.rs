@@ -30,7 +30,7 @@ async fn drains_a_backlog_with_key_value_and_headers(pool: PgPool) {
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(20)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
     assert_eq!(summary.published, 2_500);
 
@@ -78,7 +78,7 @@ async fn graceful_shutdown_loses_nothing(pool: PgPool) {
         written.extend(insert(&pool, &events).await);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
     let marked_by_first = 2_000 - unpublished(&pool).await;
     assert_eq!(summary.published as i64, marked_by_first);
@@ -88,7 +88,7 @@ async fn graceful_shutdown_loses_nothing(pool: PgPool) {
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(20)).await;
-    relay.shutdown().await;
+    relay.shutdown().await.unwrap();
     let received = read_topic(&brokers, &topic, written.len(), Duration::from_secs(20)).await;
     let mut ids: Vec<_> = received.iter().map(Received::event_id).collect();
     ids.sort();

@@ -53,7 +53,7 @@ async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool:
         || async { unpublished(&pool).await == 1 },
     )
     .await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert_eq!(summary.parked, 1);
     let parked_rows = dead_letters::list(&pool, Table::Outbox, &Selection::All, 10)
         .await
@@ -92,7 +92,7 @@ async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool:
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(10)).await;
-    relay.shutdown().await;
+    relay.shutdown().await.unwrap();
     let received = read_topic(&brokers, &topic, events.len(), Duration::from_secs(15)).await;
     let got: HashSet<_> = received.iter().map(Received::event_id).collect();
     assert_eq!(got, ids.iter().copied().collect::<HashSet<_>>());
@@ -115,7 +115,7 @@ async fn a_crash_between_delivery_and_marking_republishes_everything(pool: PgPoo
         .spawn()
         .unwrap();
     let delivered = read_topic(&brokers, &topic, events.len(), Duration::from_secs(15)).await;
-    crashing.shutdown().await;
+    crashing.shutdown().await.unwrap();
     assert!(delivered.len() >= events.len());
     assert_eq!(
         unpublished(&pool).await,
@@ -127,7 +127,7 @@ async fn a_crash_between_delivery_and_marking_republishes_everything(pool: PgPoo
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(15)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert_eq!(
         summary.published, 500,
         "the next relay republished every event"
@@ -190,7 +190,7 @@ async fn a_broker_outage_loses_nothing(pool: PgPool) {
     broker.restart();
     create_topic(&address, &topic, 1).await;
     all_published(&pool, Duration::from_secs(20)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.errors > 0);
     assert!(summary.clean);
     let received = read_topic(&address, &topic, during.len(), Duration::from_secs(15)).await;
@@ -237,6 +237,6 @@ async fn an_operator_retry_wakes_the_relays_of_this_process(pool: PgPool) {
     assert_eq!(retried, ids);
     // Published long before the next poll: the retry woke the relay.
     all_published(&pool, Duration::from_secs(3)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert_eq!(summary.published, 1);
 }

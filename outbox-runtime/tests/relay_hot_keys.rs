@@ -69,7 +69,7 @@ async fn hot_keys_are_published_in_order_on_the_real_broker(pool: PgPool) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     all_published(&pool, Duration::from_secs(30)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
     assert_eq!(summary.published as usize, events.len());
     let received = read_topic(&brokers, &topic, events.len(), Duration::from_secs(30)).await;
@@ -113,7 +113,7 @@ async fn hot_key_survives_a_transient_error_on_its_first_record(pool: PgPool) {
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(30)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
     assert_eq!(summary.published as usize, events.len());
     let attempts: i64 = sqlx::query_scalar("SELECT coalesce(sum(attempts), 0) FROM outbox_event")
@@ -167,7 +167,7 @@ async fn a_fatal_error_holds_the_key_until_the_old_producer_settled(pool: PgPool
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(30)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
     assert!(summary.producer_rebuilds >= 1, "the fatal error was met");
     let received = read_topic(
@@ -230,7 +230,7 @@ async fn a_refused_first_record_holds_its_key_and_breaks_order_only_behind_it(po
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(30)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
     let refused: Vec<(String, i64)> = sqlx::query_as(
         "SELECT partition_key, (payload->>'seq')::bigint FROM outbox_event WHERE attempts > 0",

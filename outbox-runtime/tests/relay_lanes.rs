@@ -105,15 +105,15 @@ async fn a_relay_with_another_lane_count_is_refused_naming_both_counts(pool: PgP
     // The refused relay never took a lane: the first one publishes everything.
     publish_round(&pool, &topic, 1).await;
     assert_eq!(second.summary().published, 0);
-    assert_eq!(second.shutdown().await.published, 0);
-    let summary = first.shutdown().await;
+    assert_eq!(second.shutdown().await.unwrap().published, 0);
+    let summary = first.shutdown().await.unwrap();
     assert_eq!(summary.published, 100);
 
     // Once no relay of the old count is left, the fleet may use a new one.
     let replacement = relay(&pool, &brokers, 32);
     publish_round(&pool, &topic, 2).await;
     assert!(replacement.is_running());
-    assert_eq!(replacement.shutdown().await.published, 50);
+    assert_eq!(replacement.shutdown().await.unwrap().published, 50);
     assert_eq!(counters.get(TASKS_FAILED), 1);
 }
 

@@ -157,7 +157,7 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
         },
     )
     .await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert_eq!((summary.published, summary.parked), (1_200, 1));
 
     assert_eq!(recorded.counter(&format!("{}{{}}", m::PUBLISHED)), 1_200);
@@ -215,7 +215,7 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
         || async { errors(&recorded, "broker_unavailable") >= 1 },
     )
     .await;
-    relay.shutdown().await;
+    relay.shutdown().await.unwrap();
     assert_eq!(recorded.counter(&format!("{}{{}}", m::PUBLISHED)), 1_200);
 
     // The database connection is killed under a running relay: counted, and
@@ -241,7 +241,7 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
     )
     .await;
     all_published_but_parked(&pool).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert_eq!(summary.published, 3);
     assert_eq!(recorded.counter(&format!("{}{{}}", m::PUBLISHED)), 1_203);
 }

@@ -110,7 +110,7 @@ async fn notifications_wake_a_relay_for_commits_of_other_processes(pool: PgPool)
     let again = published_within(&pool, id, PROMPT).await;
     assert!(again.is_some(), "notified after reconnecting");
 
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
     assert_eq!(summary.published, 3);
     eprintln!("notified publish took {took:?}, after reconnect {again:?}");
@@ -139,5 +139,5 @@ async fn a_relay_without_listen_notify_ignores_the_trigger(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(listeners, 0, "listen_notify is off by default");
-    relay.shutdown().await;
+    relay.shutdown().await.unwrap();
 }

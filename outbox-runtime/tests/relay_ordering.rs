@@ -44,7 +44,7 @@ async fn four_relays_keep_per_key_order_while_lanes_move(pool: PgPool) {
             1 | 2 => relays.push(relay(&pool, &brokers)),
             4 => {
                 // A relay leaves gracefully; its lanes move to the others.
-                let summary = relays.remove(0).shutdown().await;
+                let summary = relays.remove(0).shutdown().await.unwrap();
                 assert!(summary.clean);
                 relays.push(relay(&pool, &brokers));
             }
@@ -56,7 +56,7 @@ async fn four_relays_keep_per_key_order_while_lanes_move(pool: PgPool) {
     all_published(&pool, Duration::from_secs(25)).await;
     let mut published_by_each = Vec::new();
     for relay in relays {
-        let summary = relay.shutdown().await;
+        let summary = relay.shutdown().await.unwrap();
         assert!(summary.clean);
         published_by_each.push(summary.published);
     }

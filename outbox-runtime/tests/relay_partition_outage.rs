@@ -121,7 +121,7 @@ async fn a_broker_down_holds_back_only_its_partitions_and_parks_nothing(pool: Pg
         || async { unpublished(&pool).await == 0 },
     )
     .await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(summary.clean);
 
     let rows: Vec<Row> = sqlx::query_as(

@@ -38,7 +38,7 @@ async fn a_fatal_producer_error_rebuilds_the_producer(pool: PgPool) {
     )
     .await;
     all_published(&pool, Duration::from_secs(20)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert!(
         summary.producer_rebuilds >= 1,
         "the fatal error was met and cured"
@@ -89,7 +89,7 @@ async fn the_relay_reconnects_after_the_database_dropped_it(pool: PgPool) {
     )
     .await;
     all_published(&writer, Duration::from_secs(15)).await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     assert_eq!(summary.published, 300);
     let received = read_topic(&brokers, &topic, 300, Duration::from_secs(15)).await;
     let seqs: Vec<i64> = received

@@ -204,5 +204,11 @@ async fn a_task_that_ends_on_its_own_is_reported_by_its_handle(pool: PgPool) {
         consumer.shutdown().await.is_err(),
         "shutting down a failed consumer returns its error"
     );
-    relay.shutdown().await;
+    let relay_error = relay.shutdown().await.unwrap_err();
+    assert!(
+        relay_error
+            .to_string()
+            .contains("the metrics recorder is broken"),
+        "shutting down a failed relay returns its error, as a consumer's handle does: {relay_error}"
+    );
 }

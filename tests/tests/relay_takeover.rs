@@ -199,7 +199,7 @@ async fn a_frozen_relay_loses_its_lanes_within_the_lease_and_order_holds(pool: P
     .unwrap();
     println!("[takeover] every key published again {again:.2} s after the freeze");
     assert!(again <= (bound + Duration::from_secs(5)).as_secs_f64());
-    let (a, b) = (a.shutdown().await, b.shutdown().await);
+    let (a, b) = (a.shutdown().await.unwrap(), b.shutdown().await.unwrap());
     println!(
         "[takeover] A published {}, B published {} ({} events written)",
         a.published,

@@ -22,7 +22,6 @@ use super::handler::{Decoded, ErasedHandler};
 use super::message::{DeadLetterReason, Envelope};
 use super::route::{Routed, route};
 use super::shared::{Aside, Shared};
-use super::telemetry as m;
 
 struct Work {
     index: usize,
@@ -154,10 +153,7 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
         .await;
         match attempt {
             Ok(Some(handled)) => {
-                let group = ctx.group();
-                metrics::counter!(m::HANDLED, "group" => group.clone()).increment(handled);
-                metrics::counter!(m::DUPLICATES, "group" => group)
-                    .increment(work.len() as u64 - handled);
+                ctx.count_handled(handled, work.len() as u64 - handled);
                 return Fast::Committed;
             }
             Ok(None) => return Fast::HandlerFailed,
@@ -243,10 +239,7 @@ async fn careful(ctx: &Shared, work: &mut [Work], pending: &[usize]) -> Option<C
             }
             tx.commit().await?;
             ctx.committed();
-            let group = ctx.group();
-            metrics::counter!(m::HANDLED, "group" => group.clone()).increment(handled);
-            metrics::counter!(m::DUPLICATES, "group" => group)
-                .increment(pass.finished.len() as u64 - handled);
+            ctx.count_handled(handled, pass.finished.len() as u64 - handled);
             Ok::<_, sqlx::Error>(pass)
         }
         .await;
@@ -305,8 +298,7 @@ async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: 
         .await;
         match attempt {
             Ok(handled) => {
-                let name = if handled { m::HANDLED } else { m::DUPLICATES };
-                metrics::counter!(name, "group" => ctx.group()).increment(1);
+                ctx.count_handled(u64::from(handled), u64::from(!handled));
                 return One::Done;
             }
             Err(Step::Db(error)) => {

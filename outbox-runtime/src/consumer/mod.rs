@@ -57,6 +57,7 @@ mod receive;
 mod route;
 mod run;
 mod shared;
+mod summary;
 
 pub use builder::ConsumerBuilder;
 pub use config::{Mode, UnknownEventPolicy};
@@ -74,6 +75,7 @@ pub use hooks::Route;
 pub use inbox::claim_once_for_benchmark;
 pub use message::DeadLetterReason;
 pub use run::{Consumer, ConsumerHandle};
+pub use summary::ConsumerSummary;
 pub use txoutbox_derive::event_handler;
 
 pub mod telemetry;

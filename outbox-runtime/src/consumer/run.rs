@@ -19,6 +19,7 @@ use super::error::{BuildError, ConsumerError};
 use super::handler::Dispatch;
 use super::inbox;
 use super::shared::Shared;
+use super::summary::{ConsumerSummary, Totals};
 use crate::lifecycle::{Lifecycle, Stopped, panic_message};
 
 /// A Kafka consumer that runs [`EventHandler`](super::EventHandler)s
@@ -50,7 +51,8 @@ impl std::fmt::Debug for Consumer {
 pub struct ConsumerHandle {
     token: CancellationToken,
     /// `None` once `shutdown` or `join` took it.
-    task: Option<tokio::task::JoinHandle<Result<(), ConsumerError>>>,
+    task: Option<tokio::task::JoinHandle<Result<ConsumerSummary, ConsumerError>>>,
+    ctx: Arc<Shared>,
     lifecycle: Lifecycle,
 }
 
@@ -84,7 +86,16 @@ impl ConsumerHandle {
     /// Stops taking messages, finishes (or abandons, without storing its
     /// offsets) the batch in hand, commits the offsets of everything durably
     /// handled, and waits for the processors to finish their transactions.
-    pub async fn shutdown(mut self) -> Result<(), ConsumerError> {
+    /// Returns what the consumer did, or why it had stopped on its own
+    /// (the same shape as [`RelayHandle::shutdown`](crate::relay::RelayHandle::shutdown)).
+    ///
+    /// ```no_run
+    /// # async fn run(handle: txoutbox_runtime::consumer::ConsumerHandle) -> Result<(), Box<dyn std::error::Error>> {
+    /// let summary = handle.shutdown().await?;
+    /// println!("handled {} events, {} duplicates", summary.handled, summary.duplicates);
+    /// # Ok(()) }
+    /// ```
+    pub async fn shutdown(mut self) -> Result<ConsumerSummary, ConsumerError> {
         self.token.cancel();
         self.take_task().await?
     }
@@ -92,14 +103,19 @@ impl ConsumerHandle {
     /// Waits until the consumer stops (after its token is cancelled or on a
     /// fatal error), without asking it to. The handle is consumed but the
     /// token is not cancelled while this waits.
-    pub async fn join(mut self) -> Result<(), ConsumerError> {
+    pub async fn join(mut self) -> Result<ConsumerSummary, ConsumerError> {
         self.take_task().await?
     }
 
-    fn take_task(&mut self) -> tokio::task::JoinHandle<Result<(), ConsumerError>> {
+    fn take_task(&mut self) -> tokio::task::JoinHandle<Result<ConsumerSummary, ConsumerError>> {
         self.task
             .take()
             .expect("the task is taken only by shutdown or join")
+    }
+
+    /// What the consumer did so far, while it runs.
+    pub fn summary(&self) -> ConsumerSummary {
+        self.ctx.totals.summary()
     }
 
     /// Resolves when the consumer's task has ended: [`Stopped::Requested`]
@@ -172,6 +188,7 @@ impl Consumer {
                 stored: Notify::new(),
                 token: CancellationToken::new(),
                 events_recorded: AtomicBool::new(false),
+                totals: Totals::default(),
             }),
             kafka,
         })
@@ -185,6 +202,7 @@ impl Consumer {
     /// Runs the consumer on a new task.
     pub fn spawn(self) -> ConsumerHandle {
         let token = self.ctx.token.clone();
+        let ctx = Arc::clone(&self.ctx);
         let lifecycle = Lifecycle::new();
         let labels = [("task", "consumer".to_owned()), ("group", self.ctx.group())];
         let task = tokio::spawn({
@@ -194,10 +212,10 @@ impl Consumer {
                     .catch_unwind()
                     .await;
                 let (stopped, result) = match ended {
-                    Ok(Ok(())) if token.is_cancelled() => (Stopped::Requested, Ok(())),
-                    Ok(Ok(())) => (
+                    Ok(Ok(summary)) if token.is_cancelled() => (Stopped::Requested, Ok(summary)),
+                    Ok(Ok(summary)) => (
                         Stopped::Failed("the receive loop ended unexpectedly".into()),
-                        Ok(()),
+                        Ok(summary),
                     ),
                     Ok(Err(error)) => (Stopped::Failed(error.to_string()), Err(error)),
                     Err(panic) => {
@@ -215,6 +233,7 @@ impl Consumer {
         ConsumerHandle {
             token,
             task: Some(task),
+            ctx,
             lifecycle,
         }
     }
@@ -223,7 +242,8 @@ impl Consumer {
     /// an error if the consumer stopped on its own: its subscription failed,
     /// or an inbox processor ended (then the receive loop is stopped too, so
     /// that the process can be restarted whole rather than half-working).
-    pub async fn run(self, token: CancellationToken) -> Result<(), ConsumerError> {
+    /// Returns what it did, as [`ConsumerHandle::shutdown`] does.
+    pub async fn run(self, token: CancellationToken) -> Result<ConsumerSummary, ConsumerError> {
         let ctx = self.ctx.clone();
         // Our own token also stops the processors and any retry waits.
         let stop = ctx.token.clone();
@@ -285,7 +305,7 @@ impl Consumer {
         result?;
         match failure {
             Some(reason) => Err(ConsumerError::Processor(reason)),
-            None => Ok(()),
+            None => Ok(ctx.totals.summary()),
         }
     }
 }

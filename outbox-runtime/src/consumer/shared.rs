@@ -19,6 +19,7 @@ use super::config::Settings;
 use super::dlq::DeadLetters;
 use super::handler::{Dispatch, ErasedHandler, EventMeta, HandlerError};
 use super::message::DeadLetterReason;
+use super::summary::Totals;
 use super::telemetry as m;
 use crate::lifecycle::panic_message;
 
@@ -33,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) token: CancellationToken,
     /// Set when a handler recorded outbox events that are not committed yet.
     pub(crate) events_recorded: AtomicBool,
+    /// What the consumer did so far, for its summary.
+    pub(crate) totals: Totals,
 }
 
 /// A message that does not reach a handler.
@@ -47,6 +50,25 @@ pub(crate) enum Aside {
 impl Shared {
     pub(crate) fn group(&self) -> String {
         self.settings.group_id.clone()
+    }
+
+    /// Counts committed handlers and duplicates (dedup mode's metrics have
+    /// no event type label).
+    pub(crate) fn count_handled(&self, handled: u64, duplicates: u64) {
+        let group = self.group();
+        metrics::counter!(m::HANDLED, "group" => group.clone()).increment(handled);
+        metrics::counter!(m::DUPLICATES, "group" => group).increment(duplicates);
+        Totals::add(&self.totals.handled, handled);
+        Totals::add(&self.totals.duplicates, duplicates);
+    }
+
+    /// Counts committed handlers per event type (inbox mode).
+    pub(crate) fn count_handled_by_type(&self, handled: impl IntoIterator<Item = (String, u64)>) {
+        for (event_type, count) in handled {
+            metrics::counter!(m::HANDLED, "group" => self.group(), "event_type" => event_type)
+                .increment(count);
+            Totals::add(&self.totals.handled, count);
+        }
     }
 
     /// Sleeps `delay`; false if the consumer is shutting down.
@@ -170,6 +192,7 @@ impl Shared {
                 Ok(()) => {
                     metrics::counter!(m::DEAD_LETTERED, "group" => self.group(), "topic" => message.topic().to_owned(), "reason" => reason.as_str())
                         .increment(1);
+                    Totals::add(&self.totals.dead_lettered, 1);
                     tracing::warn!(
                         topic = message.topic(),
                         partition = message.partition(),
@@ -206,6 +229,7 @@ impl Shared {
                 Aside::Skip(event_type) => {
                     metrics::counter!(m::UNKNOWN_SKIPPED, "group" => self.group(), "topic" => batch[index].topic().to_owned())
                         .increment(1);
+                    Totals::add(&self.totals.skipped, 1);
                     tracing::debug!(
                         topic = batch[index].topic(),
                         event_type,

@@ -46,7 +46,7 @@ impl Relay {
 ///     .poll_interval(Duration::from_millis(200))
 ///     .spawn()?;
 /// // ... serve requests ...
-/// let summary = relay.shutdown().await;
+/// let summary = relay.shutdown().await?;
 /// println!("published {} events", summary.published);
 /// # Ok(()) }
 /// ```

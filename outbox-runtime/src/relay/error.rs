@@ -1,6 +1,6 @@
 //! Why a relay could not start, or stopped for good.
 
-/// Why a relay could not start.
+/// Why a relay could not start, or stopped on its own.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
@@ -55,4 +55,8 @@ pub enum RelayError {
          migrations (`outbox migrate` or txoutbox_runtime::migrations::run)"
     )]
     NotMigrated,
+    /// The relay panicked outside any delivery (a bug, or a panicking
+    /// metrics recorder); its unmarked rows are published again later.
+    #[error("the relay panicked: {0}")]
+    Panicked(String),
 }

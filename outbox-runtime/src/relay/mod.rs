@@ -27,7 +27,7 @@
 //! kafka.set("bootstrap.servers", "localhost:9092");
 //! let relay = Relay::builder(pool, kafka).spawn()?;
 //! tokio::signal::ctrl_c().await?;
-//! let summary = relay.shutdown().await;
+//! let summary = relay.shutdown().await?;
 //! assert!(summary.clean);
 //! # Ok(()) }
 //! ```

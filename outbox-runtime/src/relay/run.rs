@@ -115,16 +115,23 @@ impl Relay {
             let (lifecycle, cancel) = (lifecycle.clone(), cancel.clone());
             async move {
                 let ended = AssertUnwindSafe(worker.run()).catch_unwind().await;
-                let stopped = match ended {
-                    Ok(Ok(())) if cancel.is_cancelled() => Stopped::Requested,
-                    Ok(Ok(())) => Stopped::Failed("the relay loop ended unexpectedly".into()),
-                    Ok(Err(error)) => Stopped::Failed(error.to_string()),
-                    Err(panic) => Stopped::Failed(format!(
-                        "the relay panicked: {}",
-                        crate::lifecycle::panic_message(&*panic)
-                    )),
+                let (stopped, result) = match ended {
+                    Ok(Ok(())) if cancel.is_cancelled() => (Stopped::Requested, Ok(())),
+                    Ok(Ok(())) => (
+                        Stopped::Failed("the relay loop ended unexpectedly".into()),
+                        Ok(()),
+                    ),
+                    Ok(Err(error)) => (Stopped::Failed(error.to_string()), Err(error)),
+                    Err(panic) => {
+                        let message = crate::lifecycle::panic_message(&*panic);
+                        (
+                            Stopped::Failed(format!("the relay panicked: {message}")),
+                            Err(RelayError::Panicked(message)),
+                        )
+                    }
                 };
                 lifecycle.finish(stopped, &[("task", "relay".to_owned())]);
+                result
             }
         });
         RelayHandle {
@@ -142,7 +149,7 @@ impl Relay {
 #[derive(Debug)]
 pub struct RelayHandle {
     cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
+    task: Option<JoinHandle<Result<(), RelayError>>>,
     totals: Arc<Totals>,
     shutdown_timeout: std::time::Duration,
     lifecycle: Lifecycle,
@@ -152,19 +159,24 @@ impl RelayHandle {
     /// Stops claiming, lets the batch in flight finish (deliveries awaited and
     /// marked), releases the lanes and returns, within
     /// [`RelayConfig::shutdown_timeout`](super::RelayConfig::shutdown_timeout).
+    /// Returns what the relay did (`clean` is `false` if it had to be
+    /// aborted), or why it had stopped on its own: the same shape as
+    /// [`ConsumerHandle::shutdown`](crate::consumer::ConsumerHandle::shutdown).
     ///
     /// ```no_run
-    /// # async fn run(handle: txoutbox_runtime::relay::RelayHandle) {
-    /// let summary = handle.shutdown().await;
+    /// # async fn run(handle: txoutbox_runtime::relay::RelayHandle) -> Result<(), Box<dyn std::error::Error>> {
+    /// let summary = handle.shutdown().await?;
     /// println!("published {} events in {} batches", summary.published, summary.batches);
-    /// # }
+    /// # Ok(()) }
     /// ```
-    pub async fn shutdown(mut self) -> RelaySummary {
+    pub async fn shutdown(mut self) -> Result<RelaySummary, RelayError> {
         self.cancel.cancel();
         let mut clean = true;
         if let Some(mut task) = self.task.take() {
             match tokio::time::timeout(self.shutdown_timeout, &mut task).await {
-                Ok(joined) => clean = joined.is_ok(),
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(error))) => return Err(error),
+                Ok(Err(_aborted)) => clean = false,
                 Err(_elapsed) => {
                     task.abort();
                     clean = false;
@@ -172,10 +184,23 @@ impl RelayHandle {
             }
         }
         self.lifecycle.finish(Stopped::Requested, &[]);
-        RelaySummary {
-            clean,
-            ..self.summary()
-        }
+        Ok(self.totals.summary(clean))
+    }
+
+    /// Waits until the relay stops (after its token is cancelled, or on its
+    /// own), without asking it to; returns as [`shutdown`](Self::shutdown)
+    /// does (the same shape as [`ConsumerHandle::join`](crate::consumer::ConsumerHandle::join)).
+    pub async fn join(mut self) -> Result<RelaySummary, RelayError> {
+        let task = self
+            .task
+            .take()
+            .expect("the task is taken only by shutdown or join");
+        let clean = match task.await {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => return Err(error),
+            Err(_aborted) => false,
+        };
+        Ok(self.totals.summary(clean))
     }
 
     /// The totals so far, while the relay runs (`clean` is `true`).
@@ -217,6 +242,9 @@ impl RelayHandle {
 
 impl Drop for RelayHandle {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        // After `join`, the task has ended already: nothing to cancel.
+        if self.task.is_some() {
+            self.cancel.cancel();
+        }
     }
 }

@@ -53,7 +53,7 @@ async fn main() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler");
     term.recv().await;
-    let summary = relay.shutdown().await;
+    let summary = relay.shutdown().await.unwrap();
     println!(
         "relay: published={} parked={} held_back={} batches={} errors={} clean={}",
         summary.published,

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::super::message::DeadLetterReason;
 use super::super::shared::Shared;
+use super::super::summary::Totals;
 use super::super::telemetry as m;
 use super::claim::{Claim, OrderKey, What, claim, read};
 
@@ -87,10 +88,8 @@ pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Erro
     record(ctx, &mut tx, &outcomes).await?;
     tx.commit().await?;
     ctx.committed();
-    for (event_type, count) in outcomes.by_type {
-        metrics::counter!(m::HANDLED, "group" => ctx.group(), "event_type" => event_type)
-            .increment(count);
-    }
+    ctx.count_handled_by_type(outcomes.by_type);
+    Totals::add(&ctx.totals.parked, outcomes.parked.len() as u64);
     for (event_id, reason, error) in &outcomes.parked {
         metrics::counter!(m::INBOX_PARKED, "group" => ctx.group(), "reason" => reason.as_str())
             .increment(1);

@@ -22,6 +22,7 @@ use rdkafka::message::OwnedMessage;
 
 use super::route::{Routed, route};
 use super::shared::{Aside, Shared};
+use super::summary::Totals;
 use super::telemetry as m;
 
 pub(crate) use group::Membership;
@@ -77,9 +78,11 @@ pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<boo
             }
         };
         let group = ctx.group();
+        let duplicates = rows.len() as u64 - outcome.inserted;
         metrics::counter!(m::INBOX_STORED, "group" => group.clone()).increment(outcome.inserted);
-        metrics::counter!(m::DUPLICATES, "group" => group)
-            .increment(rows.len() as u64 - outcome.inserted);
+        metrics::counter!(m::DUPLICATES, "group" => group).increment(duplicates);
+        Totals::add(&ctx.totals.stored, outcome.inserted);
+        Totals::add(&ctx.totals.duplicates, duplicates);
         if outcome.pending > 0 {
             ctx.stored.notify_waiters();
         }

@@ -22,7 +22,6 @@ use uuid::Uuid;
 use super::super::handler::{Decoded, ErasedHandler};
 use super::super::message::Envelope;
 use super::super::shared::Shared;
-use super::super::telemetry as m;
 
 /// What storing a batch did.
 #[derive(Debug, Default)]
@@ -96,10 +95,7 @@ pub(super) async fn store(
     }
     tx.commit().await?;
     ctx.committed();
-    for (event_type, count) in handled_by_type {
-        metrics::counter!(m::HANDLED, "group" => ctx.group(), "event_type" => event_type)
-            .increment(count);
-    }
+    ctx.count_handled_by_type(handled_by_type);
     Ok(stored)
 }
 
