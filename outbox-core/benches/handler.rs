@@ -93,18 +93,6 @@ async fn place_order_by_hand(pool: &PgPool, amount: i64, lines: usize) -> Result
     Ok(order_id)
 }
 
-/// `git describe --always --dirty` of the measured tree.
-fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["describe", "--always", "--dirty"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        .unwrap_or_else(|| "unknown commit".to_owned())
-}
-
 fn median(samples: &mut [Duration]) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
@@ -154,7 +142,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "#[outbox_handler] vs hand-written sqlx transaction, {rounds} rounds of \
          {iterations} samples each, times in µs, commit {}",
-        commit()
+        txoutbox_testkit::measured_commit()
     );
     println!(
         "{:<5} {:<22} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>6}",

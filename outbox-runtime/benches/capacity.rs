@@ -35,13 +35,6 @@ const KEYS: usize = 1_000;
 const WRITERS: usize = 4;
 const PARTITIONS: i32 = 8;
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn kafka() -> ClientConfig {
     client_config(&brokers())
 }
@@ -89,30 +82,6 @@ async fn write(pool: &PgPool, topic: &str, n: usize) -> f64 {
         writer.await.unwrap();
     }
     n as f64 / started.elapsed().as_secs_f64()
-}
-
-/// The same rows in one statement: a quick backlog for the relay runs.
-async fn backlog(pool: &PgPool, topic: &str, n: usize) {
-    sqlx::query(
-        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
-                                   topic, partition_key)
-         SELECT id, 'Order', k, 'OrderCreated',
-                jsonb_build_object('event_id', id, 'order_id', k, 'amount', g,
-                                   'currency', 'EUR', 'note', repeat('x', 140)),
-                $2, k
-         FROM (SELECT gen_random_uuid() AS id, 'order-' || (g % $3) AS k, g
-               FROM generate_series(1, $1) AS g) s",
-    )
-    .bind(n as i64)
-    .bind(topic)
-    .bind(KEYS as i64)
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query("VACUUM ANALYZE outbox_event")
-        .execute(pool)
-        .await
-        .unwrap();
 }
 
 async fn unpublished(pool: &PgPool) -> i64 {
@@ -210,7 +179,7 @@ async fn measured<F: std::future::Future<Output = ()>>(
 
 #[tokio::main]
 async fn main() {
-    let n = env_usize("CAPACITY_EVENTS", 20_000);
+    let n = support::env_usize("CAPACITY_EVENTS", 20_000);
     let relays: Vec<usize> = std::env::var("CAPACITY_RELAYS")
         .unwrap_or_else(|_| "1,2,4".into())
         .split(',')
@@ -345,7 +314,7 @@ async fn main() {
 
     // 2. Several relays on one database: they balance the lanes, share a
     // backlog, and take over the lanes of one that stops.
-    let backlog_events = env_usize("CAPACITY_BACKLOG", 50_000);
+    let backlog_events = support::env_usize("CAPACITY_BACKLOG", 50_000);
     println!(
         "\n{backlog_events} events drained by 1 to 4 relays in one process, \
          each with its own producer and connections:\n"
@@ -369,7 +338,7 @@ async fn main() {
         })
         .await;
         let balanced = started.elapsed();
-        backlog(&pool, &topic, backlog_events).await;
+        support::outbox_backlog(&pool, &topic, backlog_events, KEYS).await;
         let drain = Instant::now();
         until(Duration::from_secs(600), || async {
             (unpublished(&pool).await == 0).then_some(())

@@ -147,7 +147,7 @@ async fn produce(n: usize) {
     let mut pending = Vec::with_capacity(n);
     // One key per event by default; a few hot keys with OUTBOX_BENCH_KEYS
     // (the inbox keeps per-key order, so this is its harder case).
-    let keys: Vec<Uuid> = (0..env_or("OUTBOX_BENCH_KEYS", 0))
+    let keys: Vec<Uuid> = (0..support::env_usize("OUTBOX_BENCH_KEYS", 0))
         .map(|_| Uuid::new_v4())
         .collect();
     for i in 0..n {
@@ -268,13 +268,6 @@ async fn baseline(pool: &PgPool, start: &[i64], n: usize) {
     }
 }
 
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// One variant's drain in one round.
 struct Drained {
     events: usize,
@@ -296,8 +289,8 @@ async fn drain(pool: &PgPool, variant: &str, start: &[i64], n: usize) -> Drained
     let inbox = |builder: txoutbox_runtime::consumer::ConsumerBuilder| {
         builder
             .mode(Mode::Inbox)
-            .processor_batch_size(env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500))
-            .processors(env_or("OUTBOX_BENCH_PROCESSORS", 2))
+            .processor_batch_size(support::env_usize("OUTBOX_BENCH_PROCESSOR_BATCH", 500))
+            .processors(support::env_usize("OUTBOX_BENCH_PROCESSORS", 2))
     };
     let builder = match variant {
         "inbox" => inbox(builder.handler(on_paid_inbox)),
@@ -335,9 +328,9 @@ fn spread(values: &[f64], digits: usize) -> String {
 
 #[tokio::main]
 async fn main() {
-    let n = env_or("OUTBOX_BENCH_EVENTS", 100_000);
-    let rounds = env_or("OUTBOX_BENCH_ROUNDS", 5).max(1);
-    let baseline_events = env_or("OUTBOX_BENCH_BASELINE_EVENTS", 10_000).min(n);
+    let n = support::env_usize("OUTBOX_BENCH_EVENTS", 100_000);
+    let rounds = support::env_usize("OUTBOX_BENCH_ROUNDS", 5).max(1);
+    let baseline_events = support::env_usize("OUTBOX_BENCH_BASELINE_EVENTS", 10_000).min(n);
     create_topic(&brokers(), BenchPaid::TOPIC, PARTITIONS).await;
     let probe: StreamConsumer = kafka().set("group.id", "bench-probe").create().unwrap();
     let start = watermarks(&probe);
@@ -351,10 +344,10 @@ async fn main() {
     let (pool, db) = scratch_database().await;
     let inbox_label = format!(
         "inbox consumer + {} processors claiming {} rows",
-        env_or("OUTBOX_BENCH_PROCESSORS", 2),
-        env_or("OUTBOX_BENCH_PROCESSOR_BATCH", 500)
+        support::env_usize("OUTBOX_BENCH_PROCESSORS", 2),
+        support::env_usize("OUTBOX_BENCH_PROCESSOR_BATCH", 500)
     );
-    let keys = match env_or("OUTBOX_BENCH_KEYS", 0) {
+    let keys = match support::env_usize("OUTBOX_BENCH_KEYS", 0) {
         0 => "one key per event".to_owned(),
         keys => format!("{keys} keys"),
     };

@@ -39,6 +39,7 @@
 #![allow(missing_docs)]
 
 mod charts;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -58,13 +59,6 @@ use uuid::Uuid;
 
 const KEYS: i64 = 10_000;
 const PARTITIONS: i32 = 8;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// When a commit returned: monotonic, and wall clock.
 type CommitTime = (Instant, SystemTime);
@@ -90,14 +84,14 @@ struct Bench {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let events = env_usize("RELAY_BENCH_EVENTS", 100_000);
-    let baseline_events = env_usize("RELAY_BENCH_BASELINE_EVENTS", 2_000);
-    let published_rows = env_usize("RELAY_BENCH_PUBLISHED_ROWS", 5_000_000);
-    let rate = env_usize("RELAY_BENCH_RATE", 1_000);
-    let latency_secs = env_usize("RELAY_BENCH_LATENCY_SECS", 10);
-    let rounds = env_usize("RELAY_BENCH_ROUNDS", 3).max(1);
+    let events = support::env_usize("RELAY_BENCH_EVENTS", 100_000);
+    let baseline_events = support::env_usize("RELAY_BENCH_BASELINE_EVENTS", 2_000);
+    let published_rows = support::env_usize("RELAY_BENCH_PUBLISHED_ROWS", 5_000_000);
+    let rate = support::env_usize("RELAY_BENCH_RATE", 1_000);
+    let latency_secs = support::env_usize("RELAY_BENCH_LATENCY_SECS", 10);
+    let rounds = support::env_usize("RELAY_BENCH_ROUNDS", 3).max(1);
     let brokers = txoutbox_testkit::broker::brokers();
-    let batch = env_usize("RELAY_BENCH_BATCH", 1_000);
+    let batch = support::env_usize("RELAY_BENCH_BATCH", 1_000);
     let bench = Bench {
         pool: bench_database("outbox_bench_relay").await,
         brokers: brokers.clone(),
@@ -339,7 +333,7 @@ async fn key_sweep(bench: &Bench, events: usize, rounds: usize, rate: usize, lat
             counts[0]
         );
     }
-    let latency_rounds = env_usize("RELAY_BENCH_LATENCY_ROUNDS", 3).max(1);
+    let latency_rounds = support::env_usize("RELAY_BENCH_LATENCY_ROUNDS", 3).max(1);
     let key_sets = [100usize, 10];
     let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); key_sets.len()];
     let mut p99s: Vec<Vec<f64>> = vec![Vec::new(); key_sets.len()];

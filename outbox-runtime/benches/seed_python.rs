@@ -34,13 +34,6 @@ use sqlx::PgPool;
 use txoutbox_runtime::relay::Relay;
 use txoutbox_testkit::broker::{brokers, client_config, new_topic};
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The Python interpreter with the seed's packages, if there is one.
 fn python() -> Option<PathBuf> {
     let candidate = std::env::var_os("SEED_PYTHON")
@@ -81,32 +74,9 @@ async fn topic() -> String {
     new_topic(&brokers(), "bench-seed-python", 8).await
 }
 
-/// `n` unpublished rows of about 250 bytes of JSON over 1,000 keys.
-async fn backlog(pool: &PgPool, topic: &str, n: usize) {
-    sqlx::query(
-        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
-                                   topic, partition_key)
-         SELECT id, 'Order', k, 'OrderCreated',
-                jsonb_build_object('event_id', id, 'order_id', k, 'amount', g,
-                                   'currency', 'EUR', 'note', repeat('x', 140)),
-                $2, k
-         FROM (SELECT gen_random_uuid() AS id, 'order-' || (g % 1000) AS k, g
-               FROM generate_series(1, $1) AS g) s",
-    )
-    .bind(n as i64)
-    .bind(topic)
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query("VACUUM ANALYZE outbox_event")
-        .execute(pool)
-        .await
-        .unwrap();
-}
-
 /// Drains `n` rows with the seed's Python relay; events/s.
 async fn python_drain(pool: &PgPool, python: &PathBuf, database: &str, n: usize, poll: f64) -> f64 {
-    backlog(pool, &topic().await, n).await;
+    support::outbox_backlog(pool, &topic().await, n, 1_000).await;
     let out = Command::new(python)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -135,7 +105,7 @@ async fn python_drain(pool: &PgPool, python: &PathBuf, database: &str, n: usize,
 
 /// Drains `n` rows with this relay (default settings); events/s.
 async fn relay_drain(pool: &PgPool, n: usize) -> f64 {
-    backlog(pool, &topic().await, n).await;
+    support::outbox_backlog(pool, &topic().await, n, 1_000).await;
     let started = Instant::now();
     let relay = Relay::builder(pool.clone(), client_config(&brokers()))
         .spawn()
@@ -168,9 +138,9 @@ async fn main() {
         );
         return;
     };
-    let rounds = env_usize("SEED_ROUNDS", 5).max(1);
-    let n = env_usize("SEED_EVENTS", 1_000);
-    let relay_n = env_usize("SEED_RELAY_EVENTS", 20_000);
+    let rounds = support::env_usize("SEED_ROUNDS", 5).max(1);
+    let n = support::env_usize("SEED_EVENTS", 1_000);
+    let relay_n = support::env_usize("SEED_RELAY_EVENTS", 20_000);
     let (pool, database) = support::scratch_database("outbox_bench_seed_python", 8).await;
     println!(
         "seed's Python relay ({n} rows) vs this relay ({relay_n} rows), {rounds} rounds, commit {}",

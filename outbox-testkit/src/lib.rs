@@ -8,7 +8,8 @@
 //!   `DATABASE_URL`, created, connected and dropped;
 //! - [`eventually`]: the one polling wait;
 //! - [`count`] and [`count_rows`]: record counting;
-//! - [`test_event!`]: test event types declared with `#[derive(DomainEvent)]`.
+//! - [`test_event!`]: test event types declared with `#[derive(DomainEvent)]`;
+//! - [`measured_commit`]: the commit a benchmark measured.
 //!
 //! Migrations are the caller's: this crate depends on `txoutbox-core` only,
 //! so that `txoutbox-runtime`'s own tests can use it.
@@ -24,6 +25,20 @@ pub use wait::eventually;
 #[doc(hidden)]
 pub mod __private {
     pub use uuid;
+}
+
+/// `git describe --always --dirty` of the workspace being measured, for
+/// benchmark output and chart captions ("unknown commit" outside a git
+/// checkout).
+pub fn measured_commit() -> String {
+    std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown commit".to_owned())
 }
 
 /// Logs in test output, filtered by `RUST_LOG` (e.g.

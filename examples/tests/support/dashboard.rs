@@ -89,7 +89,7 @@ pub(crate) fn constants_in_source() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for path in [
         "outbox-runtime/src/relay/telemetry.rs",
-        "outbox-runtime/src/consumer/mod.rs",
+        "outbox-runtime/src/consumer/telemetry.rs",
         "outbox-runtime/src/lifecycle.rs",
     ] {
         for line in read(path).lines() {

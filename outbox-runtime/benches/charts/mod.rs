@@ -22,14 +22,7 @@ pub(crate) fn dir() -> PathBuf {
 /// `git describe --always --dirty` of the measured tree, for the charts'
 /// captions ("unknown commit" outside a git checkout).
 pub(crate) fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["describe", "--always", "--dirty"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        .unwrap_or_else(|| "unknown commit".to_owned())
+    txoutbox_testkit::measured_commit()
 }
 
 const COLORS: [RGBColor; 6] = [
