@@ -16,7 +16,7 @@ use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, Share
 use relay_support::*;
 use sqlx::PgPool;
 use txoutbox_runtime::lifecycle::{Stopped, TASKS_FAILED};
-use txoutbox_runtime::relay::{Relay, RelayHandle};
+use txoutbox_runtime::relay::{Relay, RelayError, RelayHandle};
 
 fn relay(pool: &PgPool, brokers: &str, lanes: u32) -> RelayHandle {
     Relay::builder(pool.clone(), kafka_config(brokers))
@@ -105,7 +105,18 @@ async fn a_relay_with_another_lane_count_is_refused_naming_both_counts(pool: PgP
     // The refused relay never took a lane: the first one publishes everything.
     publish_round(&pool, &topic, 1).await;
     assert_eq!(second.summary().published, 0);
-    assert_eq!(second.shutdown().await.unwrap().published, 0);
+    let refused = second.shutdown().await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            RelayError::LaneCountMismatch {
+                configured: 32,
+                running: 64,
+                ..
+            }
+        ),
+        "shutting down the refused relay returns why it stopped: {refused:?}"
+    );
     let summary = first.shutdown().await.unwrap();
     assert_eq!(summary.published, 100);
 
