@@ -14,14 +14,13 @@ use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::net::TcpListener;
 use txoutbox_core::{Events, outbox_handler};
-use txoutbox_runtime::consumer::{Consumer, ConsumerHandle, Mode, event_handler};
-use txoutbox_runtime::relay::{Relay, RelayHandle};
+use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
+use txoutbox_runtime::relay::Relay;
 use uuid::Uuid;
 
 use crate::events::{OrderCreated, PaymentCompleted};
 use crate::http_error::ApiError;
-use crate::observability::{self, Liveness};
-use crate::service::{HttpServer, ServiceError, Tuning, consumer_config, kafka_config};
+use crate::service::{ServiceError, Tasks, Tuning, consumer_config, kafka_config};
 
 /// The command behind `POST /orders`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,9 +205,7 @@ async fn get_order(
 pub struct OrdersService {
     /// Where the HTTP API (with `/metrics` and `/health/*`) listens.
     pub addr: SocketAddr,
-    server: HttpServer,
-    relay: RelayHandle,
-    consumer: ConsumerHandle,
+    tasks: Tasks,
 }
 
 impl std::fmt::Debug for OrdersService {
@@ -242,39 +239,29 @@ impl OrdersService {
                 .processor_poll_interval(tuning.poll_interval)
                 .build()?
                 .spawn();
-        let liveness = Liveness::new()
-            .relay("relay", &relay)
-            .consumer(format!("consumer {group_id}"), &consumer);
-        let probes = observability::router(
+        let tasks = Tasks::serve(
             pool.clone(),
-            liveness,
-            tuning.readiness.clone(),
-            observability::prometheus(),
-        );
-        let server = HttpServer::start(listener, router(pool).merge(probes))?;
+            listener,
+            router(pool.clone()),
+            (relay, consumer),
+            group_id,
+            tuning,
+        )?;
         Ok(Self {
-            addr: server.addr,
-            server,
-            relay,
-            consumer,
+            addr: tasks.addr(),
+            tasks,
         })
     }
 
     /// Resolves when the relay or the consumer stopped on its own; see
     /// [`crate::service::failure`].
     pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
-        crate::service::failure(&self.relay, &self.consumer)
+        self.tasks.failure()
     }
 
     /// Stops accepting requests, then stops the consumer and the relay, each
     /// finishing what it has in flight.
     pub async fn shutdown(self) -> Result<(), ServiceError> {
-        let served = self.server.shutdown().await;
-        let consumer = self.consumer.shutdown().await;
-        let relay = self.relay.shutdown().await;
-        served?;
-        consumer?;
-        relay?;
-        Ok(())
+        self.tasks.shutdown().await
     }
 }

@@ -9,13 +9,12 @@ use chrono::Utc;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::net::TcpListener;
 use txoutbox_core::Events;
-use txoutbox_runtime::consumer::{Consumer, ConsumerHandle, event_handler};
-use txoutbox_runtime::relay::{Relay, RelayHandle};
+use txoutbox_runtime::consumer::{Consumer, event_handler};
+use txoutbox_runtime::relay::Relay;
 use uuid::Uuid;
 
 use crate::events::{OrderCreated, PaymentCompleted};
-use crate::observability::{self, Liveness};
-use crate::service::{HttpServer, ServiceError, Tuning, consumer_config, kafka_config};
+use crate::service::{ServiceError, Tasks, Tuning, consumer_config, kafka_config};
 
 /// Errors of the payment handler.
 #[derive(Debug, thiserror::Error)]
@@ -76,11 +75,9 @@ pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
 /// A running payments service: its consumer, its relay and the HTTP server
 /// of its probes.
 pub struct PaymentsService {
-    /// Where `/metrics`, `/health/live` and `/health/ready` are served.
+    /// Where the HTTP API (with `/metrics` and `/health/*`) listens.
     pub addr: SocketAddr,
-    server: HttpServer,
-    relay: RelayHandle,
-    consumer: ConsumerHandle,
+    tasks: Tasks,
 }
 
 impl std::fmt::Debug for PaymentsService {
@@ -110,39 +107,29 @@ impl PaymentsService {
                 .handler(on_order_created)
                 .build()?
                 .spawn();
-        let liveness = Liveness::new()
-            .relay("relay", &relay)
-            .consumer(format!("consumer {group_id}"), &consumer);
-        let probes = observability::router(
+        let tasks = Tasks::serve(
             pool,
-            liveness,
-            tuning.readiness.clone(),
-            observability::prometheus(),
-        );
-        let server = HttpServer::start(listener, probes)?;
+            listener,
+            axum::Router::new(),
+            (relay, consumer),
+            group_id,
+            tuning,
+        )?;
         Ok(Self {
-            addr: server.addr,
-            server,
-            relay,
-            consumer,
+            addr: tasks.addr(),
+            tasks,
         })
     }
 
     /// Resolves when the relay or the consumer stopped on its own; see
     /// [`crate::service::failure`].
     pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
-        crate::service::failure(&self.relay, &self.consumer)
+        self.tasks.failure()
     }
 
-    /// Stops the HTTP server, then the consumer, then the relay, each
+    /// Stops accepting requests, then stops the consumer and the relay, each
     /// finishing what it has in flight.
     pub async fn shutdown(self) -> Result<(), ServiceError> {
-        let served = self.server.shutdown().await;
-        let consumer = self.consumer.shutdown().await;
-        let relay = self.relay.shutdown().await;
-        served?;
-        consumer?;
-        relay?;
-        Ok(())
+        self.tasks.shutdown().await
     }
 }

@@ -88,6 +88,69 @@ pub fn failure(
     }
 }
 
+/// What each example service runs: its HTTP listener (its own routes plus
+/// `/metrics` and `/health/*` over the relay and the consumer), the relay of
+/// its outbox and its consumer.
+#[derive(Debug)]
+pub(crate) struct Tasks {
+    server: HttpServer,
+    relay: RelayHandle,
+    consumer: ConsumerHandle,
+}
+
+impl Tasks {
+    /// Serves `routes` and the probes of `relay` and `consumer` (group
+    /// `group_id`) on `listener`.
+    pub(crate) fn serve(
+        pool: sqlx::PgPool,
+        listener: TcpListener,
+        routes: Router,
+        (relay, consumer): (RelayHandle, ConsumerHandle),
+        group_id: &str,
+        tuning: &Tuning,
+    ) -> Result<Self, ServiceError> {
+        use crate::observability::{self, Liveness};
+        let liveness = Liveness::new()
+            .relay("relay", &relay)
+            .consumer(format!("consumer {group_id}"), &consumer);
+        let probes = observability::router(
+            pool,
+            liveness,
+            tuning.readiness.clone(),
+            observability::prometheus(),
+        );
+        let server = HttpServer::start(listener, routes.merge(probes))?;
+        Ok(Self {
+            server,
+            relay,
+            consumer,
+        })
+    }
+
+    /// Where the HTTP server listens.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.server.addr
+    }
+
+    /// Resolves when the relay or the consumer stopped on its own; see
+    /// [`failure`].
+    pub(crate) fn failure(&self) -> impl Future<Output = ServiceError> + Send + 'static {
+        failure(&self.relay, &self.consumer)
+    }
+
+    /// Stops accepting requests, then stops the consumer and the relay, each
+    /// finishing what it has in flight.
+    pub(crate) async fn shutdown(self) -> Result<(), ServiceError> {
+        let served = self.server.shutdown().await;
+        let consumer = self.consumer.shutdown().await;
+        let relay = self.relay.shutdown().await;
+        served?;
+        consumer?;
+        relay?;
+        Ok(())
+    }
+}
+
 /// Knobs the demo and the tests turn.
 #[derive(Debug, Clone)]
 pub struct Tuning {

@@ -198,16 +198,7 @@ async fn careful(ctx: &Shared, work: &mut [Work], pending: &[usize]) -> Option<C
                 sqlx::query("SAVEPOINT outbox_dedup_event")
                     .execute(&mut *tx)
                     .await?;
-                let inserted = sqlx::query(
-                    "INSERT INTO processed_event (consumer_group, event_id) VALUES ($1, $2)
-                     ON CONFLICT DO NOTHING",
-                )
-                .bind(&ctx.settings.group_id)
-                .bind(w.envelope.meta.event_id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if inserted == 0 {
+                if !mark_processed(&mut tx, ctx, w.envelope.meta.event_id).await? {
                     pass.finished.push(i); // a duplicate
                     continue;
                 }
@@ -274,17 +265,10 @@ async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: 
     loop {
         let attempt = async {
             let mut tx = ctx.pool.begin().await.map_err(Step::Db)?;
-            let inserted = sqlx::query(
-                "INSERT INTO processed_event (consumer_group, event_id) VALUES ($1, $2)
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(&ctx.settings.group_id)
-            .bind(w.envelope.meta.event_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(Step::Db)?
-            .rows_affected();
-            if inserted == 0 {
+            if !mark_processed(&mut tx, ctx, w.envelope.meta.event_id)
+                .await
+                .map_err(Step::Db)?
+            {
                 return Ok(false);
             }
             let event = w.event();
@@ -334,4 +318,23 @@ fn out_of_attempts(ctx: &Shared, w: &Work, attempts: u32, last_error: &str) -> O
             w.handler.name()
         ))
     })
+}
+
+/// Inserts the event's dedup row; `false` if the group had processed it
+/// already (a duplicate).
+async fn mark_processed(
+    conn: &mut sqlx::PgConnection,
+    ctx: &Shared,
+    event_id: Uuid,
+) -> sqlx::Result<bool> {
+    let inserted = sqlx::query(
+        "INSERT INTO processed_event (consumer_group, event_id) VALUES ($1, $2)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&ctx.settings.group_id)
+    .bind(event_id)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
 }
