@@ -52,7 +52,7 @@ pub struct ConsumerHandle {
     token: CancellationToken,
     /// `None` once `shutdown` or `join` took it.
     task: Option<tokio::task::JoinHandle<Result<ConsumerSummary, ConsumerError>>>,
-    ctx: Arc<Shared>,
+    totals: Arc<Totals>,
     lifecycle: Lifecycle,
 }
 
@@ -115,7 +115,7 @@ impl ConsumerHandle {
 
     /// What the consumer did so far, while it runs.
     pub fn summary(&self) -> ConsumerSummary {
-        self.ctx.totals.summary()
+        self.totals.summary()
     }
 
     /// Resolves when the consumer's task has ended: [`Stopped::Requested`]
@@ -188,7 +188,7 @@ impl Consumer {
                 stored: Notify::new(),
                 token: CancellationToken::new(),
                 events_recorded: AtomicBool::new(false),
-                totals: Totals::default(),
+                totals: Arc::default(),
             }),
             kafka,
         })
@@ -202,7 +202,7 @@ impl Consumer {
     /// Runs the consumer on a new task.
     pub fn spawn(self) -> ConsumerHandle {
         let token = self.ctx.token.clone();
-        let ctx = Arc::clone(&self.ctx);
+        let totals = Arc::clone(&self.ctx.totals);
         let lifecycle = Lifecycle::new();
         let labels = [("task", "consumer".to_owned()), ("group", self.ctx.group())];
         let task = tokio::spawn({
@@ -233,7 +233,7 @@ impl Consumer {
         ConsumerHandle {
             token,
             task: Some(task),
-            ctx,
+            totals,
             lifecycle,
         }
     }

@@ -3,6 +3,7 @@
 //! steps every mode takes (calling a handler, backing off, dead-lettering).
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -34,8 +35,8 @@ pub(crate) struct Shared {
     pub(crate) token: CancellationToken,
     /// Set when a handler recorded outbox events that are not committed yet.
     pub(crate) events_recorded: AtomicBool,
-    /// What the consumer did so far, for its summary.
-    pub(crate) totals: Totals,
+    /// What the consumer did so far, for its summary (shared with its handle).
+    pub(crate) totals: Arc<Totals>,
 }
 
 /// A message that does not reach a handler.
@@ -59,6 +60,15 @@ impl Shared {
         metrics::counter!(m::HANDLED, "group" => group.clone()).increment(handled);
         metrics::counter!(m::DUPLICATES, "group" => group).increment(duplicates);
         Totals::add(&self.totals.handled, handled);
+        Totals::add(&self.totals.duplicates, duplicates);
+    }
+
+    /// Counts rows inserted into the inbox and duplicates it absorbed.
+    pub(crate) fn count_stored(&self, inserted: u64, duplicates: u64) {
+        let group = self.group();
+        metrics::counter!(m::INBOX_STORED, "group" => group.clone()).increment(inserted);
+        metrics::counter!(m::DUPLICATES, "group" => group).increment(duplicates);
+        Totals::add(&self.totals.stored, inserted);
         Totals::add(&self.totals.duplicates, duplicates);
     }
 

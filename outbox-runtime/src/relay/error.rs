@@ -57,6 +57,10 @@ pub enum RelayError {
     NotMigrated,
     /// The relay panicked outside any delivery (a bug, or a panicking
     /// metrics recorder); its unmarked rows are published again later.
-    #[error("the relay panicked: {0}")]
+    #[error(
+        "the relay panicked: {0}; nothing is lost (its unmarked rows are published \
+         again by the next relay that owns their lanes): restart the service, and \
+         report the panic if it comes back"
+    )]
     Panicked(String),
 }

@@ -22,8 +22,6 @@ use rdkafka::message::OwnedMessage;
 
 use super::route::{Routed, route};
 use super::shared::{Aside, Shared};
-use super::summary::Totals;
-use super::telemetry as m;
 
 pub(crate) use group::Membership;
 
@@ -77,12 +75,7 @@ pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<boo
                 }
             }
         };
-        let group = ctx.group();
-        let duplicates = rows.len() as u64 - outcome.inserted;
-        metrics::counter!(m::INBOX_STORED, "group" => group.clone()).increment(outcome.inserted);
-        metrics::counter!(m::DUPLICATES, "group" => group).increment(duplicates);
-        Totals::add(&ctx.totals.stored, outcome.inserted);
-        Totals::add(&ctx.totals.duplicates, duplicates);
+        ctx.count_stored(outcome.inserted, rows.len() as u64 - outcome.inserted);
         if outcome.pending > 0 {
             ctx.stored.notify_waiters();
         }
