@@ -153,7 +153,7 @@ pub(crate) async fn run(
                 Some(saga_type) => format!("running {saga_type} saga"),
                 None => "running saga".to_owned(),
             };
-            let limit_text = humantime::format_duration(older_than);
+            let age_text = humantime::format_duration(older_than);
             if json {
                 output::json(&StuckReport {
                     older_than_secs: older_than.as_secs_f64(),
@@ -162,24 +162,19 @@ pub(crate) async fn run(
                     sagas: &rows,
                 })?;
             } else if total == 0 {
-                println!("no {which} has gone without a step for more than {limit_text}");
+                println!("no {which} has gone without a step for more than {age_text}");
             } else {
+                // The table on stdout, the verdict on stderr (like `status`).
                 print!("{}", summaries(&rows, true));
-                let shown = if (rows.len() as i64) < total {
-                    format!(" ({} shown; raise --limit to see more)", rows.len())
-                } else {
-                    String::new()
-                };
-                println!(
-                    "{} not moved for more than {limit_text}{shown}",
-                    has_have(total, &which)
-                );
+                if (rows.len() as i64) < total {
+                    println!("{} of {total} shown; raise --limit to see more", rows.len());
+                }
             }
             if total == 0 {
                 return Ok(ExitCode::SUCCESS);
             }
             eprintln!(
-                "unhealthy: {} not moved for more than {limit_text}",
+                "unhealthy: {} not moved for more than {age_text}",
                 has_have(total, &which)
             );
             Ok(ExitCode::from(1))
