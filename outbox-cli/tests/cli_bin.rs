@@ -524,7 +524,7 @@ async fn out_of_range_durations_and_times_exit_2(pool: PgPool) {
 
     // Health thresholds are compared, never turned into times: any size is
     // valid (and never exceeded); only a number too large to parse is refused.
-    for flag in ["--max-age", "--max-inbox-age"] {
+    for flag in ["--max-age", "--max-inbox-age", "--max-saga-age"] {
         let huge = outbox(Some(&pool), &["status", flag, "300000000000y"]);
         assert_eq!(huge.status.code(), Some(0), "{}", stderr(&huge));
         let unparsable = outbox(Some(&pool), &["status", flag, "99999999999999999999999y"]);
