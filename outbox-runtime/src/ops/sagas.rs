@@ -130,6 +130,11 @@ pub struct SagaTypeOverview {
     pub oldest_running_age_secs: Option<f64>,
 }
 
+/// The longest age [`stuck`] compares with, in seconds (about 3,000 years):
+/// any longer age selects the same sagas (none), and `now()` minus it stays
+/// inside PostgreSQL's time range, so no [`Duration`] makes the query fail.
+const AGE_CAP_SECS: f64 = 1e11;
+
 /// The columns of a [`SagaSummary`], from `saga_state` aliased `s`.
 const SUMMARY_COLUMNS: &str = "s.saga_type, s.saga_id, s.status, s.version, s.last_message_type,
      s.started_at, s.updated_at, s.finished_at,
@@ -319,7 +324,7 @@ pub async fn stuck(
          ORDER BY s.updated_at, s.saga_type, s.saga_id
          LIMIT $3"
     )))
-    .bind(older_than.as_secs_f64())
+    .bind(older_than.as_secs_f64().min(AGE_CAP_SECS))
     .bind(saga_type)
     .bind(limit.max(1))
     .fetch_all(pool)
@@ -339,7 +344,7 @@ pub async fn count_stuck(
            AND s.updated_at < now() - make_interval(secs => $1)
            AND ($2::text IS NULL OR s.saga_type = $2)",
     )
-    .bind(older_than.as_secs_f64())
+    .bind(older_than.as_secs_f64().min(AGE_CAP_SECS))
     .bind(saga_type)
     .fetch_one(pool)
     .await?;
