@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "relay_membership",
         sql: include_str!("../migrations/0006_relay_membership.sql"),
     },
+    Migration {
+        version: 7,
+        description: "scheduled_delivery",
+        sql: include_str!("../migrations/0007_scheduled_delivery.sql"),
+    },
 ];
 
 /// Failure to migrate.
