@@ -18,7 +18,7 @@ use crate::progress::Progress;
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  outbox cleanup --older-than 7d --dry-run\n  \
-    outbox cleanup --older-than 30d --processed-older-than 14d --inbox-older-than 14d"
+    outbox cleanup --older-than 30d --processed-older-than 14d --inbox-older-than 14d --sagas-older-than 30d"
 )]
 pub(crate) struct CleanupArgs {
     /// Delete outbox rows published (or discarded) longer ago than this (at most 1000y).
@@ -35,6 +35,13 @@ pub(crate) struct CleanupArgs {
     /// Same caveat as --processed-older-than: the inbox is the dedup record.
     #[arg(long, value_name = "DURATION", value_parser = args::age)]
     inbox_older_than: Option<Duration>,
+    /// Delete sagas that finished (completed or compensated) longer ago than
+    /// this (at most 1000y). Running sagas are never deleted.
+    ///
+    /// A message of a deleted saga that still arrives is ignored (and counted
+    /// as `unknown_saga`), so keep it longer than replies can come late.
+    #[arg(long, value_name = "DURATION", value_parser = args::age)]
+    sagas_older_than: Option<Duration>,
     /// Rows per batch; each batch is one short transaction.
     #[arg(long, value_name = "N", default_value_t = Purge::DEFAULT_BATCH_SIZE, value_parser = args::positive)]
     batch_size: i64,
@@ -72,13 +79,14 @@ pub(crate) async fn run(
                 Target::ProcessedInbox | Target::DiscardedInbox => {
                     (args.inbox_older_than, "--inbox-older-than")
                 }
+                Target::FinishedSaga => (args.sagas_older_than, "--sagas-older-than"),
             };
             age.map(|age| (target, age, flag))
         })
         .collect();
     if plan.is_empty() {
         return Err(CliError::Usage(
-            "nothing to clean: pass --older-than, --processed-older-than or --inbox-older-than"
+            "nothing to clean: pass --older-than, --processed-older-than, --inbox-older-than or --sagas-older-than"
                 .into(),
         ));
     }
@@ -169,5 +177,6 @@ fn describe(target: Target) -> &'static str {
         Target::ProcessedEvent => "processed_event rows",
         Target::ProcessedInbox => "processed inbox rows",
         Target::DiscardedInbox => "discarded inbox rows",
+        Target::FinishedSaga => "finished sagas",
     }
 }

@@ -90,6 +90,14 @@ impl Events {
             .collect()
     }
 
+    /// Records an already built record (say, one stored earlier, like a
+    /// saga's compensation): it is written as it is, with its event id.
+    /// [`of_type`](Events::of_type) does not see it.
+    pub fn record_prepared(&mut self, record: OutboxRecord) {
+        self.records.push(record);
+        self.values.push(Box::new(()));
+    }
+
     /// Number of events recorded.
     pub fn len(&self) -> usize {
         self.records.len()

@@ -14,4 +14,5 @@ pub mod migrations;
 pub mod ops;
 mod redact;
 pub mod relay;
+pub mod saga;
 pub mod topics;

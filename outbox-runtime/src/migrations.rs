@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "relay_membership",
         sql: include_str!("../migrations/0006_relay_membership.sql"),
     },
+    Migration {
+        version: 8,
+        description: "sagas",
+        sql: include_str!("../migrations/0008_sagas.sql"),
+    },
 ];
 
 /// Failure to migrate.

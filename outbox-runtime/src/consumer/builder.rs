@@ -87,6 +87,7 @@ impl ConsumerBuilder {
                 processor_poll_interval: Duration::from_millis(500),
                 handle_on_receipt: true,
                 backlog_interval: Duration::from_secs(10),
+                sagas: Vec::new(),
                 refetch_offset_gaps: false,
                 create_missing_dlq_topics: false,
             },
@@ -98,6 +99,22 @@ impl ConsumerBuilder {
     pub fn handler<H: EventHandler>(mut self, handler: H) -> Self {
         self.handlers.push(Registration::new(handler));
         self
+    }
+
+    /// Registers a saga: one handler per message type it handles (see
+    /// [`crate::saga`]). Each message is then one saga step in the
+    /// consumer's transaction, in dedup or inbox mode alike. The consumer
+    /// also refreshes the saga's gauges (`outbox_sagas_open`,
+    /// `outbox_saga_oldest_open_seconds`) every backlog interval.
+    ///
+    /// ```ignore
+    /// Consumer::builder(pool, kafka, "orders").saga::<OrderFulfilment>().build()?;
+    /// ```
+    pub fn saga<S: crate::saga::Saga>(mut self) -> Self {
+        if !self.settings.sagas.contains(&S::NAME) {
+            self.settings.sagas.push(S::NAME);
+        }
+        S::register(self)
     }
 
     /// Dedup (default) or inbox; see [`Mode`].

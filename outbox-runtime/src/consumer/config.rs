@@ -68,6 +68,9 @@ pub(crate) struct Settings {
     pub(crate) backlog_interval: Duration,
     pub(crate) refetch_offset_gaps: bool,
     pub(crate) create_missing_dlq_topics: bool,
+    /// Names of the sagas registered with [`ConsumerBuilder::saga`](super::ConsumerBuilder::saga)
+    /// (their open-saga gauges are refreshed every `backlog_interval`).
+    pub(crate) sagas: Vec<&'static str>,
 }
 
 impl Settings {

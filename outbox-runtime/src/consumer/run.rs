@@ -266,6 +266,22 @@ impl Consumer {
                 });
             }
         }
+        let gauges = (!ctx.settings.sagas.is_empty()).then(|| {
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                loop {
+                    if let Err(error) =
+                        crate::saga::telemetry::refresh(&ctx.pool, &ctx.settings.sagas).await
+                    {
+                        tracing::debug!(error = %txoutbox_core::DbErrorDisplay(&error), "saga gauges not refreshed");
+                    }
+                    tokio::select! {
+                        _ = ctx.token.cancelled() => break,
+                        _ = tokio::time::sleep(ctx.settings.backlog_interval) => {}
+                    }
+                }
+            })
+        });
         let receive = self.receive();
         tokio::pin!(receive);
         let mut failure = None;
@@ -297,6 +313,9 @@ impl Consumer {
         };
         stop.cancel();
         forward.abort();
+        if let Some(gauges) = gauges {
+            gauges.abort();
+        }
         while let Some(joined) = processors.join_next().await {
             if let (Ok((index, Err(panic))), None) = (joined, &failure) {
                 failure = Some(format!("inbox processor {index} panicked: {panic}"));

@@ -42,16 +42,20 @@ pub enum Target {
     ProcessedInbox,
     /// `inbox_event` dead letters an operator discarded before the cutoff.
     DiscardedInbox,
+    /// `saga_state` rows of sagas that finished (completed or compensated)
+    /// before the cutoff; running sagas are never removed.
+    FinishedSaga,
 }
 
 impl Target {
     /// Every target, in the order the CLI runs them.
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 6] = [
         Target::PublishedOutbox,
         Target::DiscardedOutbox,
         Target::ProcessedEvent,
         Target::ProcessedInbox,
         Target::DiscardedInbox,
+        Target::FinishedSaga,
     ];
 
     fn sql(self) -> TargetSql {
@@ -83,6 +87,11 @@ impl Target {
                 key: Key::EventId,
                 condition: "t.discarded_at < $1 AND NOT t.processed",
             },
+            Target::FinishedSaga => TargetSql {
+                table: "saga_state",
+                key: Key::SagaTypeAndId,
+                condition: "t.finished_at < $1",
+            },
         }
     }
 }
@@ -98,6 +107,7 @@ enum Key {
     Id,
     EventId,
     GroupAndEventId,
+    SagaTypeAndId,
 }
 
 impl Key {
@@ -106,6 +116,7 @@ impl Key {
             Key::Id => "id",
             Key::EventId => "event_id",
             Key::GroupAndEventId => "consumer_group, event_id",
+            Key::SagaTypeAndId => "saga_type, saga_id",
         }
     }
 
@@ -123,6 +134,7 @@ impl Key {
             Key::Id => "t.id > $3",
             Key::EventId => "t.event_id > $3",
             Key::GroupAndEventId => "(t.consumer_group, t.event_id) > ($3, $4)",
+            Key::SagaTypeAndId => "(t.saga_type, t.saga_id) > ($3, $4)",
         }
     }
 }
@@ -134,6 +146,7 @@ enum Cursor {
     Id(i64),
     EventId(Uuid),
     GroupAndEventId(String, Uuid),
+    SagaTypeAndId(String, String),
     Done,
 }
 
@@ -226,6 +239,9 @@ impl Purge {
             Cursor::Id(id) => query.bind(*id),
             Cursor::EventId(event_id) => query.bind(*event_id),
             Cursor::GroupAndEventId(group, event_id) => query.bind(group.clone()).bind(*event_id),
+            Cursor::SagaTypeAndId(saga_type, saga_id) => {
+                query.bind(saga_type.clone()).bind(saga_id.clone())
+            }
             Cursor::Start | Cursor::Done => query,
         };
         let Some(row) = query.fetch_optional(pool).await? else {
@@ -267,6 +283,9 @@ fn decode(row: &PgRow, key: Key) -> Result<(i64, i64, Cursor), sqlx::Error> {
         Key::EventId => Cursor::EventId(row.try_get("event_id")?),
         Key::GroupAndEventId => {
             Cursor::GroupAndEventId(row.try_get("consumer_group")?, row.try_get("event_id")?)
+        }
+        Key::SagaTypeAndId => {
+            Cursor::SagaTypeAndId(row.try_get("saga_type")?, row.try_get("saga_id")?)
         }
     };
     Ok((locked, deleted, next))

@@ -1,0 +1,223 @@
+//! One saga step: load and lock the saga's row, run its handler, write it back.
+
+use std::marker::PhantomData;
+
+use sqlx::{Postgres, Transaction};
+use txoutbox_core::Events;
+
+use super::context::SagaContext;
+use super::store::{self, Loaded};
+use super::telemetry;
+use super::{Saga, SagaStatus};
+use crate::consumer::{EventMeta, HandlerError};
+
+/// What the step found and did.
+enum Phase<S> {
+    /// No row: only a start handler may run.
+    Absent,
+    /// A running saga, before its handler ran.
+    Running(S),
+    /// A finished saga: the message is ignored.
+    Finished(SagaStatus),
+    /// A start handler created the saga.
+    Started(S),
+    /// A handler ran on the running saga.
+    Applied(S),
+    /// Nothing to do, for this reason (a metric label).
+    Ignored(&'static str),
+}
+
+/// One incoming message applied to one saga instance, inside the consumer's
+/// transaction. Used by the code `#[saga]` generates:
+///
+/// ```ignore
+/// let mut step = Step::<MySaga>::load(tx, events, meta, saga_id).await?;
+/// if let Some((state, ctx)) = step.running() { MySaga::on_x(state, event, ctx).await.map_err(..)?; }
+/// step.save().await
+/// ```
+pub struct Step<'a, S: Saga> {
+    ctx: SagaContext<'a>,
+    phase: Phase<S>,
+    _saga: PhantomData<fn() -> S>,
+}
+
+impl<S: Saga> std::fmt::Debug for Step<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Step")
+            .field("ctx", &self.ctx)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, S: Saga> Step<'a, S> {
+    /// Loads the saga's row, locking it until the transaction ends (so a
+    /// concurrent step of the same saga waits, then sees this one's result).
+    pub async fn load(
+        tx: &'a mut Transaction<'static, Postgres>,
+        events: &'a mut Events,
+        meta: &'a EventMeta,
+        saga_id: String,
+    ) -> Result<Self, HandlerError> {
+        let loaded = store::load(tx, S::NAME, &saga_id).await?;
+        let (phase, version, compensations) = match loaded {
+            None => (Phase::Absent, 0, Vec::new()),
+            Some(Loaded {
+                status,
+                state,
+                version,
+                compensations,
+            }) => {
+                let phase = match status {
+                    SagaStatus::Running => {
+                        let state: S = serde_json::from_value(state).map_err(|error| {
+                            HandlerError::new(format!(
+                                "the stored state of saga {} `{saga_id}` does not match its type: {error}",
+                                S::NAME
+                            ))
+                        })?;
+                        Phase::Running(state)
+                    }
+                    finished => Phase::Finished(finished),
+                };
+                (phase, version, compensations)
+            }
+        };
+        let status = match &phase {
+            Phase::Finished(status) => *status,
+            _ => SagaStatus::Running,
+        };
+        Ok(Self {
+            ctx: SagaContext {
+                tx,
+                events,
+                meta,
+                saga_type: S::NAME,
+                saga_id,
+                status,
+                version,
+                compensations,
+                compensations_sent: 0,
+                failure: None,
+            },
+            phase,
+            _saga: PhantomData,
+        })
+    }
+
+    /// For a start message: the context to create the saga in, if no saga
+    /// with this id exists yet. `None` for a saga that exists (a second start
+    /// message of one saga: ignored).
+    pub fn starting(&mut self) -> Option<&mut SagaContext<'a>> {
+        match self.phase {
+            Phase::Absent => Some(&mut self.ctx),
+            Phase::Running(_) | Phase::Finished(_) => {
+                self.phase = Phase::Ignored("already_started");
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// The state a start handler returned.
+    pub fn started(&mut self, state: S) {
+        self.phase = Phase::Started(state);
+    }
+
+    /// For any other message: the running saga's state and the context.
+    /// `None` when there is no such saga (never started, or removed by
+    /// retention) or it has finished: the message is ignored, logged and
+    /// counted.
+    pub fn running(&mut self) -> Option<(&mut S, &mut SagaContext<'a>)> {
+        let phase = std::mem::replace(&mut self.phase, Phase::Ignored("unknown_saga"));
+        self.phase = match phase {
+            Phase::Running(state) => Phase::Applied(state),
+            Phase::Absent => Phase::Ignored("unknown_saga"),
+            Phase::Finished(_) => Phase::Ignored("finished"),
+            other => other,
+        };
+        match &mut self.phase {
+            Phase::Applied(state) => Some((state, &mut self.ctx)),
+            _ => None,
+        }
+    }
+
+    /// Writes the saga's new state (and status, compensations, version) in
+    /// the step's transaction. The consumer then inserts the messages the
+    /// handler sent, and commits.
+    pub async fn save(self) -> Result<(), HandlerError> {
+        let Self { ctx, phase, .. } = self;
+        if let Some(failure) = ctx.failure {
+            return Err(HandlerError::new(format!(
+                "a message of saga {} `{}` cannot be recorded: {failure}",
+                ctx.saga_type, ctx.saga_id
+            )));
+        }
+        let message_type = ctx.meta.event_type.as_str();
+        let (state, created) = match phase {
+            Phase::Started(state) => (state, true),
+            Phase::Applied(state) => (state, false),
+            Phase::Ignored(reason) => {
+                ignored(&ctx, reason);
+                return Ok(());
+            }
+            Phase::Finished(_) => {
+                ignored(&ctx, "finished");
+                return Ok(());
+            }
+            Phase::Absent | Phase::Running(_) => {
+                // The generated code always calls `starting` or `running`.
+                ignored(&ctx, "not_handled");
+                return Ok(());
+            }
+        };
+        let state = serde_json::to_value(&state).map_err(|error| {
+            HandlerError::new(format!(
+                "the state of saga {} `{}` cannot be serialized: {error}",
+                ctx.saga_type, ctx.saga_id
+            ))
+        })?;
+        let write = store::Write {
+            saga_type: ctx.saga_type,
+            saga_id: &ctx.saga_id,
+            status: ctx.status,
+            state,
+            compensations: store::records_to_json(&ctx.compensations),
+            message_type,
+            event_id: ctx.meta.event_id,
+        };
+        let written = if created {
+            store::insert(ctx.tx, &write).await?
+        } else {
+            store::update(ctx.tx, &write, ctx.version).await?
+        };
+        if !written {
+            // Another step created or changed this saga after we looked (a
+            // start raced another start): this attempt rolls back and the
+            // consumer retries it against what that step left.
+            return Err(HandlerError::new(format!(
+                "saga {} `{}` was changed by a concurrent step; the message is retried",
+                ctx.saga_type, ctx.saga_id
+            )));
+        }
+        telemetry::stepped(
+            ctx.saga_type,
+            message_type,
+            created,
+            ctx.status,
+            ctx.compensations_sent,
+        );
+        Ok(())
+    }
+}
+
+fn ignored(ctx: &SagaContext<'_>, reason: &'static str) {
+    tracing::debug!(
+        saga = ctx.saga_type,
+        saga_id = %ctx.saga_id,
+        event_type = %ctx.meta.event_type,
+        event_id = %ctx.meta.event_id,
+        reason,
+        "saga message ignored"
+    );
+    telemetry::ignored(ctx.saga_type, &ctx.meta.event_type, reason);
+}

@@ -1,0 +1,66 @@
+//! Names of the saga metrics (through the `metrics` facade); every one
+//! carries a `saga` label.
+
+use super::SagaStatus;
+
+/// Counter: steps applied (labels `saga`, `message`): a start or a handler
+/// that ran and committed its state.
+pub const STEPS: &str = "outbox_saga_steps_total";
+/// Counter: sagas started.
+pub const STARTED: &str = "outbox_saga_started_total";
+/// Counter: sagas ended (label `outcome`: `completed` or `compensated`).
+pub const FINISHED: &str = "outbox_saga_finished_total";
+/// Counter: compensation messages sent.
+pub const COMPENSATIONS: &str = "outbox_saga_compensations_sent_total";
+/// Counter: messages that changed nothing (labels `message`, `reason`:
+/// `unknown_saga`, `finished`, `already_started`).
+pub const IGNORED: &str = "outbox_saga_messages_ignored_total";
+/// Gauge: running sagas (refreshed by consumers with sagas, every backlog
+/// interval).
+pub const OPEN: &str = "outbox_sagas_open";
+/// Gauge: seconds since the least recently changed running saga last moved.
+pub const OLDEST_OPEN: &str = "outbox_saga_oldest_open_seconds";
+
+pub(super) fn stepped(
+    saga: &'static str,
+    message: &str,
+    created: bool,
+    status: SagaStatus,
+    compensations_sent: usize,
+) {
+    metrics::counter!(STEPS, "saga" => saga, "message" => message.to_owned()).increment(1);
+    if created {
+        metrics::counter!(STARTED, "saga" => saga).increment(1);
+    }
+    if status.is_finished() {
+        metrics::counter!(FINISHED, "saga" => saga, "outcome" => status.as_str()).increment(1);
+    }
+    if compensations_sent > 0 {
+        metrics::counter!(COMPENSATIONS, "saga" => saga).increment(compensations_sent as u64);
+    }
+}
+
+pub(super) fn ignored(saga: &'static str, message: &str, reason: &'static str) {
+    metrics::counter!(IGNORED, "saga" => saga, "message" => message.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
+/// Sets the open-saga gauges of `sagas` from the database.
+pub(crate) async fn refresh(pool: &sqlx::PgPool, sagas: &[&'static str]) -> sqlx::Result<()> {
+    let names: Vec<&str> = sagas.to_vec();
+    let rows: Vec<(String, i64, f64)> = sqlx::query_as(
+        "SELECT s.name, count(t.saga_id),
+                COALESCE(EXTRACT(EPOCH FROM now() - min(t.updated_at))::float8, 0)
+         FROM unnest($1::text[]) AS s(name)
+         LEFT JOIN saga_state t ON t.saga_type = s.name AND t.finished_at IS NULL
+         GROUP BY s.name",
+    )
+    .bind(&names)
+    .fetch_all(pool)
+    .await?;
+    for (name, open, oldest) in rows {
+        metrics::gauge!(OPEN, "saga" => name.clone()).set(open as f64);
+        metrics::gauge!(OLDEST_OPEN, "saga" => name).set(oldest);
+    }
+    Ok(())
+}
