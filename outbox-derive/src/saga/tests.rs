@@ -205,7 +205,10 @@ fn handler_and_list_mismatches_are_all_reported() {
 #[test]
 fn an_empty_or_unreadable_list_is_reported_once() {
     let start = quote!(impl S { async fn on_a(event: A) -> Result<Self, E> { todo!() } });
-    let (errors, _) = run(quote!(id = Uuid, correlate = k, starts_with()), start.clone());
+    let (errors, _) = run(
+        quote!(id = Uuid, correlate = k, starts_with()),
+        start.clone(),
+    );
     assert_eq!(
         errors,
         [
@@ -213,7 +216,10 @@ fn an_empty_or_unreadable_list_is_reported_once() {
             "`A` is not declared in `#[saga(starts_with(...), handles(...))]`",
         ]
     );
-    let (errors, _) = run(quote!(id = Uuid, correlate = k, starts_with = A), start.clone());
+    let (errors, _) = run(
+        quote!(id = Uuid, correlate = k, starts_with = A),
+        start.clone(),
+    );
     assert_eq!(
         errors,
         [
