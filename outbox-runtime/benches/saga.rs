@@ -29,8 +29,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, Transaction};
 use txoutbox_core::{DomainEvent, Events, OutboxRecord};
 use txoutbox_runtime::consumer::{EventHandler, EventMeta, HandlerError};
-use txoutbox_runtime::saga::__private::Step;
-use txoutbox_runtime::saga::{Saga, SagaContext};
+use txoutbox_runtime::saga::{SagaContext, saga};
 use uuid::Uuid;
 
 const GROUP: &str = "bench-saga";
@@ -73,8 +72,15 @@ pub struct Fulfilment {
     note: String,
 }
 
+#[saga(
+    name = "bench_fulfilment",
+    id = Uuid,
+    correlate = order_id,
+    starts_with(Begin),
+    handles(Reply)
+)]
 impl Fulfilment {
-    async fn on_begin(event: Begin, _ctx: &mut SagaContext<'_>) -> Result<Self, HandlerError> {
+    async fn on_begin(event: Begin) -> Result<Self, HandlerError> {
         Ok(Self::new(event.order_id))
     }
 
@@ -87,7 +93,9 @@ impl Fulfilment {
         ctx.send(self.next());
         Ok(())
     }
+}
 
+impl Fulfilment {
     fn new(order_id: Uuid) -> Self {
         Self {
             order_id,
@@ -112,62 +120,10 @@ impl Fulfilment {
     }
 }
 
-// The code `#[saga]` generates for these two handlers.
-#[derive(Clone, Copy, Default)]
-struct OnBegin;
-impl EventHandler for OnBegin {
-    type Event = Begin;
-    const NAME: &'static str = "Fulfilment::on_begin";
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut Transaction<'static, Postgres>,
-        event: Begin,
-        meta: &'a EventMeta,
-        events: &'a mut Events,
-    ) -> futures::future::BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            let id = txoutbox_runtime::saga::__private::correlation(&event.order_id);
-            let mut step = Step::<Fulfilment>::load(tx, events, meta, id).await?;
-            if let Some(ctx) = step.starting() {
-                let state = Fulfilment::on_begin(event, ctx).await?;
-                step.started(state);
-            }
-            step.save().await
-        })
-    }
-}
-
-#[derive(Clone, Copy, Default)]
-struct OnReply;
-impl EventHandler for OnReply {
-    type Event = Reply;
-    const NAME: &'static str = "Fulfilment::on_reply";
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut Transaction<'static, Postgres>,
-        event: Reply,
-        meta: &'a EventMeta,
-        events: &'a mut Events,
-    ) -> futures::future::BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            let id = txoutbox_runtime::saga::__private::correlation(&event.order_id);
-            let mut step = Step::<Fulfilment>::load(tx, events, meta, id).await?;
-            if let Some((state, ctx)) = step.running() {
-                state.on_reply(event, ctx).await?;
-            }
-            step.save().await
-        })
-    }
-}
-
-impl Saga for Fulfilment {
-    const NAME: &'static str = "bench_fulfilment";
-    fn register(
-        consumer: txoutbox_runtime::consumer::ConsumerBuilder,
-    ) -> txoutbox_runtime::consumer::ConsumerBuilder {
-        consumer.handler(OnBegin).handler(OnReply)
-    }
-}
+// The consumer handlers `#[saga]` generated (`__saga_<Type>_<fn>`), called
+// here as the consumer calls them, without Kafka in the way.
+use __saga_Fulfilment_on_begin as OnBegin;
+use __saga_Fulfilment_on_reply as OnReply;
 
 /// The dedup row, as the dedup consumer writes it (both sides).
 async fn dedup(tx: &mut Transaction<'static, Postgres>, event_id: Uuid) -> bool {

@@ -2,7 +2,9 @@
 //! with two consumers): a step applies once, concurrent steps of one saga are
 //! applied one after the other (no two on the same version), two starts of
 //! one saga make one saga, compensations go out in reverse order exactly
-//! once, and a finished or unknown saga ignores its messages.
+//! once, and a finished or unknown saga ignores its messages. The saga is
+//! declared with `#[saga]`; its generated handlers are also called directly,
+//! as a consumer calls them.
 
 #![allow(missing_docs)]
 
@@ -13,11 +15,11 @@ use std::time::Duration;
 use consumer_support::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use txoutbox_core::{DomainEvent, Events};
 use txoutbox_runtime::consumer::{Consumer, EventMeta, HandlerError};
 use txoutbox_runtime::saga::__private::Step;
-use txoutbox_runtime::saga::{Saga, SagaContext};
+use txoutbox_runtime::saga::{SagaContext, saga};
 use uuid::Uuid;
 
 const TOPIC: &str = "saga-test.tally";
@@ -89,6 +91,13 @@ pub struct Tally {
     adds: i64,
 }
 
+#[saga(
+    name = "tally",
+    id = Uuid,
+    correlate = saga_id,
+    starts_with(Open),
+    handles(Add, Reserve, Fail)
+)]
 impl Tally {
     async fn on_open(_event: Open, _ctx: &mut SagaContext<'_>) -> Result<Self, HandlerError> {
         Ok(Self { total: 0, adds: 0 })
@@ -136,64 +145,12 @@ impl Tally {
     }
 }
 
-// What `#[saga]` generates, written out: the runtime is tested on its own here.
-macro_rules! step_handler {
-    ($handler:ident, $message:ty, $method:ident, start) => {
-        step_handler!(@impl $handler, $message, |step, event| {
-            if let Some(ctx) = step.starting() {
-                let state = Tally::$method(event, ctx).await?;
-                step.started(state);
-            }
-        });
-    };
-    ($handler:ident, $message:ty, $method:ident) => {
-        step_handler!(@impl $handler, $message, |step, event| {
-            if let Some((state, ctx)) = step.running() {
-                state.$method(event, ctx).await?;
-            }
-        });
-    };
-    (@impl $handler:ident, $message:ty, |$step:ident, $event:ident| $body:block) => {
-        #[derive(Clone, Copy, Default)]
-        struct $handler;
-        impl txoutbox_runtime::consumer::EventHandler for $handler {
-            type Event = $message;
-            const NAME: &'static str = stringify!($handler);
-            fn handle<'a>(
-                &'a self,
-                tx: &'a mut Transaction<'static, Postgres>,
-                $event: $message,
-                meta: &'a EventMeta,
-                events: &'a mut Events,
-            ) -> futures::future::BoxFuture<'a, Result<(), HandlerError>> {
-                Box::pin(async move {
-                    let id = txoutbox_runtime::saga::__private::correlation(&$event.saga_id);
-                    let mut $step = Step::<Tally>::load(tx, events, meta, id).await?;
-                    $body
-                    $step.save().await
-                })
-            }
-        }
-    };
-}
-
-step_handler!(OnOpen, Open, on_open, start);
-step_handler!(OnAdd, Add, on_add);
-step_handler!(OnReserve, Reserve, on_reserve);
-step_handler!(OnFail, Fail, on_fail);
-
-impl Saga for Tally {
-    const NAME: &'static str = "tally";
-    fn register(
-        consumer: txoutbox_runtime::consumer::ConsumerBuilder,
-    ) -> txoutbox_runtime::consumer::ConsumerBuilder {
-        consumer
-            .handler(OnOpen)
-            .handler(OnAdd)
-            .handler(OnReserve)
-            .handler(OnFail)
-    }
-}
+// The consumer handlers `#[saga]` generated, called directly as a consumer
+// calls them.
+use __saga_Tally_on_add as OnAdd;
+use __saga_Tally_on_fail as OnFail;
+use __saga_Tally_on_open as OnOpen;
+use __saga_Tally_on_reserve as OnReserve;
 
 async fn prepare(pool: &PgPool) {
     txoutbox_runtime::migrations::run(pool).await.unwrap();
