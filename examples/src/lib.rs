@@ -4,6 +4,9 @@
 //! - [`orders`]: HTTP API (`POST /orders`, `GET /orders/{id}`), an
 //!   `#[outbox_handler]` recording `OrderCreated`, a relay, and an inbox-mode
 //!   consumer of `payment.events` that marks orders paid.
+//! - [`inventory`]: a dedup-mode consumer of `inventory.commands` that
+//!   reserves and releases stock (a release at most once per order, never
+//!   before its reservation takes effect) and answers through its outbox.
 //! - [`payments`]: a dedup-mode consumer of `order.events` that charges each
 //!   order once and records `PaymentCompleted` through its own outbox.
 //! - [`observability`]: what both serve to operators: `/metrics`
@@ -14,6 +17,7 @@
 pub mod demo;
 pub mod events;
 pub mod http_error;
+pub mod inventory;
 pub mod observability;
 pub mod orders;
 pub mod payments;
