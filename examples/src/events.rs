@@ -20,8 +20,8 @@
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use txoutbox_core::DomainEvent;
 use txoutbox_core::schema::{ExportError, ExportOptions, SchemaExport, registered_events};
+use txoutbox_core::{Command, DomainEvent};
 use uuid::Uuid;
 
 /// An order was placed. Keyed by the order, so all events of one order keep
@@ -118,10 +118,10 @@ pub struct PaymentCompleted {
 /// Command to the inventory: reserve stock for an order. Sent by the order
 /// fulfilment saga when the order is created; answered by `StockReserved` or
 /// `StockRejected`.
-#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
-#[event(
+#[derive(Debug, Clone, PartialEq, Command, Serialize, Deserialize, JsonSchema)]
+#[command(
     topic = "inventory.commands",
-    event_type = "ReserveStock",
+    command_type = "ReserveStock",
     aggregate = "Reservation"
 )]
 pub struct ReserveStock {
@@ -142,10 +142,10 @@ pub struct ReserveStock {
 /// saga's compensation of `ReserveStock`. Applied at most once per order; a
 /// release that arrives before its reservation leaves a tombstone, so the
 /// late `ReserveStock` reserves nothing.
-#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
-#[event(
+#[derive(Debug, Clone, PartialEq, Command, Serialize, Deserialize, JsonSchema)]
+#[command(
     topic = "inventory.commands",
-    event_type = "ReleaseStock",
+    command_type = "ReleaseStock",
     aggregate = "Reservation"
 )]
 pub struct ReleaseStock {
@@ -219,10 +219,10 @@ pub enum StockRejection {
 
 /// Command to the payments service: charge an order. Sent by the saga once
 /// the stock is reserved; answered by `PaymentCompleted` or `PaymentFailed`.
-#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize, JsonSchema)]
-#[event(
+#[derive(Debug, Clone, PartialEq, Command, Serialize, Deserialize, JsonSchema)]
+#[command(
     topic = "payment.commands",
-    event_type = "ChargePayment",
+    command_type = "ChargePayment",
     aggregate = "Payment"
 )]
 pub struct ChargePayment {

@@ -259,10 +259,13 @@ async fn movement(
     Ok(())
 }
 
-/// Records the reply, at once or `delay_ms` later (scheduled delivery).
+/// Records the reply, at once or `delay_ms` later (scheduled delivery: the
+/// relay moves it into the outbox when due).
 fn reply<E: DomainEvent>(events: &mut Events, reply: E, delay_ms: i32) {
-    let _ = delay_ms;
-    events.record(reply);
+    match u64::try_from(delay_ms) {
+        Ok(ms) if ms > 0 => events.record_after(reply, std::time::Duration::from_millis(ms)),
+        _ => events.record(reply),
+    }
 }
 
 #[event_handler]
@@ -343,6 +346,7 @@ impl InventoryService {
     ) -> Result<Self, ServiceError> {
         let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
             .poll_interval(tuning.poll_interval)
+            .schedule_poll_interval(tuning.poll_interval)
             .spawn()?;
         let consumer =
             Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id)

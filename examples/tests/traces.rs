@@ -59,6 +59,7 @@ async fn an_order_is_one_trace_from_the_handler_to_both_consumers() {
         timeout: Duration::from_secs(60),
         group_suffix: format!("-{name}"),
         progress_every: None,
+        stock_timeout: outbox_examples::demo::DEFAULT_STOCK_TIMEOUT,
     };
     let broker = Broker::Mock(MockCluster::new(1).expect("mock cluster"));
     let demo = Demo::start(&config, &broker)
@@ -85,10 +86,18 @@ async fn an_order_is_one_trace_from_the_handler_to_both_consumers() {
     }
     // The warm-up order and the three driven ones; no other trace (a span
     // that lost its parent would start one of its own).
+    // The first orders of a run are regular ones: the saga reserves, charges
+    // and confirms; its timeout is cancelled, never published.
     let expected_chain = [
         "outbox.unit_of_work[create_order]",
         "outbox.publish[OrderCreated]",
         "outbox.handle[OrderCreated]",
+        "outbox.publish[ReserveStock]",
+        "outbox.handle[ReserveStock]",
+        "outbox.publish[StockReserved]",
+        "outbox.handle[StockReserved]",
+        "outbox.publish[ChargePayment]",
+        "outbox.handle[ChargePayment]",
         "outbox.publish[PaymentCompleted]",
         "outbox.handle[PaymentCompleted]",
     ];
