@@ -26,16 +26,20 @@ CREATE TABLE IF NOT EXISTS reservation (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
--- What the inventory applied, one row per command that moved stock (or
--- left a tombstone), never updated: the demo and the tests check from it
--- that each reservation was released at most once and that no release ran
--- for a reservation that never happened.
+-- What the inventory applied, one row per command, never updated: `reserve`
+-- and `release` moved stock; `reject` (out of stock), `tombstone` (a release
+-- before its reservation), `late_reserve` (a reservation after its release)
+-- and `release_nothing` (a release of a rejected or released reservation)
+-- did not. The demo and the tests check from it that each reservation was
+-- released at most once and that no release ran for a reservation that
+-- never happened.
 CREATE TABLE IF NOT EXISTS stock_movement (
     id         bigserial   PRIMARY KEY,
     order_id   uuid        NOT NULL,
     product_id uuid        NOT NULL,
     kind       text        NOT NULL
-               CHECK (kind IN ('reserve', 'reject', 'release', 'tombstone', 'late_reserve')),
+               CHECK (kind IN ('reserve', 'reject', 'release', 'tombstone', 'late_reserve',
+                               'release_nothing')),
     quantity   integer     NOT NULL,
     command_id uuid        NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()

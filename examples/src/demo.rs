@@ -46,10 +46,14 @@ pub struct DemoConfig {
     /// How long the saga waits for the inventory (the slow warehouse answers
     /// after twice this).
     pub stock_timeout: Duration,
+    /// Orders placed per second at most (`None`: as fast as `concurrency`
+    /// allows). A saga step costs a few transactions; a burst beyond what
+    /// the consumers handle within the stock timeout times orders out.
+    pub rate: Option<u32>,
 }
 
 /// The default [`DemoConfig::stock_timeout`].
-pub const DEFAULT_STOCK_TIMEOUT: Duration = Duration::from_millis(1500);
+pub const DEFAULT_STOCK_TIMEOUT: Duration = Duration::from_millis(2000);
 
 /// Charges above this many cents are declined in the demo.
 pub const DECLINE_OVER: i64 = 100_000;
@@ -167,6 +171,9 @@ pub struct DemoSummary {
     pub releases: i64,
     /// ... of which came before the reservation (a tombstone).
     pub tombstones: i64,
+    /// ... of which found nothing to give back (the reservation had been
+    /// rejected: the saga gave up before the rejection reached it).
+    pub nothing_to_release: i64,
     /// Orders released more than once (must be 0).
     pub released_twice: i64,
     /// Releases of a reservation that never happened (must be 0).
@@ -260,7 +267,8 @@ impl DemoSummary {
             && self.reservations_handled == self.reservations_sent
             && self.compensations_sent == self.sagas_compensated
             && self.compensations_applied == self.compensations_sent
-            && self.releases + self.tombstones == self.compensations_applied
+            && self.releases + self.tombstones + self.nothing_to_release
+                == self.compensations_applied
             && self.released_twice == 0
             && self.released_unreserved == 0
             && self.stock_leaked == 0
@@ -315,8 +323,12 @@ impl std::fmt::Display for DemoSummary {
         )?;
         writeln!(
             f,
-            "compensations sent / applied {} / {} ({} released, {} tombstones)",
-            self.compensations_sent, self.compensations_applied, self.releases, self.tombstones
+            "compensations sent / applied {} / {} ({} released, {} tombstones, {} with nothing to release)",
+            self.compensations_sent,
+            self.compensations_applied,
+            self.releases,
+            self.tombstones,
+            self.nothing_to_release
         )?;
         writeln!(f, "  released twice             {}", self.released_twice)?;
         writeln!(
@@ -546,7 +558,7 @@ impl Demo {
                 }
             })
             .collect();
-        let orders = drive_orders(&base, &plan, config.concurrency).await;
+        let orders = drive_orders(&base, &plan, config.concurrency, config.rate).await;
         let mut last_print = Instant::now();
         loop {
             let mut summary = self.count(&orders, started).await?;
@@ -585,7 +597,7 @@ impl Demo {
     async fn warm_up(&self, base: &str) -> Result<Option<Duration>, ServiceError> {
         let started = Instant::now();
         let plan = [(OrderKind::Regular, self.products.regular, 100)];
-        let Some((id, _)) = drive_orders(base, &plan, 1).await.pop() else {
+        let Some((id, _)) = drive_orders(base, &plan, 1, None).await.pop() else {
             return Ok(None);
         };
         while started.elapsed() < self.config.timeout {
@@ -718,7 +730,13 @@ impl Demo {
         }
 
         // What the inventory did with them.
-        let (releases, tombstones, released_twice, released_unreserved): (i64, i64, i64, i64) =
+        let (releases, tombstones, nothing, released_twice, released_unreserved): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        ) =
             sqlx::query_as(
                 "WITH m AS (SELECT * FROM stock_movement WHERE order_id = ANY($1)),
                       per_order AS (
@@ -727,6 +745,7 @@ impl Demo {
                  SELECT
                    (SELECT count(*) FROM m WHERE kind = 'release'),
                    (SELECT count(*) FROM m WHERE kind = 'tombstone'),
+                   (SELECT count(*) FROM m WHERE kind = 'release_nothing'),
                    (SELECT count(*) FROM per_order WHERE n > 1),
                    (SELECT count(*) FROM m r WHERE r.kind = 'release' AND NOT EXISTS (
                         SELECT 1 FROM m s WHERE s.order_id = r.order_id
@@ -738,20 +757,20 @@ impl Demo {
             .map_err(db)?;
         summary.releases = releases;
         summary.tombstones = tombstones;
+        summary.nothing_to_release = nothing;
         summary.released_twice = released_twice;
         summary.released_unreserved = released_unreserved;
 
-        // Answers that reached an ended saga: the orders service's inbox
-        // has them processed, after the saga's end.
+        // Answers of the inventory that reached a saga ended by its
+        // timeout: had one come before, the saga would not have timed out,
+        // so each was ignored (the saga's release takes care of its stock).
         summary.late_answers_ignored = sqlx::query_scalar(
-            "SELECT count(*) FROM inbox_event i
-             JOIN saga_state s ON s.saga_type = $2 AND s.saga_id = i.partition_key
+            "SELECT count(*) FROM inbox_event i JOIN orders o ON o.id::text = i.partition_key
              WHERE i.partition_key = ANY($1) AND i.processed
                AND i.event_type IN ('StockReserved', 'StockRejected')
-               AND i.processed_at > s.finished_at",
+               AND o.cancel_reason = 'stock_timeout'",
         )
         .bind(&keys)
-        .bind(OrderFulfilment::NAME)
         .fetch_one(&self.db.orders)
         .await
         .map_err(db)?;
@@ -827,14 +846,27 @@ async fn ephemeral_listener() -> Result<TcpListener, ServiceError> {
 }
 
 /// Places the orders of `plan` through `POST /orders`, `concurrency` at a
-/// time; the ids of those created, with their kind.
+/// time and at most `rate` a second; the ids of those created, with their
+/// kind.
 async fn drive_orders(
     base: &str,
     plan: &[(OrderKind, Uuid, i64)],
     concurrency: usize,
+    rate: Option<u32>,
 ) -> Vec<(Uuid, OrderKind)> {
     let client = reqwest::Client::new();
-    futures::stream::iter(plan.iter().copied())
+    // Order `i` is not placed before `start + i / rate`.
+    let period = rate
+        .filter(|rate| *rate > 0)
+        .map(|rate| Duration::from_secs(1) / rate);
+    let start = tokio::time::Instant::now();
+    futures::stream::iter(plan.iter().copied().enumerate())
+        .then(move |(i, order)| async move {
+            if let Some(period) = period {
+                tokio::time::sleep_until(start + period * i as u32).await;
+            }
+            order
+        })
         .map(|(kind, product_id, amount)| {
             let client = client.clone();
             let url = format!("{base}/orders");

@@ -216,7 +216,18 @@ pub async fn release(
             .await?;
             Ok(Release::Released)
         }
-        Some(_) => Ok(Release::Nothing),
+        Some(_) => {
+            movement(
+                tx,
+                command.order_id,
+                command.product_id,
+                "release_nothing",
+                0,
+                command.event_id,
+            )
+            .await?;
+            Ok(Release::Nothing)
+        }
     }
 }
 

@@ -26,8 +26,11 @@ use outbox_examples::setup::{Broker, database_url_from_env};
 #[command(version)]
 struct Args {
     /// Orders to create through `POST /orders`.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 200)]
     orders: usize,
+    /// Orders placed per second at most (0: as fast as the concurrency allows).
+    #[arg(long, default_value_t = 25)]
+    rate: u32,
     /// Concurrent HTTP requests.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -60,6 +63,7 @@ async fn main() -> ExitCode {
         group_suffix: format!("-demo-{}", std::process::id()),
         progress_every: Some(Duration::from_millis(500)),
         stock_timeout: Duration::from_millis(args.stock_timeout_ms.max(1)),
+        rate: Some(args.rate).filter(|rate| *rate > 0),
     };
     println!("outbox demo: {} orders", config.orders);
     println!("  broker:   {}", broker.describe());
