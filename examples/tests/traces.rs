@@ -1,7 +1,7 @@
-//! One trace per order across both services and the broker: the orders
-//! handler's unit of work, the relay's publish, the payments consumer's
-//! handling, its publish of the payment, and the orders consumer's handling,
-//! each the parent of the next. Spans go to an in-memory OpenTelemetry
+//! One trace per order across the three services and the broker: the orders
+//! handler's unit of work, then each step of the order fulfilment saga (the
+//! relay's publish of a message and its consumer's handling, in the orders,
+//! inventory and payments services), each the parent of the next. Spans go to an in-memory OpenTelemetry
 //! exporter through the same `tracing` layer the example binaries install.
 
 #[path = "support/databases.rs"]
