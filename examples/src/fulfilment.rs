@@ -65,6 +65,9 @@ pub enum Stage {
     ReservingStock,
     /// The payment's answer to `ChargePayment`.
     Charging,
+    /// Nothing: the order is not in this service's table, the saga ended
+    /// as soon as it started.
+    NotOurs,
 }
 
 #[saga(
@@ -82,12 +85,26 @@ impl OrderFulfilment {
         ctx: &mut SagaContext<'_>,
     ) -> Result<Self, OrdersError> {
         // The orders table is the source of truth (and always has the
-        // product, which the event carries only optionally).
-        let (customer_id, product_id, amount): (Uuid, Uuid, i64) =
+        // product, which the event carries only optionally). The event is
+        // written with the order's row, so the row is there; an order this
+        // service does not have (an event of another service, or of an
+        // earlier database, on the shared topic) is not its to fulfil.
+        let order: Option<(Uuid, Uuid, i64)> =
             sqlx::query_as("SELECT customer_id, product_id, amount FROM orders WHERE id = $1")
                 .bind(event.order_id)
-                .fetch_one(&mut **ctx.tx())
+                .fetch_optional(&mut **ctx.tx())
                 .await?;
+        let Some((customer_id, product_id, amount)) = order else {
+            ctx.complete();
+            return Ok(Self {
+                order_id: event.order_id,
+                customer_id: event.customer_id,
+                product_id: event.product_id.unwrap_or_default(),
+                amount: event.amount,
+                stage: Stage::NotOurs,
+                timeout_id: Uuid::nil(),
+            });
+        };
         let timeout_ms: i32 =
             sqlx::query_scalar("SELECT stock_timeout_ms FROM fulfilment_settings")
                 .fetch_one(&mut **ctx.tx())
