@@ -6,8 +6,11 @@
 //! [`OrderKind`]): most are paid and confirmed; some are over the payments'
 //! limit (declined: the saga releases their stock); some are for a product
 //! of a slow warehouse that answers after the saga's stock timeout (the saga
-//! gives up and releases; the late answer is ignored); some are for a scarce
-//! product (the first ones get it, the others are cancelled out of stock).
+//! gives up and releases; the late answer is ignored); some are for a
+//! backlogged warehouse that applies reservations after the timeout (the
+//! saga's release comes first and leaves a tombstone, the late reservation
+//! takes nothing); some are for a scarce product (the first ones get it, the
+//! others are cancelled out of stock).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -65,8 +68,12 @@ pub enum OrderKind {
     Regular,
     /// An amount over [`DECLINE_OVER`]: declined, its stock released.
     OverLimit,
-    /// The slow warehouse's product: the saga times out and releases.
+    /// The slow warehouse's product (reserved at once, answered late): the
+    /// saga times out and releases the reservation.
     SlowWarehouse,
+    /// The backlogged warehouse's product (reserved late): the saga times
+    /// out, its release leaves a tombstone, the reservation takes nothing.
+    Backlogged,
     /// The scarce product (stock for half of these orders): confirmed or
     /// cancelled out of stock.
     Scarce,
@@ -79,6 +86,7 @@ impl OrderKind {
             3 => Self::OverLimit,
             6 => Self::SlowWarehouse,
             8 => Self::Scarce,
+            9 => Self::Backlogged,
             _ => Self::Regular,
         }
     }
@@ -144,7 +152,7 @@ pub struct DemoSummary {
     pub cancelled_declined: i64,
     /// Orders cancelled because the inventory did not answer in time.
     pub cancelled_timeout: i64,
-    /// ... of which were not for the slow warehouse's product.
+    /// ... of which were not for the slow or the backlogged warehouse.
     pub unplanned_timeouts: i64,
     /// Orders cancelled out of stock.
     pub cancelled_out_of_stock: i64,
@@ -385,6 +393,7 @@ type OrderRow = (Uuid, Uuid, String, Option<String>, Option<String>);
 struct Products {
     regular: Uuid,
     slow: Uuid,
+    backlogged: Uuid,
     scarce: Uuid,
 }
 
@@ -446,6 +455,7 @@ impl Demo {
         let products = Products {
             regular: Uuid::now_v7(),
             slow: Uuid::now_v7(),
+            backlogged: Uuid::now_v7(),
             scarce: Uuid::now_v7(),
         };
         let planned = |kind| {
@@ -458,6 +468,7 @@ impl Demo {
             // Every order of the run and the warm-up order.
             (products.regular, units(config.orders + 1)),
             (products.slow, units(planned(OrderKind::SlowWarehouse))),
+            (products.backlogged, units(planned(OrderKind::Backlogged))),
             (products.scarce, units(planned(OrderKind::Scarce) / 2)),
         ]);
         for (&product, &available) in &stocked {
@@ -470,6 +481,13 @@ impl Demo {
                 .await
                 .map_err(ServiceError::Database)?;
         }
+        crate::inventory::backlog_product(
+            &db.inventory,
+            products.backlogged,
+            config.stock_timeout * 2,
+        )
+        .await
+        .map_err(ServiceError::Database)?;
 
         let servers = broker.bootstrap_servers();
         create_topics(broker, 3).await?;
@@ -554,6 +572,7 @@ impl Demo {
                     OrderKind::Regular => (kind, self.products.regular, small),
                     OrderKind::OverLimit => (kind, self.products.regular, DECLINE_OVER + small),
                     OrderKind::SlowWarehouse => (kind, self.products.slow, small),
+                    OrderKind::Backlogged => (kind, self.products.backlogged, small),
                     OrderKind::Scarce => (kind, self.products.scarce, small),
                 }
             })
@@ -674,7 +693,10 @@ impl Demo {
                 Some(Outcome::Declined) => summary.cancelled_declined += 1,
                 Some(Outcome::TimedOut) => {
                     summary.cancelled_timeout += 1;
-                    if kinds.get(id) != Some(&OrderKind::SlowWarehouse) {
+                    if !matches!(
+                        kinds.get(id),
+                        Some(OrderKind::SlowWarehouse | OrderKind::Backlogged)
+                    ) {
                         summary.unplanned_timeouts += 1;
                     }
                 }
@@ -912,7 +934,8 @@ mod tests {
         let kinds: Vec<OrderKind> = (0..20).map(OrderKind::of).collect();
         assert_eq!(kinds[..10], kinds[10..]);
         let count = |kind| kinds.iter().filter(|k| **k == kind).count();
-        assert_eq!(count(OrderKind::Regular), 14);
+        assert_eq!(count(OrderKind::Regular), 12);
+        assert_eq!(count(OrderKind::Backlogged), 2);
         assert_eq!(count(OrderKind::OverLimit), 2);
         assert_eq!(count(OrderKind::SlowWarehouse), 2);
         assert_eq!(count(OrderKind::Scarce), 2);
@@ -932,6 +955,7 @@ mod tests {
         assert_eq!(Outcome::of("cancelled", Some("customer_request")), None);
         assert!(OrderKind::SlowWarehouse.allows(Outcome::TimedOut));
         assert!(!OrderKind::SlowWarehouse.allows(Outcome::Confirmed));
+        assert!(!OrderKind::Backlogged.allows(Outcome::Confirmed));
         assert!(!OrderKind::Regular.allows(Outcome::OutOfStock));
         assert!(OrderKind::Scarce.allows(Outcome::OutOfStock));
         assert!(!OrderKind::OverLimit.allows(Outcome::Pending));

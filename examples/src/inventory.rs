@@ -10,7 +10,7 @@
 //!
 //! | status before | `ReserveStock` | `ReleaseStock` |
 //! | --- | --- | --- |
-//! | (none) | reserve (`reserved`) or reject (`rejected`), and reply | leave a `tombstone`: nothing was reserved, and nothing will be |
+//! | (none) | reserve (`reserved`) or reject (`rejected`), and reply; for a backlogged warehouse, first put the command back for later | leave a `tombstone`: nothing was reserved, and nothing will be |
 //! | `reserved` | nothing (already answered) | give the stock back (`released`) |
 //! | `rejected` | nothing | nothing |
 //! | `released` | nothing | nothing (released once) |
@@ -22,6 +22,7 @@
 //! `stock_movement`, which the demo and the tests read.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use chrono::Utc;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -57,6 +58,9 @@ pub enum Reservation {
     AfterRelease,
     /// The order was answered already (another command for it); nothing done.
     Duplicate,
+    /// The product's warehouse is backlogged: the command is put back, to
+    /// be applied (and answered) after the product's `apply_delay_ms`.
+    Deferred,
 }
 
 /// What a `ReleaseStock` did.
@@ -81,11 +85,12 @@ pub async fn reserve(
     command: &ReserveStock,
 ) -> Result<Reservation, InventoryError> {
     let status = lock_reservation(tx, command.order_id).await?;
-    let delay: i32 = sqlx::query_scalar("SELECT reply_delay_ms FROM stock WHERE product_id = $1")
-        .bind(command.product_id)
-        .fetch_optional(&mut **tx)
-        .await?
-        .unwrap_or(0);
+    let (delay, backlog): (i32, i32) =
+        sqlx::query_as("SELECT reply_delay_ms, apply_delay_ms FROM stock WHERE product_id = $1")
+            .bind(command.product_id)
+            .fetch_optional(&mut **tx)
+            .await?
+            .unwrap_or((0, 0));
     let rejected = |reason| StockRejected {
         event_id: Uuid::now_v7(),
         order_id: command.order_id,
@@ -109,6 +114,37 @@ pub async fn reserve(
             return Ok(Reservation::AfterRelease);
         }
         Some(_) => return Ok(Reservation::Duplicate),
+    }
+    if backlog > 0 {
+        // A backlogged warehouse gets to the order later: the command comes
+        // back (as a new message) after the delay, once per order.
+        let first = sqlx::query(
+            "INSERT INTO deferred_reservation (order_id, command_id) VALUES ($1, $2)
+             ON CONFLICT (order_id) DO NOTHING",
+        )
+        .bind(command.order_id)
+        .bind(command.event_id)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if first {
+            movement(
+                tx,
+                command.order_id,
+                command.product_id,
+                "defer",
+                0,
+                command.event_id,
+            )
+            .await?;
+            let later = ReserveStock {
+                event_id: Uuid::now_v7(),
+                ..command.clone()
+            };
+            events.record_after(later, Duration::from_millis(backlog as u64));
+            return Ok(Reservation::Deferred);
+        }
     }
     let taken = sqlx::query(
         "UPDATE stock SET available = available - $2, reserved = reserved + $2
@@ -274,7 +310,7 @@ async fn movement(
 /// relay moves it into the outbox when due).
 fn reply<E: DomainEvent>(events: &mut Events, reply: E, delay_ms: i32) {
     match u64::try_from(delay_ms) {
-        Ok(ms) if ms > 0 => events.record_after(reply, std::time::Duration::from_millis(ms)),
+        Ok(ms) if ms > 0 => events.record_after(reply, Duration::from_millis(ms)),
         _ => events.record(reply),
     }
 }
@@ -313,7 +349,7 @@ pub async fn stock_product(
     pool: &PgPool,
     product_id: Uuid,
     available: i32,
-    reply_delay: std::time::Duration,
+    reply_delay: Duration,
 ) -> Result<(), sqlx::Error> {
     let delay_ms = i32::try_from(reply_delay.as_millis()).unwrap_or(i32::MAX);
     sqlx::query(
@@ -325,6 +361,22 @@ pub async fn stock_product(
     .bind(delay_ms)
     .execute(pool)
     .await?;
+    Ok(())
+}
+
+/// Makes the warehouse of `product_id` backlogged: a reservation of it is
+/// applied `apply_delay` after it arrives.
+pub async fn backlog_product(
+    pool: &PgPool,
+    product_id: Uuid,
+    apply_delay: Duration,
+) -> Result<(), sqlx::Error> {
+    let delay_ms = i32::try_from(apply_delay.as_millis()).unwrap_or(i32::MAX);
+    sqlx::query("UPDATE stock SET apply_delay_ms = $2 WHERE product_id = $1")
+        .bind(product_id)
+        .bind(delay_ms)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 

@@ -189,3 +189,52 @@ async fn concurrent_commands_of_one_order_apply_one_after_the_other() {
     }
     db.drop().await;
 }
+
+/// A backlogged warehouse puts a reservation back for later (once per
+/// order); when it comes back it is applied, unless the saga's release came
+/// first, in which case it takes nothing.
+#[tokio::test]
+async fn a_backlogged_warehouse_applies_reservations_later_and_never_after_a_release() {
+    let db = ScratchDatabase::create("outbox_inventory_backlog", 4).await;
+    let pool = db.pool.clone();
+    inventory::migrate(&pool).await.unwrap();
+    let product = Uuid::now_v7();
+    inventory::stock_product(&pool, product, 5, Duration::ZERO)
+        .await
+        .unwrap();
+    inventory::backlog_product(&pool, product, Duration::from_secs(4))
+        .await
+        .unwrap();
+
+    // Put back, then applied when it comes back.
+    let order = Uuid::now_v7();
+    let (done, events) = reserve(&pool, &reserve_command(order, product)).await;
+    assert_eq!(done, Reservation::Deferred);
+    assert!(events.records().is_empty());
+    assert_eq!(events.scheduled().len(), 1);
+    let again = events.of_type::<ReserveStock>()[0].clone();
+    assert_eq!((again.order_id, again.product_id), (order, product));
+    assert_eq!(stock(&pool, product).await, (5, 0));
+    let (done, _) = reserve(&pool, &again).await;
+    assert_eq!(done, Reservation::Reserved);
+    assert_eq!(stock(&pool, product).await, (4, 1));
+    assert_eq!(movements(&pool, order).await, ["defer", "reserve"]);
+
+    // Released while put back: the reservation takes nothing.
+    let late = Uuid::now_v7();
+    let (done, events) = reserve(&pool, &reserve_command(late, product)).await;
+    assert_eq!(done, Reservation::Deferred);
+    let again = events.of_type::<ReserveStock>()[0].clone();
+    assert_eq!(
+        release(&pool, &release_command(late, product)).await,
+        Release::Tombstone
+    );
+    let (done, _) = reserve(&pool, &again).await;
+    assert_eq!(done, Reservation::AfterRelease);
+    assert_eq!(stock(&pool, product).await, (4, 1));
+    assert_eq!(
+        movements(&pool, late).await,
+        ["defer", "tombstone", "late_reserve"]
+    );
+    db.drop().await;
+}
