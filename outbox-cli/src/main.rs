@@ -13,6 +13,7 @@ mod notify;
 mod output;
 mod progress;
 mod replay;
+mod sagas;
 mod schemas;
 mod status;
 mod topics;
@@ -23,7 +24,8 @@ use clap::{Parser, Subcommand};
 
 use crate::error::CliError;
 
-/// Operate the transactional outbox: health, retention, dead letters, replay.
+/// Operate the transactional outbox: health, retention, dead letters, replay,
+/// sagas.
 ///
 /// Exit codes: 0 success; 1 a health threshold was exceeded or an operation
 /// failed midway; 2 bad input, unreachable database or missing schema.
@@ -76,6 +78,11 @@ enum Command {
     DeadLetters(dead_letters::DeadLettersCommand),
     /// Re-publish published events to Kafka, e.g. to rebuild a projection.
     Replay(replay::ReplayArgs),
+    /// List and inspect sagas; find running sagas that stopped moving.
+    ///
+    /// `stuck` is a health check: it exits 1 when it finds a saga.
+    #[command(subcommand)]
+    Sagas(sagas::SagasCommand),
     /// Cross-process relay wake-ups through LISTEN/NOTIFY (off by default).
     #[command(subcommand)]
     Notify(notify::NotifyCommand),
@@ -115,6 +122,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Cleanup(args) => cleanup::run(&pool, args, json).await,
         Command::DeadLetters(command) => dead_letters::run(&pool, command, json).await,
         Command::Replay(args) => replay::run(&pool, args, json).await,
+        Command::Sagas(command) => sagas::run(&pool, command, json).await,
         Command::Notify(command) => notify::run(&pool, command, json).await,
         Command::Schemas(_) | Command::Topics(_) => unreachable!("need no database"),
     }

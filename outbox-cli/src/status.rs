@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::PgPool;
+use txoutbox_runtime::ops::sagas::SagaTypeOverview;
 use txoutbox_runtime::ops::status::{
     self, Breach, ProblemRow, QueueStatus, RelayMember, Status, Thresholds,
 };
@@ -32,6 +33,9 @@ pub(crate) struct StatusArgs {
     /// Exit 1 when the oldest unprocessed inbox event is older than this.
     #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     max_inbox_age: Option<Duration>,
+    /// Exit 1 when a running saga has not moved (taken a step) for longer than this.
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    max_saga_age: Option<Duration>,
     /// How many failing / parked rows to show of each kind.
     #[arg(long, value_name = "N", default_value_t = 5)]
     sample: i64,
@@ -53,6 +57,7 @@ pub(crate) async fn run(pool: &PgPool, args: StatusArgs, json: bool) -> Result<E
         max_parked: args.max_parked,
         max_inbox_backlog: args.max_inbox_backlog,
         max_inbox_age: args.max_inbox_age,
+        max_saga_age: args.max_saga_age,
     };
     let status = status::collect(pool, args.sample.max(0)).await?;
     let breaches = thresholds.check(&status);
@@ -119,6 +124,33 @@ fn render(status: &Status) -> String {
         .collect();
     out.push_str(&output::table(&rows));
     out.push_str(&relays(&status.relays));
+    out.push_str(&sagas(&status.sagas));
+    out
+}
+
+/// Sagas per type (nothing when the database has none): how many run, how
+/// many finished and wait for retention, how long the oldest running one
+/// has not moved.
+fn sagas(sagas: &[SagaTypeOverview]) -> String {
+    if sagas.is_empty() {
+        return String::new();
+    }
+    let mut out = "\nsagas (saga_state)\n".to_owned();
+    let rows: Vec<Vec<String>> = sagas
+        .iter()
+        .map(|s| {
+            vec![
+                format!("  {}", s.saga_type),
+                format!("running {}", s.running),
+                format!("completed {}", s.completed),
+                format!("compensated {}", s.compensated),
+                s.oldest_running_age_secs
+                    .map(|age| format!("oldest running moved {} ago", output::age(age)))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    out.push_str(&output::table(&rows));
     out
 }
 

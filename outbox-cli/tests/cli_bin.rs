@@ -6,7 +6,7 @@ mod ops_support;
 
 use std::process::{Command, Output};
 
-use ops_support::{OutboxRow, count};
+use ops_support::{OutboxRow, SagaRow, count};
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
@@ -455,6 +455,7 @@ async fn out_of_range_durations_and_times_exit_2(pool: PgPool) {
         "--older-than",
         "--processed-older-than",
         "--inbox-older-than",
+        "--sagas-older-than",
     ] {
         for value in ["300000y", "1001y", "300000000000y"] {
             let cleanup = outbox(Some(&pool), &["cleanup", flag, value, "--dry-run"]);
@@ -523,7 +524,7 @@ async fn out_of_range_durations_and_times_exit_2(pool: PgPool) {
 
     // Health thresholds are compared, never turned into times: any size is
     // valid (and never exceeded); only a number too large to parse is refused.
-    for flag in ["--max-age", "--max-inbox-age"] {
+    for flag in ["--max-age", "--max-inbox-age", "--max-saga-age"] {
         let huge = outbox(Some(&pool), &["status", flag, "300000000000y"]);
         assert_eq!(huge.status.code(), Some(0), "{}", stderr(&huge));
         let unparsable = outbox(Some(&pool), &["status", flag, "99999999999999999999999y"]);
@@ -572,4 +573,347 @@ async fn notify_without_the_right_to_create_triggers_says_which_role_to_use(pool
         "{}",
         stderr(&output)
     );
+}
+
+/// Rows of a saga table printed by `outbox sagas`: the lines after the
+/// header, split on runs of spaces.
+fn table_rows(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .skip(1)
+        .take_while(|line| !line.is_empty() && !line.contains(", the most recently"))
+        .map(|line| {
+            line.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .collect()
+}
+
+#[sqlx::test(migrations = false)]
+async fn sagas_list_show_and_stuck(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    let mut reserving = SagaRow::running("OrderFulfilment", "o-1", 3_600);
+    reserving.compensations = vec![
+        ("ReleaseStock", "inventory.commands", "o-1"),
+        ("RefundPayment", "payment.commands", "o-1"),
+    ];
+    let (compensation_ids, last_event_id) = reserving.insert(&pool).await;
+    SagaRow::running("OrderFulfilment", "o-2", 1_200)
+        .insert(&pool)
+        .await;
+    SagaRow::running("Refund", "r-1", 30).insert(&pool).await;
+    SagaRow::finished("OrderFulfilment", "o-3", "compensated", 60)
+        .insert(&pool)
+        .await;
+
+    let list = outbox(Some(&pool), &["sagas", "list"]);
+    assert!(list.status.success(), "{}", stderr(&list));
+    let text = stdout(&list);
+    let header = text.lines().next().unwrap();
+    assert!(
+        header.starts_with("TYPE             ID   STATUS       VERSION  LAST MESSAGE"),
+        "aligned columns: {text}"
+    );
+    let rows = table_rows(&text);
+    let listed: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("Refund", "r-1", "running"),
+            ("OrderFulfilment", "o-3", "compensated"),
+            ("OrderFulfilment", "o-2", "running"),
+            ("OrderFulfilment", "o-1", "running"),
+        ],
+        "most recently moved first: {text}"
+    );
+    assert_eq!(
+        rows[3].last(),
+        Some(&"2".to_owned()),
+        "pending compensations"
+    );
+    assert!(
+        text.ends_with("4 sagas, the most recently moved first\n"),
+        "{text}"
+    );
+
+    let filtered = outbox(
+        Some(&pool),
+        &[
+            "sagas",
+            "list",
+            "--type",
+            "OrderFulfilment",
+            "--status",
+            "running",
+            "--limit",
+            "1",
+            "--json",
+        ],
+    );
+    assert!(filtered.status.success(), "{}", stderr(&filtered));
+    let filtered = json(&filtered);
+    let sagas = filtered["sagas"].as_array().unwrap();
+    assert_eq!(sagas.len(), 1);
+    assert_eq!(sagas[0]["saga_id"], "o-2");
+    assert_eq!(sagas[0]["status"], "running");
+    let limited = outbox(Some(&pool), &["sagas", "list", "--limit", "2"]);
+    assert!(
+        stdout(&limited)
+            .contains("2 sagas, the most recently moved first (the limit; raise --limit"),
+        "{}",
+        stdout(&limited)
+    );
+    let bad_status = outbox(Some(&pool), &["sagas", "list", "--status", "done"]);
+    assert_usage_error(&bad_status, "invalid value 'done' for '--status <STATUS>'");
+    let misspelt = outbox(
+        Some(&pool),
+        &["sagas", "list", "--type", "OrderFulfillment"],
+    );
+    assert_usage_error(
+        &misspelt,
+        "no saga has type 'OrderFulfillment' (check the spelling)",
+    );
+
+    let show = outbox(Some(&pool), &["sagas", "show", "OrderFulfilment", "o-1"]);
+    assert!(show.status.success(), "{}", stderr(&show));
+    let text = stdout(&show);
+    assert!(
+        text.starts_with("saga OrderFulfilment o-1\n  status        running\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "  last message  StockReserved, event {last_event_id}\n"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("state\n  {\n    \"id\": \"o-1\",\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pending compensations: 2, sent last first if the saga is compensated\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "  ReleaseStock   inventory.commands  o-1  {}\n  RefundPayment  payment.commands    o-1  {}\n",
+            compensation_ids[0], compensation_ids[1]
+        )),
+        "{text}"
+    );
+    let show_json = outbox(
+        Some(&pool),
+        &["sagas", "show", "OrderFulfilment", "o-1", "--json"],
+    );
+    let detail = json(&show_json);
+    assert_eq!(detail["version"], 2);
+    assert_eq!(detail["state"]["stage"], "waiting");
+    assert_eq!(detail["last_event_id"], last_event_id.to_string());
+    assert_eq!(detail["compensations"][0]["topic"], "inventory.commands");
+    let finished = outbox(Some(&pool), &["sagas", "show", "OrderFulfilment", "o-3"]);
+    let text = stdout(&finished);
+    assert!(text.contains("\n  finished      20"), "{text}");
+    assert!(text.contains("pending compensations: none"), "{text}");
+    let missing = outbox(Some(&pool), &["sagas", "show", "OrderFulfilment", "o-9"]);
+    assert_usage_error(
+        &missing,
+        "no OrderFulfilment saga has id 'o-9' (never started, or removed by retention",
+    );
+    let unknown_type = outbox(Some(&pool), &["sagas", "show", "Nope", "o-1"]);
+    assert_usage_error(&unknown_type, "no saga has type 'Nope'");
+
+    let stuck = outbox(Some(&pool), &["sagas", "stuck", "--older-than", "10m"]);
+    assert_eq!(stuck.status.code(), Some(1), "{}", stderr(&stuck));
+    let text = stdout(&stuck);
+    assert!(text.lines().next().unwrap().contains("WAITING"), "{text}");
+    let rows = table_rows(&text);
+    let waiting: Vec<&str> = rows.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(waiting, ["o-1", "o-2"], "oldest first: {text}");
+    // The time since the last step (a second more if the clock ticked).
+    assert!(
+        rows[0][7].starts_with("1h") && rows[1][7].starts_with("20m"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 3, "a header and the sagas: {text}");
+    assert_eq!(
+        stderr(&stuck),
+        "unhealthy: 2 running sagas have not moved for more than 10m\n"
+    );
+    let one = outbox(
+        Some(&pool),
+        &[
+            "sagas",
+            "stuck",
+            "--older-than",
+            "10m",
+            "--limit",
+            "1",
+            "--json",
+        ],
+    );
+    assert_eq!(one.status.code(), Some(1));
+    let shown = outbox(
+        Some(&pool),
+        &["sagas", "stuck", "--older-than", "10m", "--limit", "1"],
+    );
+    assert!(
+        stdout(&shown).ends_with("\n1 of 2 shown; raise --limit to see more\n"),
+        "{}",
+        stdout(&shown)
+    );
+    let report = json(&one);
+    assert_eq!(report["total"], 2, "counted beyond the limit");
+    assert_eq!(report["older_than_secs"], 600.0);
+    assert_eq!(report["sagas"][0]["saga_id"], "o-1");
+    assert_eq!(report["sagas"].as_array().unwrap().len(), 1);
+    let of_type = outbox(
+        Some(&pool),
+        &["sagas", "stuck", "--older-than", "1m", "--type", "Refund"],
+    );
+    assert_eq!(of_type.status.code(), Some(0), "{}", stderr(&of_type));
+    assert_eq!(
+        stdout(&of_type),
+        "no running Refund saga has gone without a step for more than 1m\n"
+    );
+    assert_eq!(stderr(&of_type), "");
+    let none = outbox(Some(&pool), &["sagas", "stuck", "--older-than", "2h"]);
+    assert_eq!(none.status.code(), Some(0), "{}", stderr(&none));
+    let too_old = outbox(Some(&pool), &["sagas", "stuck", "--older-than", "1001y"]);
+    assert_usage_error(&too_old, "out of range; accepted: 0s to 1000y");
+    let without_age = outbox(Some(&pool), &["sagas", "stuck"]);
+    assert_eq!(without_age.status.code(), Some(2));
+    assert!(
+        stderr(&without_age).contains("--older-than"),
+        "{}",
+        stderr(&without_age)
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn status_shows_sagas_and_checks_their_age(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    SagaRow::running("OrderFulfilment", "o-1", 1_800)
+        .insert(&pool)
+        .await;
+    SagaRow::running("OrderFulfilment", "o-2", 10)
+        .insert(&pool)
+        .await;
+    SagaRow::finished("OrderFulfilment", "o-3", "completed", 60)
+        .insert(&pool)
+        .await;
+    SagaRow::finished("Refund", "r-1", "compensated", 60)
+        .insert(&pool)
+        .await;
+
+    let healthy = outbox(Some(&pool), &["status", "--max-saga-age", "1h"]);
+    assert_eq!(healthy.status.code(), Some(0), "{}", stderr(&healthy));
+    let text = stdout(&healthy);
+    let (_, sagas) = text.split_once("\nsagas (saga_state)\n").expect(&text);
+    let lines: Vec<&str> = sagas.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with(
+            "  OrderFulfilment  running 2  completed 1  compensated 0  oldest running moved 30m"
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1],
+        "  Refund           running 0  completed 0  compensated 1"
+    );
+
+    let unhealthy = outbox(Some(&pool), &["status", "--max-saga-age", "10m", "--json"]);
+    assert_eq!(unhealthy.status.code(), Some(1));
+    let report = json(&unhealthy);
+    assert_eq!(report["healthy"], false);
+    assert_eq!(report["breaches"][0]["threshold"], "max-saga-age");
+    assert_eq!(report["sagas"][0]["saga_type"], "OrderFulfilment");
+    assert_eq!(report["sagas"][0]["running"], 2);
+    assert_eq!(report["sagas"][1]["compensated"], 1);
+    let err = stderr(&unhealthy);
+    assert!(
+        err.starts_with(
+            "unhealthy: max-saga-age exceeded: a running OrderFulfilment saga has not moved for 18"
+        ) && err.ends_with("s (limit 600s)\n"),
+        "{err}"
+    );
+    let unparsable = outbox(Some(&pool), &["status", "--max-saga-age", "soon"]);
+    assert_usage_error(
+        &unparsable,
+        "invalid value 'soon' for '--max-saga-age <DURATION>'",
+    );
+
+    // A database migrated before 0008: no sagas part, thresholds still work.
+    sqlx::query("DROP TABLE saga_state")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let old = outbox(Some(&pool), &["status", "--max-saga-age", "1s"]);
+    assert_eq!(old.status.code(), Some(0), "{}", stderr(&old));
+    assert!(!stdout(&old).contains("sagas"), "{}", stdout(&old));
+    let list = outbox(Some(&pool), &["sagas", "list"]);
+    assert_usage_error(&list, "run `outbox migrate` first");
+}
+
+#[sqlx::test(migrations = false)]
+async fn cleanup_deletes_only_finished_sagas_older_than_the_age(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    let day = 86_400;
+    SagaRow::finished("OrderFulfilment", "old-completed", "completed", 10 * day)
+        .insert(&pool)
+        .await;
+    SagaRow::finished("OrderFulfilment", "old-compensated", "compensated", 9 * day)
+        .insert(&pool)
+        .await;
+    SagaRow::finished("Refund", "old-refund", "completed", 8 * day)
+        .insert(&pool)
+        .await;
+    SagaRow::finished("OrderFulfilment", "recent", "completed", day)
+        .insert(&pool)
+        .await;
+    // Running for a month without a step: stuck, but never deleted.
+    SagaRow::running("OrderFulfilment", "running", 30 * day)
+        .insert(&pool)
+        .await;
+
+    let dry = outbox(
+        Some(&pool),
+        &["cleanup", "--sagas-older-than", "7d", "--dry-run", "--json"],
+    );
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let report = json(&dry);
+    assert_eq!(report["targets"][0]["target"], "finished_saga");
+    assert_eq!(report["targets"][0]["matched"], 3);
+    assert_eq!(count(&pool, "SELECT count(*) FROM saga_state").await, 5);
+
+    let run = outbox(
+        Some(&pool),
+        &["cleanup", "--sagas-older-than", "7d", "--batch-size", "2"],
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(
+        stdout(&run).starts_with("deleted 3 finished sagas (before "),
+        "{}",
+        stdout(&run)
+    );
+    let left: Vec<String> = sqlx::query_scalar("SELECT saga_id FROM saga_state ORDER BY saga_id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["recent", "running"]);
+
+    let everything = outbox(Some(&pool), &["cleanup", "--sagas-older-than", "0s"]);
+    assert!(everything.status.success(), "{}", stderr(&everything));
+    assert!(stdout(&everything).starts_with("deleted 1 finished sagas"));
+    let left: Vec<String> = sqlx::query_scalar("SELECT saga_id FROM saga_state")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["running"], "a running saga is never deleted");
 }

@@ -95,6 +95,7 @@ async fn status_counts_every_state_and_thresholds_name_the_breach(pool: PgPool) 
         max_parked: Some(2),
         max_inbox_backlog: Some(1),
         max_inbox_age: Some(Duration::from_secs(600)),
+        max_saga_age: None,
     };
     assert!(within.check(&status).is_empty(), "limits are inclusive");
     let exceeded = Thresholds {
@@ -103,6 +104,7 @@ async fn status_counts_every_state_and_thresholds_name_the_breach(pool: PgPool) 
         max_parked: Some(1),
         max_inbox_backlog: None,
         max_inbox_age: Some(Duration::from_secs(60)),
+        max_saga_age: None,
     };
     let breaches = exceeded.check(&status);
     let names: Vec<_> = breaches.iter().map(|b| b.threshold).collect();

@@ -470,3 +470,57 @@ async fn concurrent_steps_of_one_saga_never_apply_to_the_same_version(pool: PgPo
         "one step per version"
     );
 }
+
+/// The same saga on an inbox-mode consumer: each step commits with its inbox
+/// row marked processed; a redelivered message is stored once and applied once.
+#[sqlx::test(migrations = false)]
+async fn a_saga_runs_on_an_inbox_consumer_too(pool: PgPool) {
+    prepare(&pool).await;
+    create_topic(TOPIC, 4).await;
+    let group = unique_group("saga-inbox");
+    start_group_at(&group, TOPIC, 4, true).await;
+    let saga_id = Uuid::new_v4();
+    apply(&pool, OnOpen, open(saga_id)).await.unwrap();
+    let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .mode(txoutbox_runtime::consumer::Mode::Inbox)
+        .saga::<Tally>()
+        .build()
+        .unwrap()
+        .spawn();
+    let producer = producer();
+    for i in 1..=50 {
+        let add = Add {
+            event_id: Uuid::new_v4(),
+            saga_id,
+            lane: format!("lane-{}", i % 7),
+            amount: i,
+        };
+        produce_event(&producer, &add).await;
+        if i % 5 == 0 {
+            produce_event(&producer, &add).await;
+        }
+    }
+    // The topic is shared with the other tests of this file (running at the
+    // same time): only this saga's rows count.
+    let ours = || async {
+        let counts: (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE processed) FROM inbox_event
+             WHERE payload->>'saga_id' = $1",
+        )
+        .bind(saga_id.to_string())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        counts
+    };
+    eventually("every Add applied", Duration::from_secs(60), || async {
+        ours().await.1 >= 50
+    })
+    .await;
+    consumer.shutdown().await.unwrap();
+    let (status, version, state) = saga_row(&pool, saga_id).await;
+    assert_eq!((status.as_str(), version), ("running", 51));
+    assert_eq!(state["total"].as_i64(), Some((1..=50).sum::<i64>()));
+    assert_eq!(count(&pool, "SELECT count(*) FROM tally_effect").await, 50);
+    assert_eq!(ours().await, (50, 50), "stored once, applied once");
+}

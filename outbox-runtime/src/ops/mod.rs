@@ -1,5 +1,5 @@
 //! Operator operations on the framework's tables: status, retention, dead
-//! letters, replay, and the trigger that wakes relays across processes.
+//! letters, replay, sagas, and the trigger that wakes relays across processes.
 //!
 //! These are the SQL (and, for replay, the Kafka publishing) behind the
 //! `outbox` command-line tool, exposed as a library so services, health
@@ -22,6 +22,7 @@ pub mod cleanup;
 pub mod dead_letters;
 pub mod notify;
 pub mod replay;
+pub mod sagas;
 pub mod status;
 
 /// Failure of an operator operation.

@@ -1,4 +1,5 @@
-//! What the outbox and inbox look like right now, and health thresholds on it.
+//! What the outbox, the inbox and the sagas look like right now, and health
+//! thresholds on it.
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
@@ -22,6 +23,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::OpsError;
+use super::sagas::{self, SagaTypeOverview};
 
 /// A snapshot of the framework's tables.
 #[derive(Debug, Clone, Serialize)]
@@ -40,6 +42,8 @@ pub struct Status {
     pub tables: Vec<TableSize>,
     /// The relays running against this database (empty before migration 6).
     pub relays: Vec<RelayMember>,
+    /// Sagas per type (empty before migration 8, or without sagas).
+    pub sagas: Vec<SagaTypeOverview>,
 }
 
 /// A relay running against the database, from its membership row
@@ -218,12 +222,14 @@ pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
         tables.insert(1, table_size(pool, "outbox_scheduled").await?);
     }
     let relays = crate::relay::members(pool).await?;
+    let sagas = sagas::overview(pool).await?;
     Ok(Status {
         outbox,
         inbox,
         inbox_unclaimed,
         tables,
         relays,
+        sagas,
     })
 }
 
@@ -360,6 +366,8 @@ pub struct Thresholds {
     pub max_inbox_backlog: Option<i64>,
     /// Oldest pending inbox row's greatest allowed age.
     pub max_inbox_age: Option<Duration>,
+    /// Longest a running saga may go without a step (of any type).
+    pub max_saga_age: Option<Duration>,
 }
 
 /// A threshold the status exceeds.
@@ -432,6 +440,20 @@ impl Thresholds {
             &status.inbox,
             "unprocessed inbox event",
         );
+        let oldest_saga = status
+            .sagas
+            .iter()
+            .filter_map(|s| Some((s.oldest_running_age_secs?, s.saga_type.as_str())))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        if let (Some(limit), Some((actual, saga_type))) = (self.max_saga_age, oldest_saga)
+            && actual > limit.as_secs_f64()
+        {
+            breaches.push(Breach {
+                threshold: "max-saga-age",
+                limit: format!("{}s", limit.as_secs_f64()),
+                actual: format!("a running {saga_type} saga has not moved for {actual:.0}s"),
+            });
+        }
         breaches
     }
 }

@@ -145,6 +145,105 @@ pub(crate) async fn processed_row(pool: &PgPool, group: &str, ago: i64) -> Uuid 
     event_id
 }
 
+/// A `saga_state` row to insert; ages are seconds before the database's
+/// `now()`.
+#[derive(Debug, Clone)]
+pub(crate) struct SagaRow {
+    pub saga_type: &'static str,
+    pub saga_id: &'static str,
+    pub status: &'static str,
+    pub state: serde_json::Value,
+    /// Stored compensations: `(event_type, topic, partition_key)` each, in
+    /// registration order.
+    pub compensations: Vec<(&'static str, &'static str, &'static str)>,
+    pub version: i64,
+    pub last_message_type: Option<&'static str>,
+    pub started_ago: i64,
+    pub updated_ago: i64,
+    pub finished_ago: Option<i64>,
+}
+
+impl SagaRow {
+    /// A running saga whose last step was `updated_ago` seconds ago.
+    pub(crate) fn running(
+        saga_type: &'static str,
+        saga_id: &'static str,
+        updated_ago: i64,
+    ) -> Self {
+        Self {
+            saga_type,
+            saga_id,
+            status: "running",
+            state: json!({ "id": saga_id, "stage": "waiting" }),
+            compensations: Vec::new(),
+            version: 2,
+            last_message_type: Some("StockReserved"),
+            started_ago: updated_ago + 60,
+            updated_ago,
+            finished_ago: None,
+        }
+    }
+
+    /// A saga that ended (`completed` or `compensated`) with its last step
+    /// `finished_ago` seconds ago.
+    pub(crate) fn finished(
+        saga_type: &'static str,
+        saga_id: &'static str,
+        status: &'static str,
+        finished_ago: i64,
+    ) -> Self {
+        Self {
+            status,
+            finished_ago: Some(finished_ago),
+            ..Self::running(saga_type, saga_id, finished_ago)
+        }
+    }
+
+    /// Inserts the row; returns the event ids given to its compensations
+    /// and its `last_event_id`.
+    pub(crate) async fn insert(&self, pool: &PgPool) -> (Vec<Uuid>, Uuid) {
+        let mut ids = Vec::new();
+        let compensations: Vec<serde_json::Value> = self
+            .compensations
+            .iter()
+            .map(|(event_type, topic, key)| {
+                let event_id = Uuid::new_v4();
+                ids.push(event_id);
+                // The shape the saga runtime stores (saga::store::records_to_json).
+                json!({
+                    "event_id": event_id, "aggregate_type": "Order", "aggregate_id": self.saga_id,
+                    "event_type": event_type, "topic": topic, "partition_key": key,
+                    "traceparent": null, "payload": { "event_id": event_id },
+                })
+            })
+            .collect();
+        let last_event_id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO saga_state (saga_type, saga_id, status, state, compensations, version,
+                 last_message_type, last_event_id, started_at, updated_at, finished_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+                 now() - make_interval(secs => $9),
+                 now() - make_interval(secs => $10),
+                 now() - make_interval(secs => $11))",
+        )
+        .bind(self.saga_type)
+        .bind(self.saga_id)
+        .bind(self.status)
+        .bind(&self.state)
+        .bind(serde_json::Value::Array(compensations))
+        .bind(self.version)
+        .bind(self.last_message_type)
+        .bind(last_event_id)
+        .bind(self.started_ago as f64)
+        .bind(self.updated_ago as f64)
+        .bind(self.finished_ago.map(|s| s as f64))
+        .execute(pool)
+        .await
+        .unwrap();
+        (ids, last_event_id)
+    }
+}
+
 #[allow(unused_imports)] // each test binary uses a different subset
 pub(crate) use txoutbox_testkit::broker::brokers;
 #[allow(unused_imports)]
