@@ -1,6 +1,18 @@
-//! The demo: both services on embedded defaults, orders driven through HTTP,
-//! live progress, and a summary that proves nothing was lost.
+//! The demo: the three services on embedded defaults, orders driven through
+//! HTTP, live progress, and a summary that proves every order ended one way
+//! or the other, consistently in every service.
+//!
+//! The orders are of four kinds, by their position in the run (see
+//! [`OrderKind`]): most are paid and confirmed; some are over the payments'
+//! limit (declined: the saga releases their stock); some are for a product
+//! of a slow warehouse that answers after the saga's stock timeout (the saga
+//! gives up and releases; the late answer is ignored); some are for a
+//! backlogged warehouse that applies reservations after the timeout (the
+//! saga's release comes first and leaves a tombstone, the late reservation
+//! takes nothing); some are for a scarce product (the first ones get it, the
+//! others are cancelled out of stock).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -10,67 +22,188 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use uuid::Uuid;
 
+use crate::fulfilment::OrderFulfilment;
+use crate::inventory::InventoryService;
 use crate::orders::OrdersService;
 use crate::payments::PaymentsService;
 use crate::service::{ServiceError, Tuning, create_topics};
 use crate::setup::{Broker, connect_database};
+use txoutbox_runtime::saga::Saga;
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct DemoConfig {
-    /// Base `EXAMPLE_DATABASE_URL`; the services use `<db>_orders` and `<db>_payments`.
+    /// Base `EXAMPLE_DATABASE_URL`; the services use `<db>_orders`,
+    /// `<db>_inventory` and `<db>_payments`.
     pub database_url: String,
     /// Orders to create.
     pub orders: usize,
     /// Concurrent HTTP requests.
     pub concurrency: usize,
-    /// Give up waiting for payments after this long.
+    /// Give up waiting for the orders to end after this long.
     pub timeout: Duration,
     /// Suffix of the consumer group ids (fresh groups start at the earliest offset).
     pub group_suffix: String,
     /// Print a progress line every this often (`None`: quiet).
     pub progress_every: Option<Duration>,
+    /// How long the saga waits for the inventory (the slow warehouse answers
+    /// after twice this).
+    pub stock_timeout: Duration,
+    /// Orders placed per second at most (`None`: as fast as `concurrency`
+    /// allows). A saga step costs a few transactions; a burst beyond what
+    /// the consumers handle within the stock timeout times orders out.
+    pub rate: Option<u32>,
 }
 
-/// Figures of one run, all counted from the databases for this run's orders.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The default [`DemoConfig::stock_timeout`].
+pub const DEFAULT_STOCK_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// Charges above this many cents are declined in the demo.
+pub const DECLINE_OVER: i64 = 100_000;
+
+/// What an order of the run is meant to meet, by its position `i`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OrderKind {
+    /// A product in stock, an amount the payments accept: confirmed.
+    Regular,
+    /// An amount over [`DECLINE_OVER`]: declined, its stock released.
+    OverLimit,
+    /// The slow warehouse's product (reserved at once, answered late): the
+    /// saga times out and releases the reservation.
+    SlowWarehouse,
+    /// The backlogged warehouse's product (reserved late): the saga times
+    /// out, its release leaves a tombstone, the reservation takes nothing.
+    Backlogged,
+    /// The scarce product (stock for half of these orders): confirmed or
+    /// cancelled out of stock.
+    Scarce,
+}
+
+impl OrderKind {
+    /// The kind of the run's order number `i`.
+    pub fn of(i: usize) -> Self {
+        match i % 10 {
+            3 => Self::OverLimit,
+            6 => Self::SlowWarehouse,
+            8 => Self::Scarce,
+            9 => Self::Backlogged,
+            _ => Self::Regular,
+        }
+    }
+
+    /// Whether `outcome` is one this kind of order may end with. A stock
+    /// timeout is always possible (an inventory slower than the timeout is
+    /// what the saga is built for); the summary counts the unplanned ones.
+    fn allows(self, outcome: Outcome) -> bool {
+        match (self, outcome) {
+            (_, Outcome::Pending) => false,
+            (_, Outcome::TimedOut) => true,
+            (Self::Regular, Outcome::Confirmed) => true,
+            (Self::OverLimit, Outcome::Declined) => true,
+            (Self::Scarce, Outcome::Confirmed | Outcome::OutOfStock) => true,
+            _ => false,
+        }
+    }
+}
+
+/// How an order ended (or not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Pending,
+    Confirmed,
+    Declined,
+    TimedOut,
+    OutOfStock,
+}
+
+impl Outcome {
+    fn of(status: &str, reason: Option<&str>) -> Option<Self> {
+        match (status, reason) {
+            ("pending", _) => Some(Self::Pending),
+            ("confirmed", _) => Some(Self::Confirmed),
+            ("cancelled", Some("payment_declined")) => Some(Self::Declined),
+            ("cancelled", Some("stock_timeout")) => Some(Self::TimedOut),
+            ("cancelled", Some("out_of_stock")) => Some(Self::OutOfStock),
+            _ => None,
+        }
+    }
+
+    /// The saga status this outcome goes with (`crate::fulfilment`).
+    fn saga_status(self) -> &'static str {
+        match self {
+            Self::Pending => "running",
+            Self::Confirmed | Self::OutOfStock => "completed",
+            Self::Declined | Self::TimedOut => "compensated",
+        }
+    }
+}
+
+/// Figures of one run, all counted from the three databases for this run's
+/// orders.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DemoSummary {
     /// Orders the driver asked for.
     pub orders_requested: usize,
     /// `201 Created` answers.
     pub orders_created: usize,
-    /// `OrderCreated` rows the orders relay marked published.
-    pub order_events_published: i64,
-    /// Payments the payments service recorded (at most one per order).
+    /// Orders confirmed (stock reserved, paid).
+    pub confirmed: i64,
+    /// Orders cancelled because the payment was declined.
+    pub cancelled_declined: i64,
+    /// Orders cancelled because the inventory did not answer in time.
+    pub cancelled_timeout: i64,
+    /// ... of which were not for the slow or the backlogged warehouse.
+    pub unplanned_timeouts: i64,
+    /// Orders cancelled out of stock.
+    pub cancelled_out_of_stock: i64,
+    /// Orders whose saga runs still.
+    pub sagas_open: i64,
+    /// Sagas ended completed.
+    pub sagas_completed: i64,
+    /// Sagas ended compensated.
+    pub sagas_compensated: i64,
+    /// Orders with no saga at all.
+    pub sagas_missing: i64,
+    /// Orders whose final state does not go with their saga's status, or is
+    /// not one their kind may end with.
+    pub inconsistent: i64,
+    /// `ReserveStock` commands the saga sent / the inventory handled.
+    pub reservations_sent: i64,
+    /// See [`reservations_sent`](Self::reservations_sent).
+    pub reservations_handled: i64,
+    /// Compensations (`ReleaseStock`) the sagas sent.
+    pub compensations_sent: i64,
+    /// Compensations the inventory handled (its dedup rows).
+    pub compensations_applied: i64,
+    /// ... of which gave reserved stock back.
+    pub releases: i64,
+    /// ... of which came before the reservation (a tombstone).
+    pub tombstones: i64,
+    /// ... of which found nothing to give back (the reservation had been
+    /// rejected: the saga gave up before the rejection reached it).
+    pub nothing_to_release: i64,
+    /// Orders released more than once (must be 0).
+    pub released_twice: i64,
+    /// Releases of a reservation that never happened (must be 0).
+    pub released_unreserved: i64,
+    /// Answers of the inventory that reached a saga already ended (late
+    /// answers after a timeout), ignored.
+    pub late_answers_ignored: i64,
+    /// Units of the run's products reserved for orders that are not
+    /// confirmed, or missing (must be 0).
+    pub stock_leaked: i64,
+    /// Payments completed / declined by the payments service.
     pub payments_completed: i64,
-    /// `processed_event` rows of the payments consumer for these orders' events.
-    pub order_events_handled: i64,
-    /// `PaymentCompleted` rows the payments relay marked published.
-    pub payment_events_published: i64,
-    /// Inbox rows of the orders service for these orders' payments, processed.
-    pub payment_events_handled: i64,
-    /// Orders whose `payment_status` is `paid`.
-    pub orders_paid: i64,
-    /// Wall time until all orders were paid (or the timeout).
+    /// See [`payments_completed`](Self::payments_completed).
+    pub payments_declined: i64,
+    /// Wall time until every order ended (or the timeout).
     pub elapsed: Duration,
-    /// How long the warm-up order (not counted above) took to be paid,
+    /// How long the warm-up order (not counted above) took to be confirmed,
     /// mostly the consumers joining their groups; `None` if it was not.
     pub warm_up: Option<Duration>,
-    /// Commit-to-handled latency of the orders handled so far.
-    pub latency: DemoLatency,
-}
-
-/// Commit-to-handled latency of a run's orders, by the database clock (both
-/// services' databases are on one server), each from the order's transaction
-/// (`created_at` of the order and its `OrderCreated`) to the transaction that
-/// handled the event (its `processed_at`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DemoLatency {
-    /// To the payments consumer's handling of `OrderCreated`.
-    pub order_created_handled: Option<Percentiles>,
-    /// Round trip: to the orders service's handling of the `PaymentCompleted`
-    /// that marked the order paid.
-    pub order_paid: Option<Percentiles>,
+    /// From the order's commit to its confirmation, by the database clock,
+    /// for the confirmed orders.
+    pub confirmed_latency: Option<Percentiles>,
 }
 
 /// The median and 99th percentile of a set of latencies (nearest rank).
@@ -117,66 +250,124 @@ impl std::fmt::Display for Percentiles {
 }
 
 impl DemoSummary {
-    /// Orders created but not paid.
+    /// Orders created that did not end (confirmed or cancelled).
     pub fn lost(&self) -> i64 {
-        self.orders_created as i64 - self.orders_paid
+        self.orders_created as i64
+            - self.confirmed
+            - self.cancelled_declined
+            - self.cancelled_timeout
+            - self.cancelled_out_of_stock
     }
 
-    /// True when every requested order was created, published, paid once and
-    /// marked paid.
+    /// True when every requested order was created and ended consistently:
+    /// no saga open or missing, each order's state matching its saga's
+    /// status and its kind, every compensation applied exactly once and
+    /// only to a reservation that happened (or as a tombstone), no stock
+    /// leaked, and one payment answer per order charged.
     pub fn complete(&self) -> bool {
-        let created = self.orders_created as i64;
         self.orders_created == self.orders_requested
-            && self.order_events_published == created
-            && self.payments_completed == created
-            && self.order_events_handled == created
-            && self.payment_events_published == created
-            && self.payment_events_handled == created
-            && self.orders_paid == created
+            && self.lost() == 0
+            && self.sagas_open == 0
+            && self.sagas_missing == 0
+            && self.inconsistent == 0
+            && self.sagas_completed + self.sagas_compensated == self.orders_created as i64
+            && self.reservations_sent == self.orders_created as i64
+            && self.reservations_handled == self.reservations_sent
+            && self.compensations_sent == self.sagas_compensated
+            && self.compensations_applied == self.compensations_sent
+            && self.releases + self.tombstones + self.nothing_to_release
+                == self.compensations_applied
+            && self.released_twice == 0
+            && self.released_unreserved == 0
+            && self.stock_leaked == 0
+            && self.payments_completed == self.confirmed
+            && self.payments_declined == self.cancelled_declined
+    }
+
+    /// Whether the run has settled: every order ended, every command and
+    /// every late answer handled.
+    fn settled(&self) -> bool {
+        self.lost() == 0
+            && self.sagas_open == 0
+            && self.reservations_handled >= self.reservations_sent
+            && self.compensations_applied >= self.compensations_sent
+            && self.late_answers_ignored >= self.cancelled_timeout
     }
 }
 
 impl std::fmt::Display for DemoSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "orders requested          {}", self.orders_requested)?;
-        writeln!(f, "orders created (HTTP 201) {}", self.orders_created)?;
+        writeln!(f, "orders requested             {}", self.orders_requested)?;
+        writeln!(f, "orders created (HTTP 201)    {}", self.orders_created)?;
+        writeln!(f, "  confirmed                  {}", self.confirmed)?;
         writeln!(
             f,
-            "OrderCreated published   {}",
-            self.order_events_published
-        )?;
-        writeln!(f, "OrderCreated handled     {}", self.order_events_handled)?;
-        writeln!(f, "payments completed       {}", self.payments_completed)?;
-        writeln!(
-            f,
-            "PaymentCompleted published {}",
-            self.payment_events_published
+            "  cancelled, payment declined {}",
+            self.cancelled_declined
         )?;
         writeln!(
             f,
-            "PaymentCompleted handled {}",
-            self.payment_events_handled
+            "  cancelled, stock timeout   {} ({} not planned)",
+            self.cancelled_timeout, self.unplanned_timeouts
         )?;
-        writeln!(f, "orders paid              {}", self.orders_paid)?;
-        writeln!(f, "lost                     {}", self.lost())?;
-        writeln!(f, "elapsed                  {:.1?}", self.elapsed)?;
+        writeln!(
+            f,
+            "  cancelled, out of stock    {}",
+            self.cancelled_out_of_stock
+        )?;
+        writeln!(f, "  lost                       {}", self.lost())?;
+        writeln!(
+            f,
+            "sagas completed / compensated {} / {}",
+            self.sagas_completed, self.sagas_compensated
+        )?;
+        writeln!(f, "sagas still open             {}", self.sagas_open)?;
+        writeln!(f, "sagas missing                {}", self.sagas_missing)?;
+        writeln!(f, "orders not matching saga     {}", self.inconsistent)?;
+        writeln!(
+            f,
+            "ReserveStock sent / handled  {} / {}",
+            self.reservations_sent, self.reservations_handled
+        )?;
+        writeln!(
+            f,
+            "compensations sent / applied {} / {} ({} released, {} tombstones, {} with nothing to release)",
+            self.compensations_sent,
+            self.compensations_applied,
+            self.releases,
+            self.tombstones,
+            self.nothing_to_release
+        )?;
+        writeln!(f, "  released twice             {}", self.released_twice)?;
+        writeln!(
+            f,
+            "  released, never reserved   {}",
+            self.released_unreserved
+        )?;
+        writeln!(
+            f,
+            "late answers ignored         {}",
+            self.late_answers_ignored
+        )?;
+        writeln!(f, "stock units leaked           {}", self.stock_leaked)?;
+        writeln!(
+            f,
+            "payments completed / declined {} / {}",
+            self.payments_completed, self.payments_declined
+        )?;
+        writeln!(f, "elapsed                      {:.1?}", self.elapsed)?;
         match self.warm_up {
-            Some(took) => writeln!(f, "warm-up order paid after {took:.1?} (not counted above)")?,
-            None => writeln!(f, "warm-up order not paid")?,
+            Some(took) => writeln!(
+                f,
+                "warm-up order confirmed after {took:.1?} (not counted above)"
+            )?,
+            None => writeln!(f, "warm-up order not confirmed")?,
         }
-        let shown = |latency: Option<Percentiles>| {
-            latency.map_or_else(|| "none handled".to_owned(), |l| l.to_string())
-        };
-        writeln!(f, "commit-to-handled latency (database clock):")?;
-        writeln!(
-            f,
-            "  OrderCreated handled by payments  {}",
-            shown(self.latency.order_created_handled)
-        )?;
         write!(
             f,
-            "  order paid (round trip)           {}",
-            shown(self.latency.order_paid)
+            "order commit to confirmed (database clock): {}",
+            self.confirmed_latency
+                .map_or_else(|| "none confirmed".to_owned(), |l| l.to_string())
         )
     }
 }
@@ -185,22 +376,47 @@ impl std::fmt::Display for DemoSummary {
 pub async fn run(config: &DemoConfig, broker: &Broker) -> Result<DemoSummary, ServiceError> {
     let demo = Demo::start(config, broker).await?;
     let summary = demo.drive_and_wait().await;
-    // Graceful stop: the orders service first (no new HTTP requests), then payments.
+    // Graceful stop: the orders service first (no new HTTP requests), then
+    // the services it calls.
     let stopped = demo.shutdown().await;
     let summary = summary?;
     stopped?;
     Ok(summary)
 }
 
-/// Both services running against their databases; [`run`] in steps, for
-/// callers that look at the running services (their `/metrics` and
+/// An order of the run as the orders database has it: id, product, status,
+/// cancel reason, and its saga's status (if it has a saga).
+type OrderRow = (Uuid, Uuid, String, Option<String>, Option<String>);
+
+/// The products of one run (fresh ids, so that runs do not share stock).
+#[derive(Debug, Clone, Copy)]
+struct Products {
+    regular: Uuid,
+    slow: Uuid,
+    backlogged: Uuid,
+    scarce: Uuid,
+}
+
+/// The databases of the three services.
+#[derive(Debug, Clone)]
+struct Databases {
+    orders: PgPool,
+    inventory: PgPool,
+    payments: PgPool,
+}
+
+/// The three services running against their databases; [`run`] in steps,
+/// for callers that look at the running services (their `/metrics` and
 /// `/health/*`) before stopping them.
 pub struct Demo {
     config: DemoConfig,
-    orders_db: PgPool,
-    payments_db: PgPool,
-    payments_group: String,
+    db: Databases,
+    inventory_group: String,
+    products: Products,
+    /// The initial stock of each product.
+    stocked: HashMap<Uuid, i32>,
     orders: OrdersService,
+    inventory: InventoryService,
     payments: PaymentsService,
 }
 
@@ -213,28 +429,88 @@ impl std::fmt::Debug for Demo {
 }
 
 impl Demo {
-    /// Creates and migrates the databases, creates the topics and starts both
-    /// services (their HTTP servers on ephemeral ports of 127.0.0.1).
+    /// Creates and migrates the databases, sets the saga's timeout, the
+    /// payments' limit and the run's stock, creates the topics and starts
+    /// the three services (their HTTP servers on ephemeral ports of
+    /// 127.0.0.1).
     pub async fn start(config: &DemoConfig, broker: &Broker) -> Result<Self, ServiceError> {
-        let orders_db = connect_database(&config.database_url, "_orders").await?;
-        let payments_db = connect_database(&config.database_url, "_payments").await?;
-        crate::orders::migrate(&orders_db).await?;
-        crate::payments::migrate(&payments_db).await?;
+        let db = Databases {
+            orders: connect_database(&config.database_url, "_orders").await?,
+            inventory: connect_database(&config.database_url, "_inventory").await?,
+            payments: connect_database(&config.database_url, "_payments").await?,
+        };
+        crate::orders::migrate(&db.orders).await?;
+        crate::inventory::migrate(&db.inventory).await?;
+        crate::payments::migrate(&db.payments).await?;
+
+        let timeout_ms = i32::try_from(config.stock_timeout.as_millis().max(1)).unwrap_or(i32::MAX);
+        sqlx::query("UPDATE fulfilment_settings SET stock_timeout_ms = $1")
+            .bind(timeout_ms)
+            .execute(&db.orders)
+            .await
+            .map_err(ServiceError::Database)?;
+        crate::payments::set_decline_over(&db.payments, DECLINE_OVER)
+            .await
+            .map_err(ServiceError::Database)?;
+        let products = Products {
+            regular: Uuid::now_v7(),
+            slow: Uuid::now_v7(),
+            backlogged: Uuid::now_v7(),
+            scarce: Uuid::now_v7(),
+        };
+        let planned = |kind| {
+            (0..config.orders)
+                .filter(|&i| OrderKind::of(i) == kind)
+                .count()
+        };
+        let units = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        let stocked = HashMap::from([
+            // Every order of the run and the warm-up order.
+            (products.regular, units(config.orders + 1)),
+            (products.slow, units(planned(OrderKind::SlowWarehouse))),
+            (products.backlogged, units(planned(OrderKind::Backlogged))),
+            (products.scarce, units(planned(OrderKind::Scarce) / 2)),
+        ]);
+        for (&product, &available) in &stocked {
+            let delay = if product == products.slow {
+                config.stock_timeout * 2
+            } else {
+                Duration::ZERO
+            };
+            crate::inventory::stock_product(&db.inventory, product, available, delay)
+                .await
+                .map_err(ServiceError::Database)?;
+        }
+        crate::inventory::backlog_product(
+            &db.inventory,
+            products.backlogged,
+            config.stock_timeout * 2,
+        )
+        .await
+        .map_err(ServiceError::Database)?;
 
         let servers = broker.bootstrap_servers();
         create_topics(broker, 3).await?;
         let tuning = Tuning::default();
-        let payments_group = format!("payments{}", config.group_suffix);
+        let inventory_group = format!("inventory{}", config.group_suffix);
         let payments = PaymentsService::start(
-            payments_db.clone(),
+            db.payments.clone(),
             &servers,
-            &payments_group,
+            &format!("payments{}", config.group_suffix),
+            ephemeral_listener().await?,
+            &tuning,
+        )
+        .await?;
+        let inventory = InventoryService::start(
+            db.inventory.clone(),
+            &servers,
+            &inventory_group,
             ephemeral_listener().await?,
             &tuning,
         )
         .await?;
         let orders = OrdersService::start(
-            orders_db.clone(),
+            db.orders.clone(),
             &servers,
             &format!("orders{}", config.group_suffix),
             ephemeral_listener().await?,
@@ -243,10 +519,12 @@ impl Demo {
         .await?;
         Ok(Self {
             config: config.clone(),
-            orders_db,
-            payments_db,
-            payments_group,
+            db,
+            inventory_group,
+            products,
+            stocked,
             orders,
+            inventory,
             payments,
         })
     }
@@ -256,103 +534,330 @@ impl Demo {
         self.orders.addr
     }
 
+    /// Where the inventory service's probes listen.
+    pub fn inventory_addr(&self) -> SocketAddr {
+        self.inventory.addr
+    }
+
     /// Where the payments service's probes listen.
     pub fn payments_addr(&self) -> SocketAddr {
         self.payments.addr
     }
 
-    /// Places one warm-up order and waits until it is paid (the consumers
-    /// have then joined their groups), then drives the configured orders
-    /// through `POST /orders` and waits until every one is paid (or the
-    /// timeout), printing progress if configured.
+    /// The orders database (for tests that look further).
+    pub fn orders_db(&self) -> &PgPool {
+        &self.db.orders
+    }
+
+    /// The inventory database (for tests that look further).
+    pub fn inventory_db(&self) -> &PgPool {
+        &self.db.inventory
+    }
+
+    /// Places one warm-up order and waits until it is confirmed (the
+    /// consumers have then joined their groups), then drives the configured
+    /// orders through `POST /orders` and waits until every one has ended
+    /// and every command and late answer is handled (or the timeout),
+    /// printing progress if configured.
     pub async fn drive_and_wait(&self) -> Result<DemoSummary, ServiceError> {
         let config = &self.config;
         let base = format!("http://{}", self.orders.addr);
         let warm_up = self.warm_up(&base).await?;
         let started = Instant::now();
-        let ids = drive_orders(&base, config).await;
+        let plan: Vec<(OrderKind, Uuid, i64)> = (0..config.orders)
+            .map(|i| {
+                let kind = OrderKind::of(i);
+                let small = 100 + (i % 1000) as i64;
+                match kind {
+                    OrderKind::Regular => (kind, self.products.regular, small),
+                    OrderKind::OverLimit => (kind, self.products.regular, DECLINE_OVER + small),
+                    OrderKind::SlowWarehouse => (kind, self.products.slow, small),
+                    OrderKind::Backlogged => (kind, self.products.backlogged, small),
+                    OrderKind::Scarce => (kind, self.products.scarce, small),
+                }
+            })
+            .collect();
+        let orders = drive_orders(&base, &plan, config.concurrency, config.rate).await;
         let mut last_print = Instant::now();
         loop {
-            let mut summary = count(
-                &self.orders_db,
-                &self.payments_db,
-                &self.payments_group,
-                config.orders,
-                &ids,
-                started,
-            )
-            .await?;
-            let done = summary.complete() || started.elapsed() > config.timeout;
+            let mut summary = self.count(&orders, started).await?;
+            let done = summary.settled() || started.elapsed() > config.timeout;
             if let Some(every) = config.progress_every
                 && (done || last_print.elapsed() >= every)
             {
                 last_print = Instant::now();
                 eprintln!(
-                    "[{:>5.1}s] created {}/{} | OrderCreated published {} | payments {} | PaymentCompleted published {} | paid {}",
+                    "[{:>5.1}s] created {}/{} | confirmed {} | declined {} | timed out {} | out of stock {} | sagas open {} | compensations {}/{} applied",
                     started.elapsed().as_secs_f64(),
                     summary.orders_created,
                     summary.orders_requested,
-                    summary.order_events_published,
-                    summary.payments_completed,
-                    summary.payment_events_published,
-                    summary.orders_paid,
+                    summary.confirmed,
+                    summary.cancelled_declined,
+                    summary.cancelled_timeout,
+                    summary.cancelled_out_of_stock,
+                    summary.sagas_open,
+                    summary.compensations_applied,
+                    summary.compensations_sent,
                 );
             }
             if done {
                 summary.warm_up = warm_up;
-                summary.latency = latency(
-                    &self.orders_db,
-                    &self.payments_db,
-                    &self.payments_group,
-                    &ids,
-                )
-                .await?;
                 return Ok(summary);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    /// One order, not counted in the run, until it is paid: so that the
-    /// run's latencies are those of running services, not of consumer groups
-    /// still joining. How long it took, or `None` if it was not paid within
-    /// the timeout (the run then goes on and reports what it sees).
+    /// One order, not counted in the run, until it is confirmed: so that the
+    /// run's timings are those of running services, not of consumer groups
+    /// still joining. How long it took, or `None` if it did not end
+    /// confirmed within the timeout (the run then goes on and reports what
+    /// it sees).
     async fn warm_up(&self, base: &str) -> Result<Option<Duration>, ServiceError> {
         let started = Instant::now();
-        let warm_up = DemoConfig {
-            orders: 1,
-            ..self.config.clone()
-        };
-        let Some(id) = drive_orders(base, &warm_up).await.pop() else {
+        let plan = [(OrderKind::Regular, self.products.regular, 100)];
+        let Some((id, _)) = drive_orders(base, &plan, 1, None).await.pop() else {
             return Ok(None);
         };
         while started.elapsed() < self.config.timeout {
-            let paid: bool =
-                sqlx::query_scalar("SELECT payment_status = 'paid' FROM orders WHERE id = $1")
-                    .bind(id)
-                    .fetch_one(&self.orders_db)
-                    .await
-                    .map_err(ServiceError::Database)?;
-            if paid {
+            let status: String = sqlx::query_scalar("SELECT status FROM orders WHERE id = $1")
+                .bind(id)
+                .fetch_one(&self.db.orders)
+                .await
+                .map_err(ServiceError::Database)?;
+            if status == "confirmed" {
                 if self.config.progress_every.is_some() {
                     eprintln!(
-                        "[{:>5.1}s] warm-up order paid: both consumers have joined their groups",
+                        "[{:>5.1}s] warm-up order confirmed: the consumers have joined their groups",
                         started.elapsed().as_secs_f64()
                     );
                 }
                 return Ok(Some(started.elapsed()));
+            }
+            if status != "pending" {
+                return Ok(None);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(None)
     }
 
-    /// Stops the orders service first (no new HTTP requests), then payments.
+    /// Stops the orders service first (no new HTTP requests, no new
+    /// commands), then the inventory and the payments.
     pub async fn shutdown(self) -> Result<(), ServiceError> {
         let orders = self.orders.shutdown().await;
+        let inventory = self.inventory.shutdown().await;
         let payments = self.payments.shutdown().await;
         orders?;
+        inventory?;
         payments
+    }
+
+    /// The figures of `orders` as the three databases show them now.
+    async fn count(
+        &self,
+        orders: &[(Uuid, OrderKind)],
+        started: Instant,
+    ) -> Result<DemoSummary, ServiceError> {
+        let db = ServiceError::Database;
+        let ids: Vec<Uuid> = orders.iter().map(|(id, _)| *id).collect();
+        let keys: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+        let kinds: HashMap<Uuid, OrderKind> = orders.iter().copied().collect();
+        let mut summary = DemoSummary {
+            orders_requested: self.config.orders,
+            orders_created: orders.len(),
+            elapsed: started.elapsed(),
+            ..DemoSummary::default()
+        };
+
+        // Each order's state and its saga's status.
+        let rows: Vec<OrderRow> = sqlx::query_as(
+            "SELECT o.id, o.product_id, o.status, o.cancel_reason, s.status
+             FROM orders o
+             LEFT JOIN saga_state s ON s.saga_type = $2 AND s.saga_id = o.id::text
+             WHERE o.id = ANY($1)",
+        )
+        .bind(&ids)
+        .bind(OrderFulfilment::NAME)
+        .fetch_all(&self.db.orders)
+        .await
+        .map_err(db)?;
+        let mut confirmed_per_product: HashMap<Uuid, i64> = HashMap::new();
+        for (id, product, status, reason, saga) in &rows {
+            let outcome = Outcome::of(status, reason.as_deref());
+            match outcome {
+                Some(Outcome::Confirmed) => {
+                    summary.confirmed += 1;
+                    *confirmed_per_product.entry(*product).or_default() += 1;
+                }
+                Some(Outcome::Declined) => summary.cancelled_declined += 1,
+                Some(Outcome::TimedOut) => {
+                    summary.cancelled_timeout += 1;
+                    if !matches!(
+                        kinds.get(id),
+                        Some(OrderKind::SlowWarehouse | OrderKind::Backlogged)
+                    ) {
+                        summary.unplanned_timeouts += 1;
+                    }
+                }
+                Some(Outcome::OutOfStock) => summary.cancelled_out_of_stock += 1,
+                Some(Outcome::Pending) | None => {}
+            }
+            match saga.as_deref() {
+                Some("running") => summary.sagas_open += 1,
+                Some("completed") => summary.sagas_completed += 1,
+                Some("compensated") => summary.sagas_compensated += 1,
+                _ => summary.sagas_missing += 1,
+            }
+            let consistent = outcome.is_some_and(|outcome| {
+                saga.as_deref() == Some(outcome.saga_status())
+                    && kinds
+                        .get(id)
+                        .is_some_and(|kind| outcome == Outcome::Pending || kind.allows(outcome))
+            });
+            if !consistent {
+                summary.inconsistent += 1;
+            }
+        }
+        // Rows of orders the service does not have count as missing sagas.
+        summary.sagas_missing += orders.len() as i64 - rows.len() as i64;
+
+        // The commands the sagas sent, and which of them the inventory handled.
+        let sent: Vec<(String, Uuid)> = sqlx::query_as(
+            "SELECT event_type, event_id FROM outbox_event
+             WHERE event_type IN ('ReserveStock', 'ReleaseStock') AND partition_key = ANY($1)",
+        )
+        .bind(&keys)
+        .fetch_all(&self.db.orders)
+        .await
+        .map_err(db)?;
+        let handled: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT event_id FROM processed_event WHERE consumer_group = $1 AND event_id = ANY($2)",
+        )
+        .bind(&self.inventory_group)
+        .bind(sent.iter().map(|(_, id)| *id).collect::<Vec<_>>())
+        .fetch_all(&self.db.inventory)
+        .await
+        .map_err(db)?;
+        let handled: std::collections::HashSet<Uuid> = handled.into_iter().collect();
+        for (event_type, id) in &sent {
+            let applied = i64::from(handled.contains(id));
+            if event_type == "ReserveStock" {
+                summary.reservations_sent += 1;
+                summary.reservations_handled += applied;
+            } else {
+                summary.compensations_sent += 1;
+                summary.compensations_applied += applied;
+            }
+        }
+
+        // What the inventory did with them.
+        let (releases, tombstones, nothing, released_twice, released_unreserved): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        ) =
+            sqlx::query_as(
+                "WITH m AS (SELECT * FROM stock_movement WHERE order_id = ANY($1)),
+                      per_order AS (
+                          SELECT order_id, count(*) FILTER (WHERE kind IN ('release', 'tombstone')) AS n
+                          FROM m GROUP BY order_id)
+                 SELECT
+                   (SELECT count(*) FROM m WHERE kind = 'release'),
+                   (SELECT count(*) FROM m WHERE kind = 'tombstone'),
+                   (SELECT count(*) FROM m WHERE kind = 'release_nothing'),
+                   (SELECT count(*) FROM per_order WHERE n > 1),
+                   (SELECT count(*) FROM m r WHERE r.kind = 'release' AND NOT EXISTS (
+                        SELECT 1 FROM m s WHERE s.order_id = r.order_id
+                        AND s.kind = 'reserve' AND s.id < r.id))",
+            )
+            .bind(&ids)
+            .fetch_one(&self.db.inventory)
+            .await
+            .map_err(db)?;
+        summary.releases = releases;
+        summary.tombstones = tombstones;
+        summary.nothing_to_release = nothing;
+        summary.released_twice = released_twice;
+        summary.released_unreserved = released_unreserved;
+
+        // Answers of the inventory that reached a saga ended by its
+        // timeout: had one come before, the saga would not have timed out,
+        // so each was ignored (the saga's release takes care of its stock).
+        summary.late_answers_ignored = sqlx::query_scalar(
+            "SELECT count(*) FROM inbox_event i JOIN orders o ON o.id::text = i.partition_key
+             WHERE i.partition_key = ANY($1) AND i.processed
+               AND i.event_type IN ('StockReserved', 'StockRejected')
+               AND o.cancel_reason = 'stock_timeout'",
+        )
+        .bind(&keys)
+        .fetch_one(&self.db.orders)
+        .await
+        .map_err(db)?;
+
+        // The stock: what is reserved is what the confirmed orders hold, and
+        // nothing went missing.
+        let stock: Vec<(Uuid, i32, i32)> = sqlx::query_as(
+            "SELECT product_id, available, reserved FROM stock WHERE product_id = ANY($1)",
+        )
+        .bind(self.stocked.keys().copied().collect::<Vec<_>>())
+        .fetch_all(&self.db.inventory)
+        .await
+        .map_err(db)?;
+        // The warm-up order holds one unit of the regular product.
+        let warm_up: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM orders WHERE product_id = $1 AND status = 'confirmed'
+             AND NOT (id = ANY($2))",
+        )
+        .bind(self.products.regular)
+        .bind(&ids)
+        .fetch_one(&self.db.orders)
+        .await
+        .map_err(db)?;
+        summary.stock_leaked = stock
+            .iter()
+            .map(|(product, available, reserved)| {
+                let held = confirmed_per_product.get(product).copied().unwrap_or(0)
+                    + if *product == self.products.regular {
+                        warm_up
+                    } else {
+                        0
+                    };
+                let initial = i64::from(self.stocked.get(product).copied().unwrap_or(0));
+                (i64::from(*reserved) - held).abs()
+                    + (i64::from(*available) + i64::from(*reserved) - initial).abs()
+            })
+            .sum();
+
+        let (completed, declined): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'completed'),
+                    count(*) FILTER (WHERE status = 'declined')
+             FROM payments WHERE order_id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_one(&self.db.payments)
+        .await
+        .map_err(db)?;
+        summary.payments_completed = completed;
+        summary.payments_declined = declined;
+
+        let latencies: Vec<f64> = sqlx::query_scalar(
+            "SELECT EXTRACT(EPOCH FROM finished_at - created_at)::float8 FROM orders
+             WHERE id = ANY($1) AND status = 'confirmed'",
+        )
+        .bind(&ids)
+        .fetch_all(&self.db.orders)
+        .await
+        .map_err(db)?;
+        summary.confirmed_latency = Percentiles::of(
+            latencies
+                .into_iter()
+                .map(|secs| Duration::from_secs_f64(secs.max(0.0)))
+                .collect(),
+        );
+        Ok(summary)
     }
 }
 
@@ -362,17 +867,36 @@ async fn ephemeral_listener() -> Result<TcpListener, ServiceError> {
         .map_err(ServiceError::Listen)
 }
 
-async fn drive_orders(base: &str, config: &DemoConfig) -> Vec<Uuid> {
+/// Places the orders of `plan` through `POST /orders`, `concurrency` at a
+/// time and at most `rate` a second; the ids of those created, with their
+/// kind.
+async fn drive_orders(
+    base: &str,
+    plan: &[(OrderKind, Uuid, i64)],
+    concurrency: usize,
+    rate: Option<u32>,
+) -> Vec<(Uuid, OrderKind)> {
     let client = reqwest::Client::new();
-    futures::stream::iter(0..config.orders)
-        .map(|i| {
+    // Order `i` is not placed before `start + i / rate`.
+    let period = rate
+        .filter(|rate| *rate > 0)
+        .map(|rate| Duration::from_secs(1) / rate);
+    let start = tokio::time::Instant::now();
+    futures::stream::iter(plan.iter().copied().enumerate())
+        .then(move |(i, order)| async move {
+            if let Some(period) = period {
+                tokio::time::sleep_until(start + period * i as u32).await;
+            }
+            order
+        })
+        .map(|(kind, product_id, amount)| {
             let client = client.clone();
             let url = format!("{base}/orders");
             async move {
                 let body = json!({
                     "customer_id": Uuid::new_v4(),
-                    "product_id": Uuid::new_v4(),
-                    "amount": 100 + i as i64,
+                    "product_id": product_id,
+                    "amount": amount,
                 });
                 let response = client.post(&url).json(&body).send().await.ok()?;
                 if response.status() != reqwest::StatusCode::CREATED {
@@ -380,135 +904,14 @@ async fn drive_orders(base: &str, config: &DemoConfig) -> Vec<Uuid> {
                     return None;
                 }
                 let created: serde_json::Value = response.json().await.ok()?;
-                created["order_id"].as_str()?.parse::<Uuid>().ok()
+                let id = created["order_id"].as_str()?.parse::<Uuid>().ok()?;
+                Some((id, kind))
             }
         })
-        .buffer_unordered(config.concurrency.max(1))
+        .buffer_unordered(concurrency.max(1))
         .filter_map(|id| async move { id })
         .collect()
         .await
-}
-
-async fn count(
-    orders_db: &PgPool,
-    payments_db: &PgPool,
-    payments_group: &str,
-    requested: usize,
-    ids: &[Uuid],
-    started: Instant,
-) -> Result<DemoSummary, ServiceError> {
-    let keys: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    let db = ServiceError::Database;
-    let (order_events_published, order_event_ids): (i64, Vec<Uuid>) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE published_at IS NOT NULL),
-                coalesce(array_agg(event_id), '{}')
-         FROM outbox_event WHERE event_type = 'OrderCreated' AND partition_key = ANY($1)",
-    )
-    .bind(&keys)
-    .fetch_one(orders_db)
-    .await
-    .map_err(db)?;
-    let orders_paid: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM orders WHERE id = ANY($1) AND payment_status = 'paid'",
-    )
-    .bind(ids)
-    .fetch_one(orders_db)
-    .await
-    .map_err(db)?;
-    let payment_events_handled: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM inbox_event
-         WHERE processed AND event_type = 'PaymentCompleted' AND partition_key = ANY($1)",
-    )
-    .bind(&keys)
-    .fetch_one(orders_db)
-    .await
-    .map_err(db)?;
-    let payments_completed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM payments WHERE order_id = ANY($1)")
-            .bind(ids)
-            .fetch_one(payments_db)
-            .await
-            .map_err(db)?;
-    let order_events_handled: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM processed_event WHERE consumer_group = $1 AND event_id = ANY($2)",
-    )
-    .bind(payments_group)
-    .bind(&order_event_ids)
-    .fetch_one(payments_db)
-    .await
-    .map_err(db)?;
-    let payment_events_published: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_event WHERE event_type = 'PaymentCompleted'
-         AND partition_key = ANY($1) AND published_at IS NOT NULL",
-    )
-    .bind(&keys)
-    .fetch_one(payments_db)
-    .await
-    .map_err(db)?;
-    Ok(DemoSummary {
-        orders_requested: requested,
-        orders_created: ids.len(),
-        order_events_published,
-        payments_completed,
-        order_events_handled,
-        payment_events_published,
-        payment_events_handled,
-        orders_paid,
-        elapsed: started.elapsed(),
-        warm_up: None,
-        latency: DemoLatency::default(),
-    })
-}
-
-/// Commit-to-handled latencies of the orders `ids` (see [`DemoLatency`]).
-async fn latency(
-    orders_db: &PgPool,
-    payments_db: &PgPool,
-    payments_group: &str,
-    ids: &[Uuid],
-) -> Result<DemoLatency, ServiceError> {
-    let db = ServiceError::Database;
-    let keys: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    // Epoch seconds: the two sides come from two databases of one server.
-    let created: Vec<(Uuid, f64)> = sqlx::query_as(
-        "SELECT event_id, EXTRACT(EPOCH FROM created_at)::float8 FROM outbox_event
-         WHERE event_type = 'OrderCreated' AND partition_key = ANY($1)",
-    )
-    .bind(&keys)
-    .fetch_all(orders_db)
-    .await
-    .map_err(db)?;
-    let event_ids: Vec<Uuid> = created.iter().map(|(id, _)| *id).collect();
-    let handled: std::collections::HashMap<Uuid, f64> = sqlx::query_as(
-        "SELECT event_id, EXTRACT(EPOCH FROM processed_at)::float8 FROM processed_event
-         WHERE consumer_group = $1 AND event_id = ANY($2)",
-    )
-    .bind(payments_group)
-    .bind(&event_ids)
-    .fetch_all(payments_db)
-    .await
-    .map_err(db)?
-    .into_iter()
-    .collect();
-    let seconds = |secs: f64| Duration::from_secs_f64(secs.max(0.0));
-    let order_created_handled = created
-        .iter()
-        .filter_map(|(id, created_at)| Some(seconds(handled.get(id)? - created_at)))
-        .collect();
-    let order_paid: Vec<f64> = sqlx::query_scalar(
-        "SELECT EXTRACT(EPOCH FROM i.processed_at - o.created_at)::float8
-         FROM orders o JOIN inbox_event i
-           ON i.partition_key = o.id::text AND i.event_type = 'PaymentCompleted' AND i.processed
-         WHERE o.id = ANY($1)",
-    )
-    .bind(ids)
-    .fetch_all(orders_db)
-    .await
-    .map_err(db)?;
-    Ok(DemoLatency {
-        order_created_handled: Percentiles::of(order_created_handled),
-        order_paid: Percentiles::of(order_paid.into_iter().map(seconds).collect()),
-    })
 }
 
 #[cfg(test)]
@@ -524,5 +927,37 @@ mod tests {
         let hundred = Percentiles::of((1..=100).rev().map(ms).collect()).unwrap();
         assert_eq!((hundred.p50, hundred.p99), (ms(50), ms(99)));
         assert_eq!(hundred.to_string(), "p50 50.0 ms, p99 99.0 ms (100 orders)");
+    }
+
+    #[test]
+    fn order_kinds_repeat_every_ten_orders() {
+        let kinds: Vec<OrderKind> = (0..20).map(OrderKind::of).collect();
+        assert_eq!(kinds[..10], kinds[10..]);
+        let count = |kind| kinds.iter().filter(|k| **k == kind).count();
+        assert_eq!(count(OrderKind::Regular), 12);
+        assert_eq!(count(OrderKind::Backlogged), 2);
+        assert_eq!(count(OrderKind::OverLimit), 2);
+        assert_eq!(count(OrderKind::SlowWarehouse), 2);
+        assert_eq!(count(OrderKind::Scarce), 2);
+    }
+
+    #[test]
+    fn outcomes_go_with_saga_statuses_and_kinds() {
+        assert_eq!(Outcome::of("confirmed", None), Some(Outcome::Confirmed));
+        assert_eq!(
+            Outcome::of("cancelled", Some("out_of_stock")).map(Outcome::saga_status),
+            Some("completed")
+        );
+        assert_eq!(
+            Outcome::of("cancelled", Some("payment_declined")).map(Outcome::saga_status),
+            Some("compensated")
+        );
+        assert_eq!(Outcome::of("cancelled", Some("customer_request")), None);
+        assert!(OrderKind::SlowWarehouse.allows(Outcome::TimedOut));
+        assert!(!OrderKind::SlowWarehouse.allows(Outcome::Confirmed));
+        assert!(!OrderKind::Backlogged.allows(Outcome::Confirmed));
+        assert!(!OrderKind::Regular.allows(Outcome::OutOfStock));
+        assert!(OrderKind::Scarce.allows(Outcome::OutOfStock));
+        assert!(!OrderKind::OverLimit.allows(Outcome::Pending));
     }
 }

@@ -1,19 +1,27 @@
-//! Example system: an orders service and a payments service exchanging events
-//! through the outbox, exactly the story of the design seed.
+//! Example system: an orders, an inventory and a payments service exchanging
+//! events and commands through the outbox; the order fulfilment saga of the
+//! orders service drives each order through the other two.
 //!
 //! - [`orders`]: HTTP API (`POST /orders`, `GET /orders/{id}`), an
 //!   `#[outbox_handler]` recording `OrderCreated`, a relay, and an inbox-mode
-//!   consumer of `payment.events` that marks orders paid.
-//! - [`payments`]: a dedup-mode consumer of `order.events` that charges each
-//!   order once and records `PaymentCompleted` through its own outbox.
+//!   consumer running the [`fulfilment`] saga, which confirms or cancels
+//!   each order.
+//! - [`inventory`]: a dedup-mode consumer of `inventory.commands` that
+//!   reserves and releases stock (a release at most once per order, never
+//!   before its reservation takes effect) and answers through its outbox.
+//! - [`payments`]: a dedup-mode consumer of `payment.commands` that charges
+//!   each order once and answers `PaymentCompleted` or `PaymentFailed`
+//!   through its own outbox.
 //! - [`observability`]: what both serve to operators: `/metrics`
 //!   (Prometheus), `/health/live` and `/health/ready`.
-//! - the `demo` binary runs both on embedded defaults and drives orders
-//!   through HTTP; `orders` and `payments` run one service each.
+//! - the `demo` binary runs the three on embedded defaults and drives orders
+//!   through HTTP; `orders`, `inventory` and `payments` run one service each.
 
 pub mod demo;
 pub mod events;
+pub mod fulfilment;
 pub mod http_error;
+pub mod inventory;
 pub mod observability;
 pub mod orders;
 pub mod payments;

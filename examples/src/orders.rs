@@ -1,6 +1,8 @@
 //! The orders service: `POST /orders` runs an `#[outbox_handler]` that inserts
 //! the order and records `OrderCreated`; a relay publishes it; an inbox-mode
-//! consumer of `payment.events` marks orders paid.
+//! consumer runs the order fulfilment saga ([`crate::fulfilment`]): it
+//! receives the service's own `OrderCreated`, the inventory's and the
+//! payments' answers and its own timeouts, and confirms or cancels the order.
 
 use std::net::SocketAddr;
 
@@ -14,11 +16,12 @@ use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::net::TcpListener;
 use txoutbox_core::{Events, outbox_handler};
-use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
+use txoutbox_runtime::consumer::{Consumer, Mode};
 use txoutbox_runtime::relay::Relay;
 use uuid::Uuid;
 
-use crate::events::{OrderCreated, PaymentCompleted};
+use crate::events::OrderCreated;
+use crate::fulfilment::OrderFulfilment;
 use crate::http_error::ApiError;
 use crate::service::{ServiceError, Tasks, Tuning, consumer_config, kafka_config};
 
@@ -74,24 +77,8 @@ pub async fn create_order(
     Ok(order_id)
 }
 
-/// Marks the order paid; runs in the inbox processor's transaction.
-#[event_handler]
-async fn on_payment_completed(
-    tx: &mut Transaction<'_, Postgres>,
-    event: PaymentCompleted,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE orders SET payment_status = 'paid', paid_at = $2
-         WHERE id = $1 AND payment_status <> 'paid'",
-    )
-    .bind(event.order_id)
-    .bind(event.completed_at)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
-/// Creates the orders schema: the framework's tables and `orders`.
+/// Creates the orders schema: the framework's tables (`saga_state` among
+/// them), `orders` and `fulfilment_settings`.
 pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
     txoutbox_runtime::migrations::run(pool).await?;
     sqlx::raw_sql(include_str!("../migrations/orders.sql"))
@@ -175,6 +162,11 @@ pub struct OrderView {
     pub amount: i64,
     /// `pending` until `PaymentCompleted` arrives, then `paid`.
     pub payment_status: String,
+    /// `pending` while its fulfilment runs, then `confirmed` or `cancelled`.
+    pub status: String,
+    /// Why it was cancelled: `out_of_stock`, `payment_declined` or
+    /// `stock_timeout`.
+    pub cancel_reason: Option<String>,
     /// When the order was created.
     pub created_at: DateTime<Utc>,
     /// When it was paid.
@@ -189,7 +181,8 @@ async fn get_order(
         ApiError::invalid_field("id", format!("order id must be a UUID, got {id:?}"))
     })?;
     let order = sqlx::query_as::<_, OrderView>(
-        "SELECT id AS order_id, customer_id, product_id, amount, payment_status, created_at, paid_at
+        "SELECT id AS order_id, customer_id, product_id, amount, payment_status, status,
+                cancel_reason, created_at, paid_at
          FROM orders WHERE id = $1",
     )
     .bind(id)
@@ -201,7 +194,8 @@ async fn get_order(
         .ok_or_else(|| ApiError::not_found(format!("no order {id}")))
 }
 
-/// A running orders service: HTTP server, relay and payment consumer.
+/// A running orders service: HTTP server, relay and the consumer of the
+/// order fulfilment saga.
 pub struct OrdersService {
     /// Where the HTTP API (with `/metrics` and `/health/*`) listens.
     pub addr: SocketAddr,
@@ -217,8 +211,10 @@ impl std::fmt::Debug for OrdersService {
 }
 
 impl OrdersService {
-    /// Starts the service on `listener`, with its relay and its inbox-mode
-    /// consumer of `payment.events` (group `group_id`), against the Kafka
+    /// Starts the service on `listener`, with its relay (which also moves
+    /// the saga's timeouts into the outbox when due) and the inbox-mode
+    /// consumer of the order fulfilment saga (group `group_id`: `order.events`,
+    /// `order.saga`, `inventory.events`, `payment.events`), against the Kafka
     /// cluster at `bootstrap_servers`. Besides the orders API the listener
     /// serves `/metrics`, `/health/live` and `/health/ready`
     /// ([`observability`]).
@@ -231,10 +227,11 @@ impl OrdersService {
     ) -> Result<Self, ServiceError> {
         let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
             .poll_interval(tuning.poll_interval)
+            .schedule_poll_interval(tuning.poll_interval)
             .spawn()?;
         let consumer =
             Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id)
-                .handler(on_payment_completed)
+                .saga::<OrderFulfilment>()
                 .mode(Mode::Inbox)
                 .processor_poll_interval(tuning.poll_interval)
                 .build()?

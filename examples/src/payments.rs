@@ -1,7 +1,10 @@
-//! The payments service: a dedup-mode consumer of `order.events` "charges"
-//! each order and records `PaymentCompleted` through its own outbox, in the
-//! same transaction as the dedup row; its relay publishes it. A small HTTP
-//! server answers `/metrics`, `/health/live` and `/health/ready`.
+//! The payments service: a dedup-mode consumer of `payment.commands`
+//! "charges" each order the order fulfilment saga asks it to
+//! (`ChargePayment`) and answers with `PaymentCompleted`, or `PaymentFailed`
+//! when the amount is over the policy's limit (`payment_policy`), through its
+//! own outbox, in the same transaction as the dedup row; its relay publishes
+//! the answer. A small HTTP server answers `/metrics`, `/health/live` and
+//! `/health/ready`.
 
 use std::net::SocketAddr;
 
@@ -13,7 +16,7 @@ use txoutbox_runtime::consumer::{Consumer, event_handler};
 use txoutbox_runtime::relay::Relay;
 use uuid::Uuid;
 
-use crate::events::{OrderCreated, PaymentCompleted};
+use crate::events::{ChargePayment, PaymentCompleted, PaymentFailed};
 use crate::service::{ServiceError, Tasks, Tuning, consumer_config, kafka_config};
 
 /// Errors of the payment handler.
@@ -27,24 +30,30 @@ pub enum PaymentsError {
     Database(#[from] sqlx::Error),
 }
 
-/// Charges the order once and records `PaymentCompleted`.
+/// Charges the order once: records `PaymentCompleted`, or `PaymentFailed`
+/// when the amount is over the policy's limit.
 ///
 /// Runs inside the consumer's transaction, so the payment row, the outbox row
-/// of `PaymentCompleted` and the `processed_event` dedup row commit together.
+/// of the answer and the `processed_event` dedup row commit together.
 #[event_handler]
-async fn on_order_created(
+async fn on_charge_payment(
     tx: &mut Transaction<'_, Postgres>,
-    event: OrderCreated,
+    event: ChargePayment,
     events: &mut Events,
 ) -> Result<(), PaymentsError> {
+    let decline_over: i64 = sqlx::query_scalar("SELECT decline_over FROM payment_policy")
+        .fetch_one(&mut **tx)
+        .await?;
+    let declined = event.amount > decline_over;
     let payment_id = Uuid::now_v7();
     let inserted = sqlx::query(
-        "INSERT INTO payments (id, order_id, amount) VALUES ($1, $2, $3)
+        "INSERT INTO payments (id, order_id, amount, status) VALUES ($1, $2, $3, $4)
          ON CONFLICT (order_id) DO NOTHING",
     )
     .bind(payment_id)
     .bind(event.order_id)
     .bind(event.amount)
+    .bind(if declined { "declined" } else { "completed" })
     .execute(&mut **tx)
     .await?
     .rows_affected();
@@ -52,13 +61,33 @@ async fn on_order_created(
         // Already charged (a replay, or the same order under another event id).
         return Ok(());
     }
-    events.record(PaymentCompleted {
-        event_id: Uuid::now_v7(),
-        payment_id,
-        order_id: event.order_id,
-        amount: event.amount,
-        completed_at: Utc::now(),
-    });
+    if declined {
+        events.record(PaymentFailed {
+            event_id: Uuid::now_v7(),
+            payment_id,
+            order_id: event.order_id,
+            amount: event.amount,
+            reason: format!("{} cents is over the limit of {decline_over}", event.amount),
+            failed_at: Utc::now(),
+        });
+    } else {
+        events.record(PaymentCompleted {
+            event_id: Uuid::now_v7(),
+            payment_id,
+            order_id: event.order_id,
+            amount: event.amount,
+            completed_at: Utc::now(),
+        });
+    }
+    Ok(())
+}
+
+/// Sets the amount (cents) above which charges are declined.
+pub async fn set_decline_over(pool: &PgPool, cents: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE payment_policy SET decline_over = $1")
+        .bind(cents)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
@@ -89,7 +118,7 @@ impl std::fmt::Debug for PaymentsService {
 }
 
 impl PaymentsService {
-    /// Starts the dedup-mode consumer of `order.events` (group `group_id`),
+    /// Starts the dedup-mode consumer of `payment.commands` (group `group_id`),
     /// the relay of the payments outbox, and the probes ([`observability`])
     /// on `listener`.
     pub async fn start(
@@ -101,10 +130,11 @@ impl PaymentsService {
     ) -> Result<Self, ServiceError> {
         let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
             .poll_interval(tuning.poll_interval)
+            .schedule_poll_interval(tuning.poll_interval)
             .spawn()?;
         let consumer =
             Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id)
-                .handler(on_order_created)
+                .handler(on_charge_payment)
                 .build()?
                 .spawn();
         let tasks = Tasks::serve(

@@ -229,7 +229,8 @@ pub fn consumer_config(bootstrap_servers: &str) -> ClientConfig {
     let mut config = kafka_config(bootstrap_servers);
     config
         .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500");
+        .set("heartbeat.interval.ms", "500")
+        .set("fetch.wait.max.ms", "50");
     config
 }
 

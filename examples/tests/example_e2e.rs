@@ -1,8 +1,11 @@
 //! The example system end to end against the real broker and PostgreSQL:
-//! every order ends up paid, each event handled exactly once; both services
-//! answer `/metrics`, `/health/live` and `/health/ready` over HTTP, and the
-//! metrics the Grafana dashboard queries come out of the exporter under the
-//! names and types the dashboard expects.
+//! every order's fulfilment saga ends (confirmed, declined, timed out or out
+//! of stock, each as planned), no saga stays open, every compensation is
+//! applied exactly once and never to a reservation that did not happen, and
+//! each order's state matches its saga's status; the three services answer
+//! `/metrics`, `/health/live` and `/health/ready` over HTTP, and the metrics
+//! the Grafana dashboard queries come out of the exporter under the names
+//! and types the dashboard expects.
 
 #[path = "support/databases.rs"]
 mod databases;
@@ -42,26 +45,34 @@ async fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_order_is_paid_once_through_the_real_broker() {
+async fn every_order_saga_ends_consistently_through_the_real_broker() {
     let server = server_url();
     let name = format!("outbox_e2e_{}", uuid::Uuid::new_v4().simple());
     let config = DemoConfig {
         database_url: format!("{server}/{name}"),
         orders: 120,
         concurrency: 8,
-        timeout: Duration::from_secs(60),
+        timeout: Duration::from_secs(90),
         group_suffix: format!("-{name}"),
         progress_every: None,
+        stock_timeout: Duration::from_secs(3),
+        rate: Some(20),
     };
     let demo = Demo::start(&config, &Broker::External(brokers()))
         .await
         .expect("start the services");
     let summary = demo.drive_and_wait().await;
     let probed = async {
-        for addr in [demo.orders_addr(), demo.payments_addr()] {
+        for addr in [
+            demo.orders_addr(),
+            demo.inventory_addr(),
+            demo.payments_addr(),
+        ] {
             services_answer_their_probes(addr).await;
         }
         dashboard_metrics_are_exported(demo.orders_addr()).await;
+        orders_match_their_sagas(demo.orders_db()).await;
+        compensations_apply_once_after_a_reservation(demo.inventory_db()).await;
         readiness_follows_the_outbox(&server, &name, demo.orders_addr()).await;
     };
     // Catch a failed probe so that the services stop and the databases go.
@@ -75,15 +86,92 @@ async fn every_order_is_paid_once_through_the_real_broker() {
     let summary = summary.expect("demo run");
     assert!(summary.complete(), "incomplete run:\n{summary}");
     assert_eq!(summary.lost(), 0);
-    // Exactly once per event on the receiving side: one dedup row per
-    // OrderCreated, one processed inbox row per PaymentCompleted, one payment
-    // per order (the table's unique key would reject a second one anyway).
-    assert_eq!(summary.order_events_handled, 120);
-    assert_eq!(summary.payment_events_handled, 120);
-    assert_eq!(summary.payments_completed, 120);
-    let latency = summary.latency.order_paid.expect("round-trip latencies");
-    assert_eq!(latency.samples, 120);
-    assert!(latency.p50 <= latency.p99 && latency.p99 < Duration::from_secs(60));
+    assert_eq!(summary.sagas_open, 0, "{summary}");
+    // 120 orders, by kind (demo::OrderKind, every ten orders): 72 regular,
+    // 12 over the payment limit, 12 for the slow warehouse (reserved at
+    // once, answered late), 12 for the backlogged one (reserved late), 12
+    // for the scarce product (6 in stock).
+    assert_eq!(summary.confirmed, 72 + 6, "{summary}");
+    assert_eq!(summary.cancelled_declined, 12, "{summary}");
+    assert_eq!(summary.cancelled_timeout, 12 + 12, "{summary}");
+    assert_eq!(summary.unplanned_timeouts, 0, "{summary}");
+    assert_eq!(summary.cancelled_out_of_stock, 6, "{summary}");
+    assert_eq!(summary.sagas_completed, 78 + 6, "{summary}");
+    assert_eq!(summary.sagas_compensated, 12 + 24, "{summary}");
+    // One compensation per compensated saga, each applied once: a release
+    // of the declined orders' stock and of the slow warehouse's (reserved at
+    // once, answered late); a tombstone for the backlogged warehouse's, whose
+    // reservations come after the release and take nothing.
+    assert_eq!(summary.compensations_sent, 36, "{summary}");
+    assert_eq!(summary.compensations_applied, 36, "{summary}");
+    assert_eq!(summary.releases, 24, "{summary}");
+    assert_eq!(summary.tombstones, 12, "{summary}");
+    assert_eq!(summary.nothing_to_release, 0, "{summary}");
+    assert_eq!(summary.released_twice, 0, "{summary}");
+    assert_eq!(summary.released_unreserved, 0, "{summary}");
+    assert_eq!(summary.late_answers_ignored, 24, "{summary}");
+    assert_eq!(summary.stock_leaked, 0, "{summary}");
+    assert_eq!(summary.payments_completed, 78, "{summary}");
+    assert_eq!(summary.payments_declined, 12, "{summary}");
+}
+
+/// Straight from the orders database: every order has a saga, none is
+/// running, and the order's final state is the one its saga's status goes
+/// with (`outbox_examples::fulfilment`).
+async fn orders_match_their_sagas(orders: &sqlx::PgPool) {
+    let rows: Vec<(String, Option<String>, Option<String>, i64)> = sqlx::query_as(
+        "SELECT o.status, o.cancel_reason, s.status, count(*)
+         FROM orders o
+         LEFT JOIN saga_state s ON s.saga_type = 'order_fulfilment' AND s.saga_id = o.id::text
+         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+    )
+    .fetch_all(orders)
+    .await
+    .unwrap();
+    for (order, reason, saga, count) in &rows {
+        let expected = match (order.as_str(), reason.as_deref()) {
+            ("confirmed", None) | ("cancelled", Some("out_of_stock")) => "completed",
+            ("cancelled", Some("payment_declined" | "stock_timeout")) => "compensated",
+            other => panic!("{count} orders ended as {other:?}: {rows:?}"),
+        };
+        assert_eq!(saga.as_deref(), Some(expected), "{rows:?}");
+    }
+}
+
+/// Straight from the inventory's ledger: no order released twice, no
+/// release without an earlier reservation of that order, and each tombstone
+/// (a release first) followed by no reservation that took stock.
+async fn compensations_apply_once_after_a_reservation(inventory: &sqlx::PgPool) {
+    let twice: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT order_id FROM stock_movement WHERE kind IN ('release', 'tombstone')
+             GROUP BY order_id HAVING count(*) > 1) t",
+    )
+    .fetch_one(inventory)
+    .await
+    .unwrap();
+    assert_eq!(twice, 0, "orders released more than once");
+    let unreserved: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM stock_movement r WHERE r.kind = 'release' AND NOT EXISTS (
+             SELECT 1 FROM stock_movement s
+             WHERE s.order_id = r.order_id AND s.kind = 'reserve' AND s.id < r.id)",
+    )
+    .fetch_one(inventory)
+    .await
+    .unwrap();
+    assert_eq!(
+        unreserved, 0,
+        "releases of reservations that never happened"
+    );
+    let reserved_after_tombstone: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM stock_movement t JOIN stock_movement s
+           ON s.order_id = t.order_id AND s.kind = 'reserve' AND s.id > t.id
+         WHERE t.kind = 'tombstone'",
+    )
+    .fetch_one(inventory)
+    .await
+    .unwrap();
+    assert_eq!(reserved_after_tombstone, 0, "stock taken after a tombstone");
 }
 
 /// Live (relay and consumer running), ready (database reachable, outbox

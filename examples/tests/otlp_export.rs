@@ -68,7 +68,8 @@ async fn the_demo_exports_its_spans_to_the_configured_collector() {
 
     // The batch exporter flushed at exit: every request is OTLP protobuf
     // from the service `outbox-demo`, and the framework's per-message spans
-    // are there for each of the 6 orders (5 + the warm-up).
+    // are there for each of the 6 orders (5 + the warm-up) and each step of
+    // their sagas.
     let received = received.lock().unwrap();
     assert!(
         !received.is_empty(),
@@ -92,6 +93,13 @@ async fn the_demo_exports_its_spans_to_the_configured_collector() {
     }
     let count = |name: &str| names.iter().filter(|n| *n == name).count();
     assert_eq!(count("outbox.unit_of_work"), 6, "{names:?}");
-    assert_eq!(count("outbox.publish"), 12, "{names:?}");
-    assert_eq!(count("outbox.handle"), 12, "{names:?}");
+    // Each order's saga: 5 of the 6 are confirmed (OrderCreated, ReserveStock,
+    // StockReserved, ChargePayment, PaymentCompleted: 5 published, 5
+    // handled); the fourth driven order is over the payments' limit
+    // (OrderCreated, ReserveStock, StockReserved, ChargePayment,
+    // PaymentFailed, then ReleaseStock and OrderCancelled: 7 published; 6
+    // handled, as no consumer handles OrderCancelled). The saga's timeouts
+    // were cancelled, never published.
+    assert_eq!(count("outbox.publish"), 5 * 5 + 7, "{names:?}");
+    assert_eq!(count("outbox.handle"), 5 * 5 + 6, "{names:?}");
 }

@@ -10,7 +10,9 @@ use std::process::Command;
 
 use chrono::{TimeZone, Utc};
 use outbox_examples::events::{
-    CancellationReason, OrderCancelled, OrderCreated, PaymentCompleted, schema_export,
+    CancellationReason, ChargePayment, OrderCancelled, OrderCreated, PaymentCompleted,
+    PaymentFailed, ReleaseStock, ReserveStock, StockRejected, StockRejection, StockReserved,
+    StockTimedOut, schema_export,
 };
 use serde_json::Value;
 use txoutbox_core::OutboxRecord;
@@ -84,6 +86,80 @@ fn valid_samples() -> BTreeMap<String, Vec<Value>> {
             })
             .unwrap(),
         ),
+        payload(
+            OutboxRecord::from_event(&OrderCancelled {
+                event_id: Uuid::new_v4(),
+                order_id,
+                reason: CancellationReason::StockTimeout,
+                cancelled_at: at,
+            })
+            .unwrap(),
+        ),
+        payload(
+            OutboxRecord::from_event(&ReserveStock {
+                event_id: Uuid::new_v4(),
+                order_id,
+                product_id: Uuid::new_v4(),
+                quantity: 1,
+            })
+            .unwrap(),
+        ),
+        payload(
+            OutboxRecord::from_event(&ReleaseStock {
+                event_id: Uuid::new_v4(),
+                order_id,
+                product_id: Uuid::new_v4(),
+            })
+            .unwrap(),
+        ),
+        payload(
+            OutboxRecord::from_event(&StockReserved {
+                event_id: Uuid::new_v4(),
+                order_id,
+                product_id: Uuid::new_v4(),
+                quantity: 1,
+                reserved_at: at,
+            })
+            .unwrap(),
+        ),
+        payload(
+            OutboxRecord::from_event(&StockRejected {
+                event_id: Uuid::new_v4(),
+                order_id,
+                product_id: Uuid::new_v4(),
+                reason: StockRejection::AlreadyReleased,
+                rejected_at: at,
+            })
+            .unwrap(),
+        ),
+        payload(
+            OutboxRecord::from_event(&ChargePayment {
+                event_id: Uuid::new_v4(),
+                order_id,
+                customer_id: Uuid::new_v4(),
+                amount: 4_200,
+            })
+            .unwrap(),
+        ),
+        payload(
+            OutboxRecord::from_event(&PaymentFailed {
+                event_id: Uuid::new_v4(),
+                payment_id: Uuid::new_v4(),
+                order_id,
+                amount: 4_200_000,
+                reason: "over the limit".into(),
+                failed_at: at,
+            })
+            .unwrap(),
+        ),
+        payload(
+            OutboxRecord::from_event(&StockTimedOut {
+                event_id: Uuid::new_v4(),
+                order_id,
+                waited_ms: 1_500,
+            })
+            .unwrap(),
+        ),
     ];
     let mut samples = BTreeMap::<String, Vec<Value>>::new();
     for (key, payload) in records {
@@ -102,6 +178,9 @@ fn invalid_samples(valid: &BTreeMap<String, Vec<Value>>) -> BTreeMap<String, Vec
     let created = "order.events/OrderCreated";
     let cancelled = "order.events/OrderCancelled";
     let paid = "payment.events/PaymentCompleted";
+    let reserve = "inventory.commands/ReserveStock";
+    let rejected = "inventory.events/StockRejected";
+    let declined = "payment.events/PaymentFailed";
     BTreeMap::from([
         (
             created.to_owned(),
@@ -136,6 +215,24 @@ fn invalid_samples(valid: &BTreeMap<String, Vec<Value>>) -> BTreeMap<String, Vec
             paid.to_owned(),
             vec![broken(paid, &|m| {
                 m.remove("payment_id");
+            })],
+        ),
+        (
+            reserve.to_owned(),
+            vec![broken(reserve, &|m| {
+                m.remove("product_id");
+            })],
+        ),
+        (
+            rejected.to_owned(),
+            vec![broken(rejected, &|m| {
+                m.insert("reason".into(), "lost_in_mail".into());
+            })],
+        ),
+        (
+            declined.to_owned(),
+            vec![broken(declined, &|m| {
+                m.remove("reason");
             })],
         ),
     ])
@@ -224,8 +321,8 @@ fn schemas_pass_the_asyncapi_parser_and_json_schema_2020_12() {
     // What the parser understood matches the registry.
     let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(summary["schemas"], serde_json::json!(registered));
-    assert_eq!(summary["samples"], 4);
-    assert_eq!(summary["invalidSamples"], 8);
+    assert_eq!(summary["samples"], 12);
+    assert_eq!(summary["invalidSamples"], 11);
     for event in registered_events() {
         let channel = &summary["channels"][event.topic];
         assert_eq!(channel["address"], event.topic);
@@ -246,7 +343,17 @@ fn schemas_pass_the_asyncapi_parser_and_json_schema_2020_12() {
         );
     }
     let topics: Vec<_> = summary["channels"].as_object().unwrap().keys().collect();
-    assert_eq!(topics, ["order.events", "payment.events"]);
+    assert_eq!(
+        topics,
+        [
+            "inventory.commands",
+            "inventory.events",
+            "order.events",
+            "order.saga",
+            "payment.commands",
+            "payment.events"
+        ]
+    );
     assert!(
         summary["operations"]
             .as_array()

@@ -1,9 +1,10 @@
 //! Services written from the design seed and ours interoperate, both ways,
-//! on the real broker: an order in exactly the seed's format (a seed-style
-//! relay: key = order id, the seed's JSON payload, no headers) reaches the
-//! payments service and is answered with a `PaymentCompleted`; and what the
-//! orders service publishes is read by a consumer that knows only the seed's
-//! format.
+//! on the real broker: a charge sent the way a seed-style relay sends (key =
+//! order id, the JSON payload, no headers) reaches the payments service and
+//! is answered with a `PaymentCompleted` in the seed's format (the payments
+//! service charges on the order fulfilment saga's `ChargePayment` now, not on
+//! `OrderCreated`); and what the orders service publishes is read by a
+//! consumer that knows only the seed's format.
 
 use std::time::{Duration, Instant};
 
@@ -106,7 +107,7 @@ fn readable_by_the_seed(payload: &Value) -> Result<(), String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_seed_format_order_is_paid_and_answered_with_payment_completed() {
+async fn a_headerless_charge_is_paid_and_answered_with_a_seed_format_payment_completed() {
     create_topics(&Broker::External(brokers()), PARTITIONS)
         .await
         .unwrap();
@@ -117,7 +118,7 @@ async fn a_seed_format_order_is_paid_and_answered_with_payment_completed() {
         .unwrap();
     payments::migrate(&pool).await.unwrap();
     let group = format!("payments-seed-{}", Uuid::new_v4().simple());
-    start_group_at(&group, "order.events", &ends("order.events"));
+    start_group_at(&group, "payment.commands", &ends("payment.commands"));
     let answers_from = ends("payment.events");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let service = PaymentsService::start(
@@ -130,22 +131,23 @@ async fn a_seed_format_order_is_paid_and_answered_with_payment_completed() {
     .await
     .unwrap();
 
-    // What a seed-style relay sends: key = the order id, the payload's JSON
-    // (Python's isoformat for the time), no headers.
+    // What a seed-style relay sends: key = the order id, the payload's JSON,
+    // no headers (the consumer resolves the type: the topic's only handler).
     let order_id = Uuid::new_v4();
     let seed_event = json!({
         "event_id": Uuid::new_v4(),
         "order_id": order_id,
         "customer_id": Uuid::new_v4(),
         "amount": 4200,
-        "created_at": "2026-12-01T04:00:00.123456+00:00",
     });
     let producer: FutureProducer = client().create().unwrap();
     let value = seed_event.to_string();
     let key = order_id.to_string();
     producer
         .send(
-            FutureRecord::to("order.events").key(&key).payload(&value),
+            FutureRecord::to("payment.commands")
+                .key(&key)
+                .payload(&value),
             Duration::from_secs(10),
         )
         .await
@@ -163,11 +165,19 @@ async fn a_seed_format_order_is_paid_and_answered_with_payment_completed() {
     let _ = service.shutdown().await;
     pool.close().await;
     drop_databases(std::slice::from_ref(&name)).await.unwrap();
-    assert_eq!(paid, 1, "the seed's order was paid once");
+    assert_eq!(paid, 1, "the order was charged once");
+    // The seed's PaymentCompleted: keyed by the order, its fields and types.
     assert_eq!(answer_key, order_id.to_string());
     assert_eq!(answer["amount"], 4200, "{answer}");
     assert!(
         is_uuid(&answer["event_id"]) && is_uuid(&answer["payment_id"]),
+        "{answer}"
+    );
+    assert!(
+        answer["completed_at"]
+            .as_str()
+            .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+            .is_some(),
         "{answer}"
     );
 }

@@ -1,7 +1,7 @@
-//! One trace per order across both services and the broker: the orders
-//! handler's unit of work, the relay's publish, the payments consumer's
-//! handling, its publish of the payment, and the orders consumer's handling,
-//! each the parent of the next. Spans go to an in-memory OpenTelemetry
+//! One trace per order across the three services and the broker: the orders
+//! handler's unit of work, then each step of the order fulfilment saga (the
+//! relay's publish of a message and its consumer's handling, in the orders,
+//! inventory and payments services), each the parent of the next. Spans go to an in-memory OpenTelemetry
 //! exporter through the same `tracing` layer the example binaries install.
 
 #[path = "support/databases.rs"]
@@ -59,6 +59,8 @@ async fn an_order_is_one_trace_from_the_handler_to_both_consumers() {
         timeout: Duration::from_secs(60),
         group_suffix: format!("-{name}"),
         progress_every: None,
+        stock_timeout: outbox_examples::demo::DEFAULT_STOCK_TIMEOUT,
+        rate: None,
     };
     let broker = Broker::Mock(MockCluster::new(1).expect("mock cluster"));
     let demo = Demo::start(&config, &broker)
@@ -85,10 +87,18 @@ async fn an_order_is_one_trace_from_the_handler_to_both_consumers() {
     }
     // The warm-up order and the three driven ones; no other trace (a span
     // that lost its parent would start one of its own).
+    // The first orders of a run are regular ones: the saga reserves, charges
+    // and confirms; its timeout is cancelled, never published.
     let expected_chain = [
         "outbox.unit_of_work[create_order]",
         "outbox.publish[OrderCreated]",
         "outbox.handle[OrderCreated]",
+        "outbox.publish[ReserveStock]",
+        "outbox.handle[ReserveStock]",
+        "outbox.publish[StockReserved]",
+        "outbox.handle[StockReserved]",
+        "outbox.publish[ChargePayment]",
+        "outbox.handle[ChargePayment]",
         "outbox.publish[PaymentCompleted]",
         "outbox.handle[PaymentCompleted]",
     ];

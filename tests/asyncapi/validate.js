@@ -19,7 +19,7 @@ const Ajv2020 = require('ajv/dist/2020').default;
 const AjvDraft07 = require('ajv').default;
 const addFormats = require('ajv-formats').default;
 
-const ANNOTATIONS = ['x-topic', 'x-event-type', 'x-aggregate-type', 'x-partition-key'];
+const ANNOTATIONS = ['x-topic', 'x-event-type', 'x-aggregate-type', 'x-partition-key', 'x-kind'];
 
 // Integer formats schemars emits; checked as ranges (JS numbers are exact to 2^53).
 const INTEGER_FORMATS = {

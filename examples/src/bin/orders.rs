@@ -1,9 +1,9 @@
 //! The orders service on its own: HTTP API (with `/metrics`, `/health/live`
 //! and `/health/ready`) at `ORDERS_ADDR` (default 127.0.0.1:8080), relay, and
-//! inbox consumer of `payment.events`, until Ctrl-C / SIGTERM.
+//! the inbox consumer of the order fulfilment saga, until Ctrl-C / SIGTERM.
 //!
 //! Needs a real broker: `KAFKA_BROKERS=127.0.0.1:9092 cargo run -p outbox-examples --bin orders`.
-//! (The `demo` binary runs both services on an in-process mock cluster.)
+//! (The `demo` binary runs all three services on an in-process mock cluster.)
 //! Readiness thresholds: `READY_*` (see `outbox_examples::observability::Readiness::from_env`).
 
 use std::process::ExitCode;

@@ -1,4 +1,4 @@
-//! The payments service on its own: dedup consumer of `order.events` and the
+//! The payments service on its own: dedup consumer of `payment.commands` and the
 //! relay of its outbox, with `/metrics`, `/health/live` and `/health/ready` at
 //! `PAYMENTS_ADDR` (default 127.0.0.1:8081), until Ctrl-C / SIGTERM.
 //!

@@ -62,6 +62,8 @@ pub(crate) fn framework_constants() -> BTreeSet<&'static str> {
         relay::STRAGGLING,
         relay::MEMBERS_EVICTED,
         relay::BROKER_FAILING,
+        relay::SCHEDULED_MOVED,
+        relay::SCHEDULED_PENDING,
         consumer::CONSUMED,
         consumer::HANDLED,
         consumer::DUPLICATES,

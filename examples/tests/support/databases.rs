@@ -2,7 +2,11 @@
 //! (the server's URL and dropping are `txoutbox-testkit`'s). Included with
 //! `#[path]` by each test that needs it.
 
-/// The two databases a demo named `name` creates.
+/// The three databases a demo named `name` creates.
 pub(crate) fn demo_databases(name: &str) -> Vec<String> {
-    vec![format!("{name}_orders"), format!("{name}_payments")]
+    vec![
+        format!("{name}_orders"),
+        format!("{name}_inventory"),
+        format!("{name}_payments"),
+    ]
 }

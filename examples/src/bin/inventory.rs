@@ -1,0 +1,43 @@
+//! The inventory service on its own: dedup consumer of `inventory.commands` and the
+//! relay of its outbox, with `/metrics`, `/health/live` and `/health/ready` at
+//! `INVENTORY_ADDR` (default 127.0.0.1:8082), until Ctrl-C / SIGTERM.
+//!
+//! Needs a real broker: `KAFKA_BROKERS=127.0.0.1:9092 cargo run -p outbox-examples --bin inventory`.
+//! Readiness thresholds: `READY_*` (see `outbox_examples::observability::Readiness::from_env`).
+
+use std::process::ExitCode;
+
+use outbox_examples::inventory::{self, InventoryService};
+use outbox_examples::observability::Readiness;
+use outbox_examples::service::{Tuning, create_topics, exit_code, until_signal_or_failure};
+use outbox_examples::setup::{Broker, connect_database, database_url_from_env};
+use outbox_examples::telemetry::Telemetry;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let _telemetry = Telemetry::init("inventory", "info");
+    exit_code(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let servers = Broker::external_from_env()?;
+    let addr = std::env::var("INVENTORY_ADDR").unwrap_or_else(|_| "127.0.0.1:8082".into());
+    let tuning = Tuning {
+        readiness: Readiness::from_env()?,
+        ..Tuning::default()
+    };
+    let pool = connect_database(&database_url_from_env(), "_inventory").await?;
+    inventory::migrate(&pool).await?;
+    create_topics(&Broker::External(servers.clone()), 3).await?;
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    let service = InventoryService::start(pool, &servers, "inventory", listener, &tuning).await?;
+    tracing::info!(
+        addr = %service.addr,
+        "inventory service running (/metrics, /health/live, /health/ready); Ctrl-C to stop"
+    );
+    let stopped = until_signal_or_failure(service.failure()).await;
+    let shut_down = service.shutdown().await;
+    stopped?;
+    shut_down?;
+    Ok(())
+}
