@@ -1,7 +1,25 @@
 use std::any::Any;
 use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::{DomainEvent, Error, OutboxRecord};
+
+/// An event recorded with [`Events::record_after`] or [`Events::record_at`]:
+/// its outbox record and the time it is delivered not before.
+///
+/// The unit of work stores it in `outbox_scheduled`; the relay moves it into
+/// `outbox_event` once `deliver_after` has passed (by the database's clock),
+/// and publishes it from there like any other event. See `docs/relay.md`,
+/// *Scheduled delivery*.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledRecord {
+    /// The event as it will be stored and published.
+    pub record: OutboxRecord,
+    /// Not published before this time.
+    pub deliver_after: DateTime<Utc>,
+}
 
 /// The event collector a command handler records its domain events into.
 ///
@@ -39,11 +57,40 @@ use crate::{DomainEvent, Error, OutboxRecord};
 /// assert_eq!(events.records()[0].partition_key, "7");
 /// assert_eq!(events.of_type::<OrderCreated>()[0].order_id, 7);
 /// ```
+///
+/// # Scheduled events
+///
+/// [`record_after`](Events::record_after) and [`record_at`](Events::record_at)
+/// record an event that is delivered **not before** a given time (a reminder,
+/// a timeout, a retry of a business step). They are checked and serialized
+/// exactly like [`record`](Events::record), are written in the same
+/// transaction (into `outbox_scheduled`), and are listed by
+/// [`scheduled`](Events::scheduled) rather than [`records`](Events::records).
+///
+/// ```
+/// # use std::time::Duration;
+/// # use txoutbox_core::{DomainEvent, Events};
+/// # #[derive(serde::Serialize, schemars::JsonSchema, DomainEvent)]
+/// # #[event(topic = "orders", aggregate = "Order")]
+/// # struct PaymentTimedOut { event_id: uuid::Uuid, #[partition_key] order_id: u64 }
+/// let mut events = Events::new();
+/// events.record_after(
+///     PaymentTimedOut { event_id: uuid::Uuid::new_v4(), order_id: 7 },
+///     Duration::from_secs(15 * 60),
+/// );
+/// assert!(events.records().is_empty());
+/// assert_eq!(events.scheduled().len(), 1);
+/// assert!(events.scheduled()[0].deliver_after > chrono::Utc::now());
+/// assert_eq!(events.len(), 1, "len counts both kinds");
+/// assert_eq!(events.of_type::<PaymentTimedOut>()[0].order_id, 7);
+/// ```
 #[derive(Default)]
 pub struct Events {
     records: Vec<OutboxRecord>,
-    // The recorded values themselves, parallel to `records`, so tests can look
-    // them up by type without requiring `Deserialize` on events.
+    scheduled: Vec<ScheduledRecord>,
+    // The recorded values themselves, immediate and scheduled, in recording
+    // order, so tests can look them up by type without requiring
+    // `Deserialize` on events.
     values: Vec<Box<dyn Any + Send + Sync>>,
     failure: Option<Error>,
 }
@@ -76,13 +123,100 @@ impl Events {
         Ok(())
     }
 
-    /// The records so far, in the order they were recorded (which is also
-    /// their order in `outbox_event`).
+    /// Records `event` to be delivered not before `delay` from now (the
+    /// application's clock, read at this call).
+    ///
+    /// The same checks as [`record`](Events::record), with the failure
+    /// deferred the same way. A delay too large to represent is capped at
+    /// the latest representable time (the event is then never delivered in
+    /// practice; [`cancel_scheduled`](crate::cancel_scheduled) removes it).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use txoutbox_core::{DomainEvent, Events};
+    /// # #[derive(serde::Serialize, schemars::JsonSchema, DomainEvent)]
+    /// # #[event(topic = "carts", aggregate = "Cart")]
+    /// # struct CartAbandoned { event_id: uuid::Uuid, #[partition_key] cart_id: u64 }
+    /// let mut events = Events::new();
+    /// let before = chrono::Utc::now();
+    /// events.record_after(
+    ///     CartAbandoned { event_id: uuid::Uuid::new_v4(), cart_id: 3 },
+    ///     Duration::from_secs(3600),
+    /// );
+    /// let due = events.scheduled()[0].deliver_after;
+    /// assert!(due >= before + chrono::TimeDelta::hours(1));
+    /// ```
+    pub fn record_after<E: DomainEvent>(&mut self, event: E, delay: Duration) {
+        if let Err(error) = self.try_record_after(event, delay) {
+            self.failure.get_or_insert(error);
+        }
+    }
+
+    /// Records `event` to be delivered not before `at` (compared with the
+    /// database's clock when the relay moves it; a time in the past means
+    /// "as soon as the relay's scheduler next looks", within
+    /// `schedule_poll_interval`).
+    ///
+    /// The same checks as [`record`](Events::record), with the failure
+    /// deferred the same way.
+    ///
+    /// ```
+    /// # use txoutbox_core::{DomainEvent, Events};
+    /// # #[derive(serde::Serialize, schemars::JsonSchema, DomainEvent)]
+    /// # #[event(topic = "subscriptions", aggregate = "Subscription")]
+    /// # struct TrialEnded { event_id: uuid::Uuid, #[partition_key] subscription_id: u64 }
+    /// let ends = chrono::Utc::now() + chrono::TimeDelta::days(14);
+    /// let mut events = Events::new();
+    /// events.record_at(TrialEnded { event_id: uuid::Uuid::new_v4(), subscription_id: 9 }, ends);
+    /// assert_eq!(events.scheduled()[0].deliver_after, ends);
+    /// ```
+    pub fn record_at<E: DomainEvent>(&mut self, event: E, at: DateTime<Utc>) {
+        if let Err(error) = self.try_record_at(event, at) {
+            self.failure.get_or_insert(error);
+        }
+    }
+
+    /// [`record_after`](Events::record_after), failing at once like
+    /// [`try_record`](Events::try_record).
+    pub fn try_record_after<E: DomainEvent>(
+        &mut self,
+        event: E,
+        delay: Duration,
+    ) -> Result<(), Error> {
+        self.try_record_at(event, after(Utc::now(), delay))
+    }
+
+    /// [`record_at`](Events::record_at), failing at once like
+    /// [`try_record`](Events::try_record).
+    pub fn try_record_at<E: DomainEvent>(
+        &mut self,
+        event: E,
+        at: DateTime<Utc>,
+    ) -> Result<(), Error> {
+        let record = OutboxRecord::from_event(&event)?;
+        self.scheduled.push(ScheduledRecord {
+            record,
+            deliver_after: at,
+        });
+        self.values.push(Box::new(event));
+        Ok(())
+    }
+
+    /// The records to deliver at once, in the order they were recorded
+    /// (which is also their order in `outbox_event`). Scheduled events are
+    /// not among them: see [`scheduled`](Events::scheduled).
     pub fn records(&self) -> &[OutboxRecord] {
         &self.records
     }
 
-    /// The recorded events of type `E`, in recording order.
+    /// The events recorded with [`record_after`](Events::record_after) or
+    /// [`record_at`](Events::record_at), in recording order.
+    pub fn scheduled(&self) -> &[ScheduledRecord] {
+        &self.scheduled
+    }
+
+    /// The recorded events of type `E`, immediate and scheduled, in
+    /// recording order.
     pub fn of_type<E: DomainEvent>(&self) -> Vec<&E> {
         self.values
             .iter()
@@ -98,14 +232,15 @@ impl Events {
         self.values.push(Box::new(()));
     }
 
-    /// Number of events recorded.
+    /// Number of events recorded: immediate ([`records`](Events::records))
+    /// and scheduled ([`scheduled`](Events::scheduled)) together.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.records.len() + self.scheduled.len()
     }
 
-    /// Whether no event was recorded.
+    /// Whether no event was recorded, immediate or scheduled.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.records.is_empty() && self.scheduled.is_empty()
     }
 
     /// The deferred serialization failure of [`record`](Events::record), if any.
@@ -123,10 +258,19 @@ impl Events {
     }
 }
 
+/// `now + delay`, capped at the latest time `DateTime<Utc>` can hold.
+fn after(now: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(delay)
+        .ok()
+        .and_then(|delay| now.checked_add_signed(delay))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 impl fmt::Debug for Events {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Events")
             .field("records", &self.records)
+            .field("scheduled", &self.scheduled)
             .field("failure", &self.failure)
             .finish()
     }
@@ -282,6 +426,104 @@ mod tests {
                     key: "k".repeat(max + 1)
                 })
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn scheduled_events_are_kept_apart_in_order_and_found_by_type() {
+        let mut events = Events::new();
+        let at = Utc::now() + TimeDelta::minutes(5);
+        events.record_at(
+            Created {
+                event_id: Uuid::new_v4(),
+                id: 1,
+            },
+            at,
+        );
+        events.record(Created {
+            event_id: Uuid::new_v4(),
+            id: 2,
+        });
+        let before = Utc::now();
+        events.record_after(Other { n: 3 }, Duration::from_secs(60));
+        let after_call = Utc::now();
+
+        assert_eq!(events.len(), 3, "both kinds count");
+        assert!(!events.is_empty());
+        assert_eq!(events.records().len(), 1);
+        assert_eq!(events.records()[0].payload["id"], 2);
+        let scheduled = events.scheduled();
+        assert_eq!(scheduled.len(), 2);
+        assert_eq!(scheduled[0].record.event_type, "Created");
+        assert_eq!(scheduled[0].deliver_after, at);
+        assert_eq!(scheduled[1].record.event_type, "Other");
+        let due = scheduled[1].deliver_after;
+        assert!(
+            due >= before + TimeDelta::seconds(60) && due <= after_call + TimeDelta::seconds(60),
+            "{due} not 60 s after the call"
+        );
+        let ids: Vec<_> = events.of_type::<Created>().iter().map(|e| e.id).collect();
+        assert_eq!(ids, [1, 2], "scheduled and immediate, in recording order");
+        assert_eq!(events.of_type::<Other>()[0].n, 3);
+    }
+
+    #[test]
+    fn only_scheduled_events_make_a_non_empty_collector() {
+        let mut events = Events::new();
+        events.record_after(Other { n: 1 }, Duration::ZERO);
+        assert_eq!(events.len(), 1);
+        assert!(!events.is_empty());
+        assert!(events.records().is_empty());
+    }
+
+    #[test]
+    fn scheduled_serialization_failures_are_deferred_or_returned_like_record() {
+        let mut events = Events::new();
+        events.record_after(NotAnObject("a"), Duration::from_secs(1));
+        events.record_at(NotAnObject("b"), Utc::now());
+        assert!(events.is_empty(), "nothing recorded");
+        assert!(matches!(
+            events.take_failure(),
+            Err(Error::PayloadNotObject {
+                found: "a string",
+                ..
+            })
+        ));
+        assert!(events.take_failure().is_ok(), "the first failure only");
+
+        let err = events
+            .try_record_at(
+                Keyed {
+                    key: "k".repeat(crate::MAX_PARTITION_KEY_BYTES + 1),
+                },
+                Utc::now(),
+            )
+            .unwrap_err();
+        assert!(matches!(err, Error::PartitionKeyTooLong { .. }), "{err:?}");
+        assert!(
+            events
+                .try_record_after(NotAnObject("c"), Duration::from_secs(1))
+                .is_err()
+        );
+        assert!(events.is_empty());
+        assert!(events.failure().is_none(), "try_* defers nothing");
+        events
+            .try_record_after(Other { n: 1 }, Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(events.scheduled().len(), 1);
+    }
+
+    #[test]
+    fn a_delay_too_large_to_represent_is_capped() {
+        let now = Utc::now();
+        assert_eq!(after(now, Duration::MAX), DateTime::<Utc>::MAX_UTC);
+        assert_eq!(
+            after(now, Duration::from_secs(u64::MAX / 4)),
+            DateTime::<Utc>::MAX_UTC
+        );
+        assert_eq!(
+            after(now, Duration::from_millis(1500)),
+            now + TimeDelta::milliseconds(1500)
         );
     }
 

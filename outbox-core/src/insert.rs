@@ -1,8 +1,9 @@
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
+use crate::{Events, MAX_PARTITION_KEY_BYTES, OutboxRecord, ScheduledRecord};
 
 /// One statement for any number of rows: the arrays are unnested column by
 /// column, so the round trip count does not grow with the events of a command.
@@ -12,6 +13,114 @@ INSERT INTO outbox_event
     (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, traceparent)
 SELECT * FROM UNNEST(
     $1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[], $8::text[])";
+
+/// The same for scheduled events, into `outbox_scheduled` (migration 0007),
+/// with their due time; the relay moves them into `outbox_event` when due.
+const INSERT_SCHEDULED: &str = "\
+INSERT INTO outbox_scheduled
+    (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, traceparent,
+     deliver_after)
+SELECT * FROM UNNEST(
+    $1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[], $8::text[],
+    $9::timestamptz[])";
+
+/// Removes a scheduled event that is not due yet. A row being moved by a
+/// relay at this moment is locked: the delete waits for the move to commit,
+/// then finds nothing.
+const CANCEL_SCHEDULED: &str = "DELETE FROM outbox_scheduled WHERE event_id = $1";
+
+/// Inserts everything `events` recorded, on `conn` (use `&mut *tx` inside a
+/// transaction): the immediate records into `outbox_event`
+/// ([`insert_records`]) and the scheduled ones into `outbox_scheduled`, one
+/// statement each (none for a kind with no event). Returns the number of
+/// rows inserted, both kinds together.
+///
+/// The unit of work calls this for you; it is public for code that manages
+/// its own transaction. The relay is woken after the commit as for
+/// [`insert_records`] (a scheduled event is published by the relay's
+/// scheduler when due, whether or not it is woken).
+///
+/// ```no_run
+/// # #[derive(serde::Serialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
+/// # #[event(topic = "orders", aggregate = "Order")]
+/// # struct PaymentTimedOut { event_id: uuid::Uuid, #[partition_key] order_id: i64 }
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// let mut events = txoutbox_core::Events::new();
+/// events.try_record_after(
+///     PaymentTimedOut { event_id: uuid::Uuid::now_v7(), order_id: 7 },
+///     Duration::from_secs(900),
+/// )?;
+/// let mut tx = pool.begin().await?;
+/// // ... your own statements on &mut *tx ...
+/// txoutbox_core::insert_events(&mut tx, &events).await?;
+/// tx.commit().await?;
+/// txoutbox_core::wakeup::notify_committed();
+/// # Ok(()) }
+/// ```
+pub async fn insert_events(conn: &mut PgConnection, events: &Events) -> Result<u64, sqlx::Error> {
+    let scheduled = events.scheduled();
+    // Check everything before sending anything.
+    check_keys(
+        events
+            .records()
+            .iter()
+            .chain(scheduled.iter().map(|s| &s.record)),
+    )?;
+    let mut inserted = insert_records(&mut *conn, events.records()).await?;
+    if !scheduled.is_empty() {
+        inserted += insert_scheduled(conn, scheduled).await?;
+    }
+    Ok(inserted)
+}
+
+async fn insert_scheduled(
+    conn: &mut PgConnection,
+    scheduled: &[ScheduledRecord],
+) -> Result<u64, sqlx::Error> {
+    let columns = Columns::of(scheduled.iter().map(|s| &s.record));
+    let due: Vec<DateTime<Utc>> = scheduled.iter().map(|s| s.deliver_after).collect();
+    let done = columns
+        .bind(sqlx::query(INSERT_SCHEDULED))
+        .bind(due)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Cancels the scheduled event `event_id` if it is not due yet: deletes it
+/// from `outbox_scheduled`, on `conn` (inside your transaction with
+/// `&mut *tx`, so the cancellation commits with your own changes).
+///
+/// Returns `true` if the event was still scheduled (it will never be
+/// published, once the cancellation commits); `false` if there was no such
+/// scheduled event: it never existed, was cancelled already, or is due and
+/// was moved into `outbox_event` by the relay (then it is published, or
+/// about to be; a cancellation cannot call it back). Cancelling therefore
+/// races with the due time by up to the relay's `schedule_poll_interval`:
+/// check the result.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool, reminder_id: uuid::Uuid) -> Result<(), sqlx::Error> {
+/// let mut tx = pool.begin().await?;
+/// // ... the order was paid: its payment reminder is no longer needed ...
+/// if !txoutbox_core::cancel_scheduled(&mut tx, reminder_id).await? {
+///     // Too late (or unknown): receivers must tolerate the reminder.
+/// }
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn cancel_scheduled(
+    conn: &mut PgConnection,
+    event_id: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(CANCEL_SCHEDULED)
+        .bind(event_id)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
 
 /// Inserts `records` into `outbox_event` in one round trip, on `conn` (use
 /// `&mut *tx` to run it inside a transaction). Returns the number of rows
@@ -39,35 +148,81 @@ pub async fn insert_records(
         return Ok(0);
     }
     // Records built by hand skip `OutboxRecord::from_event`'s check.
-    if let Some(record) = records
-        .iter()
-        .find(|r| r.partition_key.len() > MAX_PARTITION_KEY_BYTES)
-    {
-        return Err(sqlx::Error::InvalidArgument(format!(
+    check_keys(records.iter())?;
+    let done = Columns::of(records.iter())
+        .bind(sqlx::query(INSERT_OUTBOX))
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Refuses a record whose partition key is longer than [`MAX_PARTITION_KEY_BYTES`].
+fn check_keys<'a>(mut records: impl Iterator<Item = &'a OutboxRecord>) -> Result<(), sqlx::Error> {
+    match records.find(|r| r.partition_key.len() > MAX_PARTITION_KEY_BYTES) {
+        Some(record) => Err(sqlx::Error::InvalidArgument(format!(
             "event {} ({}) has a partition key of {} bytes; the outbox accepts at most {}",
             record.event_id,
             record.event_type,
             record.partition_key.len(),
             MAX_PARTITION_KEY_BYTES
-        )));
+        ))),
+        None => Ok(()),
     }
-    let column = |f: fn(&OutboxRecord) -> &String| -> Vec<&str> {
-        records.iter().map(|r| f(r).as_str()).collect()
-    };
-    let event_ids: Vec<Uuid> = records.iter().map(|r| r.event_id).collect();
-    let payloads: Vec<&Value> = records.iter().map(|r| &r.payload).collect();
-    let traceparents: Vec<Option<&str>> =
-        records.iter().map(|r| r.traceparent.as_deref()).collect();
-    let done = sqlx::query(INSERT_OUTBOX)
-        .bind(event_ids)
-        .bind(column(|r| &r.aggregate_type))
-        .bind(column(|r| &r.aggregate_id))
-        .bind(column(|r| &r.event_type))
-        .bind(payloads)
-        .bind(column(|r| &r.topic))
-        .bind(column(|r| &r.partition_key))
-        .bind(traceparents)
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected())
+}
+
+/// The message columns of some records, as the arrays `$1`..`$8` of
+/// [`INSERT_OUTBOX`] and [`INSERT_SCHEDULED`].
+struct Columns<'a> {
+    event_ids: Vec<Uuid>,
+    aggregate_types: Vec<&'a str>,
+    aggregate_ids: Vec<&'a str>,
+    event_types: Vec<&'a str>,
+    payloads: Vec<&'a Value>,
+    topics: Vec<&'a str>,
+    partition_keys: Vec<&'a str>,
+    traceparents: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(records: impl Iterator<Item = &'a OutboxRecord>) -> Self {
+        let mut columns = Self {
+            event_ids: Vec::new(),
+            aggregate_types: Vec::new(),
+            aggregate_ids: Vec::new(),
+            event_types: Vec::new(),
+            payloads: Vec::new(),
+            topics: Vec::new(),
+            partition_keys: Vec::new(),
+            traceparents: Vec::new(),
+        };
+        for r in records {
+            columns.event_ids.push(r.event_id);
+            columns.aggregate_types.push(&r.aggregate_type);
+            columns.aggregate_ids.push(&r.aggregate_id);
+            columns.event_types.push(&r.event_type);
+            columns.payloads.push(&r.payload);
+            columns.topics.push(&r.topic);
+            columns.partition_keys.push(&r.partition_key);
+            columns.traceparents.push(r.traceparent.as_deref());
+        }
+        columns
+    }
+
+    fn bind<'q>(
+        self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>
+    where
+        'a: 'q,
+    {
+        query
+            .bind(self.event_ids)
+            .bind(self.aggregate_types)
+            .bind(self.aggregate_ids)
+            .bind(self.event_types)
+            .bind(self.payloads)
+            .bind(self.topics)
+            .bind(self.partition_keys)
+            .bind(self.traceparents)
+    }
 }

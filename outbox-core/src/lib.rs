@@ -33,6 +33,9 @@
 //! Write them with a command handler: `#[outbox_handler]` (or the plain
 //! [`transaction`] API) runs your statements and inserts the events you
 //! [record](Events::record) in one transaction; see `docs/handler.md`.
+//! Events recorded with [`Events::record_after`] or [`Events::record_at`] are
+//! delivered not before a given time ([`cancel_scheduled`] calls one back
+//! while it is not due); see `docs/relay.md`, *Scheduled delivery*.
 
 mod derive_support;
 mod domain_event;
@@ -50,8 +53,8 @@ pub mod wire;
 
 pub use domain_event::{DomainEvent, PartitionKey};
 pub use error::{DbErrorDisplay, Error};
-pub use events::Events;
-pub use insert::insert_records;
+pub use events::{Events, ScheduledRecord};
+pub use insert::{cancel_scheduled, insert_events, insert_records};
 pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
 pub use retry::Backoff;
 pub use unit_of_work::{

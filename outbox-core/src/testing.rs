@@ -3,13 +3,16 @@
 
 use sqlx::{Postgres, Transaction};
 
-use crate::{DomainEvent, Error, Events, OutboxRecord, TransactionSource, insert_records};
+use crate::{
+    DomainEvent, Error, Events, OutboxRecord, ScheduledRecord, TransactionSource, insert_events,
+};
 
 /// Runs `handler` in a transaction that is always rolled back, and returns
 /// what it returned together with the events it recorded.
 ///
-/// The recorded events are also inserted into `outbox_event` before the
-/// rollback, exactly as the unit of work would, so a test still fails on an
+/// The recorded events are also inserted (into `outbox_event`, and
+/// `outbox_scheduled` for scheduled ones) before the rollback, exactly as the
+/// unit of work would, so a test still fails on an
 /// event that cannot be serialized or stored (the `Err` of this function).
 /// The database is left unchanged either way.
 ///
@@ -56,7 +59,7 @@ where
         tx.rollback().await?;
         return Err(error);
     }
-    let stored = insert_records(&mut tx, events.records()).await;
+    let stored = insert_events(&mut tx, &events).await;
     tx.rollback().await?;
     stored?;
     Ok(Recorded { output, events })
@@ -72,12 +75,19 @@ pub struct Recorded<R> {
 }
 
 impl<R> Recorded<R> {
-    /// The outbox records, in recording order.
+    /// The outbox records to deliver at once, in recording order.
     pub fn records(&self) -> &[OutboxRecord] {
         self.events.records()
     }
 
-    /// The recorded events of type `E`; panics if there is none.
+    /// The scheduled events ([`Events::record_after`], [`Events::record_at`]),
+    /// in recording order.
+    pub fn scheduled(&self) -> &[ScheduledRecord] {
+        self.events.scheduled()
+    }
+
+    /// The recorded events of type `E` (immediate and scheduled); panics if
+    /// there is none.
     #[track_caller]
     pub fn assert_recorded<E: DomainEvent>(&self) -> Vec<&E> {
         let found = self.events.of_type::<E>();
@@ -115,8 +125,10 @@ impl<R> Recorded<R> {
     }
 
     fn event_types(&self) -> Vec<&str> {
+        let scheduled = self.scheduled().iter().map(|s| &s.record);
         self.records()
             .iter()
+            .chain(scheduled)
             .map(|r| r.event_type.as_str())
             .collect()
     }

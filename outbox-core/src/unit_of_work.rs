@@ -6,7 +6,7 @@ use std::future::Future;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 
-use crate::{Error, Events, insert_records, retry, wakeup};
+use crate::{Error, Events, insert_events, retry, wakeup};
 
 /// Transaction isolation level of a unit of work.
 ///
@@ -313,7 +313,7 @@ async fn finish<T, E>(
         rollback(tx).await;
         return Err(Failure::Framework(error));
     }
-    let inserted = match insert_records(&mut tx, events.records()).await {
+    let inserted = match insert_events(&mut tx, &events).await {
         Ok(inserted) => inserted,
         Err(error) => {
             rollback(tx).await;

@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0006_relay_membership.sql"),
     },
     Migration {
+        version: 7,
+        description: "scheduled_delivery",
+        sql: include_str!("../migrations/0007_scheduled_delivery.sql"),
+    },
+    Migration {
         version: 8,
         description: "sagas",
         sql: include_str!("../migrations/0008_sagas.sql"),

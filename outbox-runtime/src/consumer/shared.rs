@@ -166,7 +166,7 @@ impl Shared {
                 )));
             }
             if !events.is_empty() {
-                txoutbox_core::insert_records(tx, events.records())
+                txoutbox_core::insert_events(tx, &events)
                     .await
                     .map_err(|e| {
                         HandlerError::new(format!(

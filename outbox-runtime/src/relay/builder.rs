@@ -99,6 +99,8 @@ impl RelayBuilder {
         batch_size: usize;
         /// See [`RelayConfig::poll_interval`].
         poll_interval: Duration;
+        /// See [`RelayConfig::schedule_poll_interval`].
+        schedule_poll_interval: Duration;
         /// See [`RelayConfig::delivery_timeout`].
         delivery_timeout: Duration;
         /// See [`RelayConfig::partition_stall_timeout`].

@@ -19,6 +19,15 @@ pub struct RelayConfig {
     /// this interval while polls find nothing (commits in another process are
     /// seen within this interval).
     pub poll_interval: Duration,
+    /// Longest sleep of the relay's scheduler, which moves scheduled events
+    /// (`Events::record_after` / `record_at`) into the outbox when due.
+    /// Default `200 ms`.
+    ///
+    /// The scheduler sleeps until the earliest due time it found, but at
+    /// most this long: an event scheduled meanwhile with an earlier due time
+    /// (or whose due time has passed) is seen within this interval. Each
+    /// wake-up costs one indexed `min()` query.
+    pub schedule_poll_interval: Duration,
     /// How long librdkafka may try to deliver a message (`message.timeout.ms`):
     /// the longest a row stays in flight before its delivery counts as
     /// failed (the claim itself holds no transaction open meanwhile).
@@ -110,6 +119,7 @@ impl Default for RelayConfig {
         Self {
             batch_size: 1000,
             poll_interval: Duration::from_millis(500),
+            schedule_poll_interval: Duration::from_millis(200),
             delivery_timeout: Duration::from_secs(30),
             partition_stall_timeout: Duration::from_secs(2),
             max_attempts: 10,
@@ -144,8 +154,13 @@ pub(super) fn validate(config: &RelayConfig) -> Result<(), RelayError> {
     if config.delivery_timeout < Duration::from_millis(1) {
         return invalid("delivery_timeout must be at least 1 ms");
     }
-    if config.poll_interval.is_zero() || config.rebalance_interval.is_zero() {
-        return invalid("poll_interval and rebalance_interval must be positive");
+    if config.poll_interval.is_zero()
+        || config.rebalance_interval.is_zero()
+        || config.schedule_poll_interval.is_zero()
+    {
+        return invalid(
+            "poll_interval, schedule_poll_interval and rebalance_interval must be positive",
+        );
     }
     if config.partition_stall_timeout.is_zero() {
         return invalid("partition_stall_timeout must be positive");

@@ -46,6 +46,7 @@ mod pipeline;
 mod prediction;
 mod publish;
 mod run;
+mod scheduler;
 mod session;
 mod store;
 mod summary;

@@ -14,6 +14,7 @@ use super::config::RelayConfig;
 use super::error::RelayError;
 use super::partitions::Partitions;
 use super::publish::Publisher;
+use super::scheduler::Scheduler;
 use super::summary::{RelaySummary, Totals};
 use super::wakeup::{self, Wakeups};
 use super::worker::Worker;
@@ -81,6 +82,29 @@ impl Relay {
         )
     }
 
+    /// The relay's loop and its scheduler, as one future: the scheduler
+    /// (moving due scheduled events into the outbox) runs next to the
+    /// worker, on the same task, and stops when the worker stops, whether
+    /// it was asked to or ended on its own (a panic of either ends both).
+    fn tasks(
+        self,
+        cancel: CancellationToken,
+        totals: Arc<Totals>,
+    ) -> impl Future<Output = Result<(), RelayError>> + Send + 'static {
+        let scheduler = Scheduler::new(self.pool.clone(), self.config.clone(), Arc::clone(&totals));
+        let stop_scheduler = cancel.child_token();
+        let worker = self.worker(cancel, totals);
+        async move {
+            let worker = async {
+                let result = worker.run().await;
+                stop_scheduler.cancel();
+                result
+            };
+            let (result, ()) = tokio::join!(worker, scheduler.run(stop_scheduler.clone()));
+            result
+        }
+    }
+
     /// Runs the relay on the current task until `token` is cancelled (then
     /// it stops as [`RelayHandle::shutdown`] does, without a time limit), and
     /// returns its totals; an error if it ended on its own (see
@@ -99,7 +123,7 @@ impl Relay {
     /// ```
     pub async fn run(self, token: CancellationToken) -> Result<RelaySummary, RelayError> {
         let totals = Arc::new(Totals::default());
-        self.worker(token, Arc::clone(&totals)).run().await?;
+        self.tasks(token, Arc::clone(&totals)).await?;
         Ok(totals.summary(true))
     }
 
@@ -109,12 +133,12 @@ impl Relay {
         let cancel = CancellationToken::new();
         let totals = Arc::new(Totals::default());
         let shutdown_timeout = self.config.shutdown_timeout;
-        let worker = self.worker(cancel.clone(), Arc::clone(&totals));
+        let tasks = self.tasks(cancel.clone(), Arc::clone(&totals));
         let lifecycle = Lifecycle::new();
         let task = tokio::spawn({
             let (lifecycle, cancel) = (lifecycle.clone(), cancel.clone());
             async move {
-                let ended = AssertUnwindSafe(worker.run()).catch_unwind().await;
+                let ended = AssertUnwindSafe(tasks).catch_unwind().await;
                 let (stopped, result) = match ended {
                     Ok(Ok(())) if cancel.is_cancelled() => (Stopped::Requested, Ok(())),
                     Ok(Ok(())) => (

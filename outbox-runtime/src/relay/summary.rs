@@ -21,6 +21,9 @@ pub struct RelaySummary {
     pub errors: u64,
     /// Times the producer was replaced after a fatal error or an outage.
     pub producer_rebuilds: u64,
+    /// Scheduled events this relay's scheduler moved into `outbox_event`
+    /// when they were due (see `docs/relay.md`, *Scheduled delivery*).
+    pub scheduled_moved: u64,
     /// `true` if the relay stopped within `shutdown_timeout`; `false` if it
     /// had to be aborted (its unmarked rows are published again later).
     pub clean: bool,
@@ -35,6 +38,7 @@ pub(crate) struct Totals {
     pub batches: AtomicU64,
     pub errors: AtomicU64,
     pub producer_rebuilds: AtomicU64,
+    pub scheduled_moved: AtomicU64,
 }
 
 impl Totals {
@@ -55,6 +59,7 @@ impl Totals {
             batches: Self::get(&self.batches),
             errors: Self::get(&self.errors),
             producer_rebuilds: Self::get(&self.producer_rebuilds),
+            scheduled_moved: Self::get(&self.scheduled_moved),
             clean,
         }
     }

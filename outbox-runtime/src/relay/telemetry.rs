@@ -33,6 +33,13 @@ pub const MEMBERS_EVICTED: &str = "outbox_relay_members_evicted_total";
 /// reached (it then hands its lanes to relays that can publish), else 0.
 pub const BROKER_FAILING: &str = "outbox_relay_broker_failing";
 
+/// Counter: scheduled events moved from `outbox_scheduled` into
+/// `outbox_event` when due (then published like any other row).
+pub const SCHEDULED_MOVED: &str = "outbox_relay_scheduled_moved_total";
+/// Gauge: scheduled events not moved yet, due or not (`count(*)` of
+/// `outbox_scheduled`, refreshed every `metrics_interval`).
+pub const SCHEDULED_PENDING: &str = "outbox_relay_scheduled_pending";
+
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);
 }

@@ -1,13 +1,10 @@
 //! What a saga handler can do besides changing its state.
 
-#[allow(unused_imports)] // SCHED-MERGE
 use std::time::Duration;
 
-#[allow(unused_imports)] // SCHED-MERGE
 use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Transaction};
 use txoutbox_core::{DomainEvent, Events, OutboxRecord};
-#[allow(unused_imports)] // SCHED-MERGE
 use uuid::Uuid;
 
 use super::SagaStatus;
@@ -86,7 +83,6 @@ impl<'a> SagaContext<'a> {
         self.events.record(message);
     }
 
-    #[cfg(any())] // SCHED-MERGE
     /// Sends a message through the outbox not before `delay` from now: a
     /// timeout of the saga (a message to itself, handled like any other) or
     /// a delayed command. Returns the message's event id, for
@@ -97,7 +93,6 @@ impl<'a> SagaContext<'a> {
         id
     }
 
-    #[cfg(any())] // SCHED-MERGE
     /// Like [`send_after`](Self::send_after), at a point in time.
     pub fn send_at<M: DomainEvent>(&mut self, message: M, at: DateTime<Utc>) -> Uuid {
         let id = message.event_id();
@@ -105,7 +100,6 @@ impl<'a> SagaContext<'a> {
         id
     }
 
-    #[cfg(any())] // SCHED-MERGE
     /// Cancels a message scheduled by an earlier step (say, a timeout that
     /// is no longer needed). `false` if it was due already (it went to the
     /// outbox and will be delivered; the handler of a timeout should check
