@@ -58,9 +58,7 @@ impl<'a, S: Saga> Step<'a, S> {
         meta: &'a EventMeta,
         saga_id: String,
     ) -> Result<Self, HandlerError> {
-        let loaded = store::load(tx, S::NAME, &saga_id)
-            .await
-            .map_err(HandlerError::from)?;
+        let loaded = store::load(tx, S::NAME, &saga_id).await?;
         let (phase, version, compensations) = match loaded {
             None => (Phase::Absent, 0, Vec::new()),
             Some(Loaded {
