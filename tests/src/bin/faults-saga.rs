@@ -42,10 +42,14 @@ async fn main() {
         .expect("valid database url");
     let brokers = env::required(env::BROKERS);
 
+    // librdkafka backs off reconnecting up to 10 s by default: after the
+    // broker outage, that alone would keep a service away up to 10 s more.
+    let reconnect_backoff_max_ms = "1000";
     let mut producer = rdkafka::ClientConfig::new();
     producer
         .set("bootstrap.servers", &brokers)
-        .set("linger.ms", "5");
+        .set("linger.ms", "5")
+        .set("reconnect.backoff.max.ms", reconnect_backoff_max_ms);
     let relay = Relay::builder(pool.clone(), producer)
         .batch_size(env::get(env::BATCH, 100))
         .delivery_timeout(env::millis(env::DELIVERY_TIMEOUT_MS, 5_000))
@@ -62,8 +66,13 @@ async fn main() {
     let mut kafka = rdkafka::ClientConfig::new();
     kafka
         .set("bootstrap.servers", &brokers)
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500");
+        // A killed member holds its partitions until its session expires and
+        // the group rebalances: keep both short, or a kill every few seconds
+        // keeps the group rebalancing for good.
+        .set("session.timeout.ms", "3000")
+        .set("heartbeat.interval.ms", "300")
+        .set("max.poll.interval.ms", "6000")
+        .set("reconnect.backoff.max.ms", reconnect_backoff_max_ms);
     if crash_after > 0 {
         kafka.set("auto.commit.interval.ms", "3600000");
     }

@@ -169,6 +169,8 @@ pub struct SagaFigures {
     /// Crashes of the processes with the crash hook (after their group
     /// handled so many messages, none of their offsets committed).
     pub crashes: u32,
+    /// Sagas that ended before the load (and the faults) did.
+    pub finished_under_faults: usize,
     /// From the end of the faults to convergence.
     pub converged_after: Option<Duration>,
     /// The whole run.
@@ -182,7 +184,7 @@ impl SagaFigures {
             "[faults] {}: sagas={} completed={} compensated={} (declined={} rejected={} \
              timed_out={} of which normal={}) open={} releases={} tombstones={} \
              refused_after_release={} reserved_after_timeout={} violations={} lost={} \
-             unpublished={} parked={} scheduled_left={} dead_lettered={} records={} \
+             finished_under_faults={} unpublished={} parked={} scheduled_left={} dead_lettered={} records={} \
              duplicates={} kills(saga_host={} participant={} crash_hook={}) outages={} converged_after={} \
              elapsed={:.1}s",
             self.scenario,
@@ -200,6 +202,7 @@ impl SagaFigures {
             self.reserved_after_timeout,
             self.violations.len(),
             self.lost,
+            self.finished_under_faults,
             self.unpublished,
             self.parked,
             self.scheduled_left,
@@ -268,6 +271,9 @@ impl SagaFigures {
             if count == 0 {
                 let _ = writeln!(out, "no saga {what}: the scenario did not exercise it");
             }
+        }
+        if self.finished_under_faults == 0 {
+            let _ = writeln!(out, "no saga ended while the faults went on");
         }
         if self.saga_host_kills == 0 || self.participant_kills == 0 || self.outages == 0 {
             let _ = writeln!(out, "a fault was not injected");
