@@ -62,7 +62,7 @@ pub use unit_of_work::{
 };
 
 #[cfg(feature = "derive")]
-pub use txoutbox_derive::{DomainEvent, outbox_handler};
+pub use txoutbox_derive::{Command, DomainEvent, outbox_handler};
 
 /// Re-exports used by generated code. Not a public API: may change in any release.
 #[doc(hidden)]

@@ -1,7 +1,8 @@
 //! Registry of the event types linked into a binary, and the schema export
 //! built on it.
 //!
-//! `#[derive(DomainEvent)]` submits one [`EventDescriptor`] per event type;
+//! `#[derive(DomainEvent)]` submits one [`EventDescriptor`] per event type
+//! (`#[derive(Command)]` one per command type, marked [`MessageKind::Command`]);
 //! [`registered_events`] lists them. [`SchemaExport`] turns that list into the
 //! files consumers read: one JSON Schema (draft 2020-12) per event at
 //! `<topic>/<event_type>.json` and one AsyncAPI 3.0 document `asyncapi.yaml`.
@@ -55,12 +56,38 @@ pub struct EventDescriptor {
     pub partition_key_field: &'static str,
     /// Rust type path of the event, for messages (`module_path!()::Name`).
     pub rust_type: &'static str,
+    /// Whether the type is an event or a command (which derive declared it).
+    pub kind: MessageKind,
     /// The event's JSON Schema (schemars); [`json_schema_for`] builds the
     /// one the export expects.
     pub schema: fn() -> schemars::Schema,
 }
 
 inventory::collect!(EventDescriptor);
+
+/// What a registered message is. Both kinds travel the same way (recorded with
+/// `Events::record`, relayed, dispatched to handlers); the kind tells readers
+/// of the schema export who owns the topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum MessageKind {
+    /// A fact that happened, published by its aggregate's service to anyone
+    /// interested (`#[derive(DomainEvent)]`).
+    #[default]
+    Event,
+    /// A request addressed to one service, whose topic that service consumes
+    /// (`#[derive(Command)]`).
+    Command,
+}
+
+impl MessageKind {
+    /// `"event"` or `"command"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            MessageKind::Event => "event",
+            MessageKind::Command => "command",
+        }
+    }
+}
 
 /// Every event type registered in this binary, sorted by topic then event type.
 pub fn registered_events() -> Vec<&'static EventDescriptor> {

@@ -1,5 +1,5 @@
 //! Procedural macros of the outbox framework. Use them through `txoutbox_core`
-//! (which re-exports them); this crate holds only the thin entry points, the
+//! and `txoutbox_runtime` (which re-export them); this crate holds only the thin entry points, the
 //! work happens in one module per macro (parse, validate, expand).
 
 use proc_macro::TokenStream;
@@ -7,6 +7,7 @@ use proc_macro::TokenStream;
 mod domain_event;
 mod event_handler;
 mod outbox_handler;
+mod saga;
 
 /// Derives `txoutbox_core::DomainEvent` for a struct with named fields.
 ///
@@ -28,10 +29,55 @@ mod outbox_handler;
 ///
 /// Every attribute, its default and the errors it can produce are listed in
 /// `docs/attributes.md`.
-#[proc_macro_derive(DomainEvent, attributes(event, event_id, partition_key, aggregate_id))]
+///
+/// (`command` is accepted as a helper attribute only to report it: it belongs
+/// to `#[derive(Command)]`.)
+#[proc_macro_derive(
+    DomainEvent,
+    attributes(event, command, event_id, partition_key, aggregate_id)
+)]
 pub fn derive_domain_event(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
-    domain_event::derive(&input).into()
+    domain_event::derive(&input, domain_event::Kind::Event).into()
+}
+
+/// Derives `txoutbox_core::DomainEvent` for a command: a message addressed to
+/// one service, on the topic that service consumes (e.g. `inventory.commands`).
+///
+/// Declared like an event, with `#[command(...)]` instead of `#[event(...)]`
+/// and `command_type` (default: the struct name) instead of `event_type`; the
+/// field markers and their defaults are the same. A command is recorded with
+/// `Events::record` and dispatched to handlers exactly like an event
+/// (`EVENT_TYPE` is the command type); the schema export lists it as a command
+/// (`x-kind: command`).
+///
+/// ```
+/// use txoutbox_core::{Command, DomainEvent};
+/// use schemars::JsonSchema;
+/// use serde::Serialize;
+/// use uuid::Uuid;
+///
+/// #[derive(Command, Serialize, JsonSchema)]
+/// #[command(topic = "inventory.commands", aggregate = "Stock")]
+/// pub struct ReserveStock {
+///     #[event_id] pub command_id: Uuid,
+///     #[partition_key] pub sku: String,
+///     pub quantity: u32,
+/// }
+///
+/// assert_eq!(<ReserveStock as DomainEvent>::TOPIC, "inventory.commands");
+/// assert_eq!(<ReserveStock as DomainEvent>::EVENT_TYPE, "ReserveStock");
+/// ```
+///
+/// (`event` is accepted as a helper attribute only to report it.) The
+/// attributes and errors are listed in `docs/attributes.md`.
+#[proc_macro_derive(
+    Command,
+    attributes(command, event, event_id, partition_key, aggregate_id)
+)]
+pub fn derive_command(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    domain_event::derive(&input, domain_event::Kind::Command).into()
 }
 
 /// Turns an async command handler into a unit of work: one transaction for
@@ -105,6 +151,40 @@ pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     event_handler::event_handler(args.into(), item.into()).into()
+}
+
+/// Turns the impl block of a saga's state type into a saga: one consumer-side
+/// handler per `async fn` (loading the saga's state by the message's
+/// correlation field, running the fn, saving the state in the consumer's
+/// transaction) and an impl of `txoutbox_runtime::saga::Saga` that registers
+/// them. Use it as `txoutbox_runtime::saga::saga`.
+///
+/// ```ignore
+/// #[saga(
+///     name = "order_fulfilment",         // optional; default: the type name in snake_case
+///     id = Uuid,                         // the saga id's type (`ToString`)
+///     correlate = order_id,              // the messages' field holding the saga id
+///     starts_with(OrderCreated),         // messages that start a saga
+///     handles(PaymentCompleted, PaymentTimedOut), // messages that move it on
+/// )]
+/// impl OrderFulfilment {
+///     // A start handler: no `self`, returns the new state.
+///     async fn on_order_created(event: OrderCreated, ctx: &mut SagaContext<'_>) -> Result<Self, MyError> { .. }
+///     // A step handler: `&mut self`; `ctx` is optional.
+///     async fn on_paid(&mut self, event: PaymentCompleted) -> Result<(), MyError> { .. }
+///     // Correlated by another field than the saga's default.
+///     #[correlate(saga_id)]
+///     async fn on_timeout(&mut self, event: PaymentTimedOut, ctx: &mut SagaContext<'_>) -> Result<(), MyError> { .. }
+///     // Non-async fns are left alone.
+///     fn total(&self) -> i64 { 0 }
+/// }
+/// ```
+///
+/// Every mistake in the attribute and the handlers is reported in one compile
+/// (see the section "Compile-time checks" of `docs/saga.md`).
+#[proc_macro_attribute]
+pub fn saga(args: TokenStream, item: TokenStream) -> TokenStream {
+    saga::saga(args.into(), item.into()).into()
 }
 
 /// `tokens` with every token's span set to `span`, so that a path the user

@@ -16,7 +16,7 @@ use schemars::transform::{
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::EventDescriptor;
+use super::{EventDescriptor, MessageKind};
 use crate::wire;
 
 /// Version of the AsyncAPI Kafka bindings used for channels and messages.
@@ -274,6 +274,10 @@ struct Message {
     aggregate_type: String,
     #[serde(rename = "x-partition-key")]
     partition_key: String,
+    /// `command` for a `#[derive(Command)]` type; absent for events, which
+    /// are what a message is unless it says otherwise.
+    #[serde(rename = "x-kind", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
 }
 
 impl Message {
@@ -281,10 +285,16 @@ impl Message {
         Self {
             name: d.event_type.to_owned(),
             title: d.event_type.to_owned(),
-            summary: format!(
-                "`{}` event of aggregate `{}`, keyed by `{}`.",
-                d.event_type, d.aggregate_type, d.partition_key_field
-            ),
+            summary: match d.kind {
+                MessageKind::Event => format!(
+                    "`{}` event of aggregate `{}`, keyed by `{}`.",
+                    d.event_type, d.aggregate_type, d.partition_key_field
+                ),
+                MessageKind::Command => format!(
+                    "`{}` command to aggregate `{}`, keyed by `{}`.",
+                    d.event_type, d.aggregate_type, d.partition_key_field
+                ),
+            },
             content_type: wire::CONTENT_TYPE_JSON,
             headers: headers_schema(d),
             payload,
@@ -300,6 +310,7 @@ impl Message {
             topic: d.topic.to_owned(),
             aggregate_type: d.aggregate_type.to_owned(),
             partition_key: d.partition_key_field.to_owned(),
+            kind: (d.kind == MessageKind::Command).then_some(MessageKind::Command.as_str()),
         }
     }
 }

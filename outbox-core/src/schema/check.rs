@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use super::json::{X_AGGREGATE_TYPE, X_PARTITION_KEY};
+use super::json::{X_AGGREGATE_TYPE, X_KIND, X_PARTITION_KEY};
 
 /// Every way a directory differs from what the code generates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +95,7 @@ pub(super) fn incompatibilities(old: &str, new: &str) -> Vec<String> {
     for (keyword, what) in [
         (X_PARTITION_KEY, "partition key field"),
         (X_AGGREGATE_TYPE, "aggregate type"),
+        (X_KIND, "message kind"),
     ] {
         if old.get(keyword) != new.get(keyword) {
             notes.push(format!(

@@ -3,8 +3,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::EventDescriptor;
 use super::export::ExportProblem;
+use super::{EventDescriptor, MessageKind};
 use crate::wire;
 
 /// Meta-schema URI of JSON Schema draft 2020-12.
@@ -15,6 +15,9 @@ pub(super) const X_TOPIC: &str = "x-topic";
 pub(super) const X_EVENT_TYPE: &str = "x-event-type";
 pub(super) const X_AGGREGATE_TYPE: &str = "x-aggregate-type";
 pub(super) const X_PARTITION_KEY: &str = "x-partition-key";
+/// `"command"` on the schema of a `#[derive(Command)]` type; events carry no
+/// `x-kind` (so the files of existing events do not change).
+pub(super) const X_KIND: &str = "x-kind";
 
 /// Builds the annotated draft 2020-12 schema of one event, with `$id` = `id`.
 pub(super) fn event_schema(event: &EventDescriptor, id: &str) -> Result<Value, ExportProblem> {
@@ -56,6 +59,9 @@ pub(super) fn event_schema(event: &EventDescriptor, id: &str) -> Result<Value, E
     schema.insert(X_EVENT_TYPE.into(), event.event_type.into());
     schema.insert(X_AGGREGATE_TYPE.into(), event.aggregate_type.into());
     schema.insert(X_PARTITION_KEY.into(), event.partition_key_field.into());
+    if event.kind == MessageKind::Command {
+        schema.insert(X_KIND.into(), MessageKind::Command.as_str().into());
+    }
     Ok(Value::Object(schema))
 }
 

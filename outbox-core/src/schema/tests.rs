@@ -78,6 +78,7 @@ const fn descriptor<E: DomainEvent + JsonSchema>(rust_type: &'static str) -> Eve
         aggregate_type: E::AGGREGATE_TYPE,
         partition_key_field: E::PARTITION_KEY_FIELD,
         rust_type,
+        kind: MessageKind::Event,
         schema: json_schema_for::<E>,
     }
 }
@@ -568,4 +569,45 @@ fn yaml_to_json(text: &str) -> Value {
     let docs = yaml_rust2::YamlLoader::load_from_str(text).expect("valid YAML");
     assert_eq!(docs.len(), 1, "one document");
     convert(&docs[0])
+}
+
+#[test]
+fn commands_are_marked_in_the_schema_file_and_the_document() {
+    static RESERVE: EventDescriptor = EventDescriptor {
+        topic: "test.inventory.commands",
+        event_type: "ReserveStock",
+        aggregate_type: "Stock",
+        kind: MessageKind::Command,
+        ..descriptor::<OrderPlaced>("tests::ReserveStock")
+    };
+    let export = SchemaExport::from_descriptors(&[&ORDER_PLACED, &RESERVE]).unwrap();
+
+    let command = json_file(&export, "test.inventory.commands/ReserveStock.json");
+    assert_eq!(command["x-kind"], "command");
+    assert_eq!(command["x-event-type"], "ReserveStock");
+    let event = json_file(&export, "test.orders/OrderPlaced.json");
+    assert!(event.get("x-kind").is_none(), "{event}");
+
+    let doc: Value = yaml_to_json(export.file("asyncapi.yaml").unwrap());
+    let messages = &doc["components"]["messages"];
+    let command = &messages["test.inventory.commands.ReserveStock"];
+    assert_eq!(command["x-kind"], "command");
+    assert_eq!(
+        command["summary"],
+        "`ReserveStock` command to aggregate `Stock`, keyed by `order_id`."
+    );
+    assert_eq!(
+        doc["channels"]["test.inventory.commands"]["messages"]["ReserveStock"]["$ref"],
+        "#/components/messages/test.inventory.commands.ReserveStock"
+    );
+    assert!(messages["test.orders.OrderPlaced"].get("x-kind").is_none());
+
+    // Turning an event into a command (or back) changes who owns the topic.
+    let old = export.file("test.orders/OrderPlaced.json").unwrap();
+    let mut new: Value = serde_json::from_str(old).unwrap();
+    new["x-kind"] = json!("command");
+    assert_eq!(
+        incompatibilities(old, &new.to_string()),
+        ["message kind changed from none to \"command\""]
+    );
 }

@@ -4,8 +4,8 @@
 use proc_macro2::Span;
 use syn::spanned::Spanned;
 
-use super::Errors;
 use super::attr::{Container, FieldAttrs};
+use super::{Errors, Kind};
 
 pub(crate) struct Input<'a> {
     pub ident: &'a syn::Ident,
@@ -31,8 +31,8 @@ pub(crate) struct Field<'a> {
 }
 
 impl<'a> Input<'a> {
-    pub(crate) fn from_syn(input: &'a syn::DeriveInput, errors: &mut Errors) -> Self {
-        let attrs = Container::from_attrs(&input.attrs, errors);
+    pub(crate) fn from_syn(input: &'a syn::DeriveInput, kind: Kind, errors: &mut Errors) -> Self {
+        let attrs = Container::from_attrs(&input.attrs, kind, errors);
         let shape = match &input.data {
             syn::Data::Struct(data) => match &data.fields {
                 syn::Fields::Named(named) => Shape::Named(
@@ -43,7 +43,7 @@ impl<'a> Input<'a> {
                             // Named fields always have an ident.
                             ident: field.ident.as_ref().expect("named field"),
                             ty: &field.ty,
-                            attrs: FieldAttrs::from_attrs(&field.attrs, errors),
+                            attrs: FieldAttrs::from_attrs(&field.attrs, kind, errors),
                         })
                         .collect(),
                 ),

@@ -11,11 +11,8 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, Lit, LitStr, Meta, Token};
 
-use super::Errors;
 use super::case::RenameRule;
-
-/// Keys accepted in `#[event(...)]`, in the order the docs list them.
-pub(crate) const CONTAINER_KEYS: &[&str] = &["topic", "event_type", "aggregate", "crate"];
+use super::{Errors, Kind};
 
 /// Field marker attributes, for messages.
 const FIELD_MARKERS: &str = "`#[event_id]`, `#[partition_key]` or `#[aggregate_id]`";
@@ -37,11 +34,13 @@ impl<T> Default for Key<T> {
 }
 
 /// What the struct-level attributes say.
-#[derive(Default)]
 pub(crate) struct Container<'a> {
-    /// The first `#[event(...)]` attribute, for "missing key" messages.
+    /// Which derive reads them.
+    pub kind: Kind,
+    /// The first `#[event(...)]` (`#[command(...)]`) attribute, for "missing key" messages.
     pub event_attr: Option<&'a Attribute>,
     pub topic: Key<LitStr>,
+    /// `event_type` (`command_type` for a command).
     pub event_type: Key<LitStr>,
     pub aggregate: Key<LitStr>,
     pub krate: Key<syn::Path>,
@@ -56,12 +55,38 @@ pub(crate) struct Container<'a> {
 }
 
 impl<'a> Container<'a> {
-    pub(crate) fn from_attrs(attrs: &'a [Attribute], errors: &mut Errors) -> Self {
-        let mut container = Container::default();
+    pub(crate) fn from_attrs(attrs: &'a [Attribute], kind: Kind, errors: &mut Errors) -> Self {
+        let mut container = Container {
+            kind,
+            event_attr: None,
+            topic: Key::default(),
+            event_type: Key::default(),
+            aggregate: Key::default(),
+            krate: Key::default(),
+            rename_all: None,
+            malformed: false,
+            misspelt: Vec::new(),
+        };
         for attr in attrs {
-            if attr.path().is_ident("event") {
+            if attr.path().is_ident(kind.attr()) {
                 container.event_attr.get_or_insert(attr);
                 container.parse_event(attr, errors);
+            } else if attr.path().is_ident(kind.other().attr()) {
+                // The other derive's attribute: say which one this derive reads,
+                // and count it as that one so its keys are not also "missing".
+                let (this, other) = (kind.attr(), kind.other().attr());
+                errors.spanned(
+                    attr.path(),
+                    format!(
+                        "`#[derive({})]` is configured with `#[{this}(...)]`, not `#[{other}(...)]`\n\
+                         help: rename the attribute to `#[{this}(...)]`{}, or derive `{}` instead",
+                        kind.derive(),
+                        kind.rename_hint(),
+                        kind.other().derive(),
+                    ),
+                );
+                container.event_attr.get_or_insert(attr);
+                container.malformed = true;
             } else if attr.path().is_ident("serde") {
                 if let Some(rule) = serde_rename_all(attr) {
                     container.rename_all = Some(rule);
@@ -85,7 +110,10 @@ impl<'a> Container<'a> {
             other => {
                 errors.spanned(
                     other,
-                    "expected `#[event(topic = \"...\", aggregate = \"...\")]`",
+                    format!(
+                        "expected `#[{}(topic = \"...\", aggregate = \"...\")]`",
+                        self.kind.attr()
+                    ),
                 );
                 self.malformed = true;
                 return;
@@ -97,8 +125,11 @@ impl<'a> Container<'a> {
                 errors.at(
                     error.span(),
                     format!(
-                        "{error}\nhelp: write `#[event(key = \"value\", ...)]`, e.g. \
-                         `#[event(topic = \"order.events\", aggregate = \"Order\")]`"
+                        "{error}\nhelp: write `#[{attr}(key = \"value\", ...)]`, e.g. \
+                         `#[{attr}(topic = \"{topic}\", aggregate = \"{aggregate}\")]`",
+                        attr = self.kind.attr(),
+                        topic = self.kind.example_topic(),
+                        aggregate = self.kind.example_aggregate(),
                     ),
                 );
                 self.malformed = true;
@@ -116,10 +147,13 @@ impl<'a> Container<'a> {
             .get_ident()
             .map(ToString::to_string)
             .unwrap_or_else(|| quote!(#path).to_string().replace(' ', ""));
+        let kind = self.kind;
         match name.as_str() {
-            "topic" => set_key(&mut self.topic, item, &name, "order.events", errors),
-            "event_type" => set_key(&mut self.event_type, item, &name, "OrderCreated", errors),
-            "aggregate" => set_key(&mut self.aggregate, item, &name, "Order", errors),
+            "topic" => set_key(&mut self.topic, item, &name, kind, errors),
+            key if key == kind.type_key() => {
+                set_key(&mut self.event_type, item, &name, kind, errors);
+            }
+            "aggregate" => set_key(&mut self.aggregate, item, &name, kind, errors),
             "crate" => {
                 // The value is a path inside a string (serde's convention), so
                 // it goes through a string slot first.
@@ -127,7 +161,7 @@ impl<'a> Container<'a> {
                     present: self.krate.present,
                     value: None,
                 };
-                set_key(&mut lit, item, &name, "my_app::outbox", errors);
+                set_key(&mut lit, item, &name, kind, errors);
                 self.krate.present = lit.present;
                 if let Some(lit) = lit.value {
                     match lit.parse::<syn::Path>() {
@@ -141,15 +175,21 @@ impl<'a> Container<'a> {
                 }
             }
             _ => {
+                let keys = kind.keys();
                 let mut message = format!(
-                    "unknown key `{name}` in `#[event(...)]`; valid keys are {}",
-                    CONTAINER_KEYS
-                        .iter()
+                    "unknown key `{name}` in `#[{}(...)]`; valid keys are {}",
+                    kind.attr(),
+                    keys.iter()
                         .map(|k| format!("`{k}`"))
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
-                if let Some(close) = closest(&name, CONTAINER_KEYS) {
+                let close = if name == kind.other().type_key() {
+                    Some(kind.type_key())
+                } else {
+                    closest(&name, keys)
+                };
+                if let Some(close) = close {
                     message.push_str(&format!("\nhelp: did you mean `{close}`?"));
                     self.misspelt.push(close);
                 }
@@ -161,12 +201,14 @@ impl<'a> Container<'a> {
 
 /// Stores the string value of `key = "..."` into `slot`, reporting duplicates
 /// and values of the wrong form (`topic`, `topic(...)`, `topic = 5`).
-fn set_key(slot: &mut Key<LitStr>, item: &Meta, name: &str, example: &str, errors: &mut Errors) {
+fn set_key(slot: &mut Key<LitStr>, item: &Meta, name: &str, kind: Kind, errors: &mut Errors) {
+    let example = kind.example(name);
     if slot.present.is_some() {
         errors.spanned(
             item.path(),
             format!(
-                "duplicate `{name}` in `#[event(...)]`\nhelp: keep only one `{name} = \"...\"`"
+                "duplicate `{name}` in `#[{}(...)]`\nhelp: keep only one `{name} = \"...\"`",
+                kind.attr()
             ),
         );
         return;
@@ -206,7 +248,7 @@ pub(crate) struct FieldAttrs {
 }
 
 impl FieldAttrs {
-    pub(crate) fn from_attrs(attrs: &[Attribute], errors: &mut Errors) -> Self {
+    pub(crate) fn from_attrs(attrs: &[Attribute], kind: Kind, errors: &mut Errors) -> Self {
         let mut field = FieldAttrs::default();
         for attr in attrs {
             if let Some(marker) = field_marker(attr) {
@@ -216,11 +258,14 @@ impl FieldAttrs {
                     _ => &mut field.aggregate_id,
                 };
                 parse_marker(attr, marker, slot, errors);
-            } else if attr.path().is_ident("event") {
+            } else if let Some(container) = [kind.attr(), kind.other().attr()]
+                .into_iter()
+                .find(|name| attr.path().is_ident(name))
+            {
                 errors.spanned(
                     attr,
                     format!(
-                        "`#[event(...)]` goes on the struct, not on a field\n\
+                        "`#[{container}(...)]` goes on the struct, not on a field\n\
                          help: on fields use {FIELD_MARKERS}"
                     ),
                 );
@@ -322,7 +367,7 @@ fn skip_value(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
 
 /// The valid key closest to a mistyped one, if it is close enough to be a typo
 /// (or a well-known alias like `aggregate_type`).
-fn closest(name: &str, valid: &[&'static str]) -> Option<&'static str> {
+pub(crate) fn closest(name: &str, valid: &[&'static str]) -> Option<&'static str> {
     if let Some(hit) = valid
         .iter()
         .find(|v| name.starts_with(*v) || v.starts_with(name))
@@ -360,10 +405,15 @@ mod tests {
 
     #[test]
     fn suggests_close_keys() {
-        assert_eq!(closest("topc", CONTAINER_KEYS), Some("topic"));
-        assert_eq!(closest("aggregate_type", CONTAINER_KEYS), Some("aggregate"));
-        assert_eq!(closest("eventtype", CONTAINER_KEYS), Some("event_type"));
-        assert_eq!(closest("partition", CONTAINER_KEYS), None);
+        let keys = Kind::Event.keys();
+        assert_eq!(closest("topc", keys), Some("topic"));
+        assert_eq!(closest("aggregate_type", keys), Some("aggregate"));
+        assert_eq!(closest("eventtype", keys), Some("event_type"));
+        assert_eq!(closest("partition", keys), None);
+        assert_eq!(
+            closest("commandtype", Kind::Command.keys()),
+            Some("command_type")
+        );
     }
 
     #[test]

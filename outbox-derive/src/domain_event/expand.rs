@@ -10,9 +10,9 @@ use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
-use super::Errors;
 use super::ast::{Field, Input};
 use super::valid::Event;
+use super::{Errors, Kind};
 
 pub(crate) fn expand(input: &Input<'_>, event: &Event<'_>, errors: Errors) -> TokenStream {
     let complete = errors.is_empty();
@@ -53,7 +53,7 @@ pub(crate) fn expand(input: &Input<'_>, event: &Event<'_>, errors: Errors) -> To
     };
 
     let registration = if complete {
-        register(ident, krate)
+        register(ident, krate, event.kind)
     } else {
         TokenStream::new()
     };
@@ -99,9 +99,14 @@ fn field_call(field: &Field<'_>, trait_path: TokenStream, method: &str) -> Token
     quote!(#call(&self.#member))
 }
 
-/// Registers the event for the schema export (`txoutbox_core::schema::registered_events`).
-fn register(ident: &syn::Ident, krate: &syn::Path) -> TokenStream {
+/// Registers the event (or command) for the schema export
+/// (`txoutbox_core::schema::registered_events`).
+fn register(ident: &syn::Ident, krate: &syn::Path, kind: Kind) -> TokenStream {
     let name = ident.unraw().to_string();
+    let kind = match kind {
+        Kind::Event => quote!(#krate::schema::MessageKind::Event),
+        Kind::Command => quote!(#krate::schema::MessageKind::Command),
+    };
     quote! {
         const _: () = {
             fn schema() -> #krate::__private::schemars::Schema {
@@ -114,6 +119,7 @@ fn register(ident: &syn::Ident, krate: &syn::Path) -> TokenStream {
                     aggregate_type: <#ident as #krate::DomainEvent>::AGGREGATE_TYPE,
                     partition_key_field: <#ident as #krate::DomainEvent>::PARTITION_KEY_FIELD,
                     rust_type: ::core::concat!(::core::module_path!(), "::", #name),
+                    kind: #kind,
                     schema,
                 }
             }

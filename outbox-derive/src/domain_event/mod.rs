@@ -1,5 +1,10 @@
-//! `#[derive(DomainEvent)]`: parse ([`ast`], [`attr`]) → check ([`valid`]) →
-//! generate ([`expand`]).
+//! `#[derive(DomainEvent)]` and `#[derive(Command)]`: parse ([`ast`], [`attr`])
+//! → check ([`valid`]) → generate ([`expand`]).
+//!
+//! A command is declared with the same vocabulary as an event (only the
+//! attribute is `#[command(...)]` and `event_type` is `command_type`) and gets
+//! the same `DomainEvent` impl; [`Kind`] carries the difference through the
+//! pipeline: the words of the messages and the registry entry.
 //!
 //! Errors never stop the pipeline: every stage records what it could not accept
 //! in [`Errors`] and goes on with what it could, so one compile reports every
@@ -12,15 +17,114 @@ mod case;
 mod expand;
 mod valid;
 
+pub(crate) use attr::closest;
+
 use proc_macro2::TokenStream;
 
 /// Runs the derive on one item; always returns tokens (the impl, plus
 /// `compile_error!`s if something was wrong).
-pub(crate) fn derive(input: &syn::DeriveInput) -> TokenStream {
+pub(crate) fn derive(input: &syn::DeriveInput, kind: Kind) -> TokenStream {
     let mut errors = Errors::default();
-    let parsed = ast::Input::from_syn(input, &mut errors);
+    let parsed = ast::Input::from_syn(input, kind, &mut errors);
     let event = valid::check(&parsed, &mut errors);
     expand::expand(&parsed, &event, errors)
+}
+
+/// Which derive runs: they differ only in words and in the registry entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `#[derive(DomainEvent)]`, configured by `#[event(...)]`.
+    Event,
+    /// `#[derive(Command)]`, configured by `#[command(...)]`.
+    Command,
+}
+
+impl Kind {
+    pub(crate) fn other(self) -> Self {
+        match self {
+            Kind::Event => Kind::Command,
+            Kind::Command => Kind::Event,
+        }
+    }
+
+    /// The derive's name.
+    pub(crate) fn derive(self) -> &'static str {
+        match self {
+            Kind::Event => "DomainEvent",
+            Kind::Command => "Command",
+        }
+    }
+
+    /// The struct-level attribute.
+    pub(crate) fn attr(self) -> &'static str {
+        match self {
+            Kind::Event => "event",
+            Kind::Command => "command",
+        }
+    }
+
+    pub(crate) fn noun(self) -> &'static str {
+        self.attr()
+    }
+
+    /// The noun with its article, "an event" / "a command".
+    pub(crate) fn a_noun(self) -> &'static str {
+        match self {
+            Kind::Event => "an event",
+            Kind::Command => "a command",
+        }
+    }
+
+    /// The key naming the message type.
+    pub(crate) fn type_key(self) -> &'static str {
+        match self {
+            Kind::Event => "event_type",
+            Kind::Command => "command_type",
+        }
+    }
+
+    /// Keys accepted in the struct-level attribute, in the order the docs list them.
+    pub(crate) fn keys(self) -> &'static [&'static str] {
+        match self {
+            Kind::Event => &["topic", "event_type", "aggregate", "crate"],
+            Kind::Command => &["topic", "command_type", "aggregate", "crate"],
+        }
+    }
+
+    pub(crate) fn example_topic(self) -> &'static str {
+        match self {
+            Kind::Event => "order.events",
+            Kind::Command => "inventory.commands",
+        }
+    }
+
+    pub(crate) fn example_aggregate(self) -> &'static str {
+        match self {
+            Kind::Event => "Order",
+            Kind::Command => "Stock",
+        }
+    }
+
+    /// An example value for a key, for "expects a string" hints.
+    pub(crate) fn example(self, key: &str) -> &'static str {
+        match key {
+            "topic" => self.example_topic(),
+            "aggregate" => self.example_aggregate(),
+            "crate" => "my_app::outbox",
+            _ => match self {
+                Kind::Event => "OrderCreated",
+                Kind::Command => "ReserveStock",
+            },
+        }
+    }
+
+    /// What else changes when the attribute is renamed to this kind's.
+    pub(crate) fn rename_hint(self) -> &'static str {
+        match self {
+            Kind::Event => " (with `event_type` instead of `command_type`)",
+            Kind::Command => " (with `command_type` instead of `event_type`)",
+        }
+    }
 }
 
 /// Accumulates the errors of one item.
@@ -54,6 +158,12 @@ impl Errors {
         self.0.is_none()
     }
 
+    /// The errors so far (for tests that read their messages).
+    #[cfg(test)]
+    pub(crate) fn clone_inner(&self) -> Option<syn::Error> {
+        self.0.clone()
+    }
+
     pub(crate) fn into_compile_errors(self) -> TokenStream {
         self.0.map(|e| e.to_compile_error()).unwrap_or_default()
     }
@@ -66,9 +176,13 @@ mod tests {
     /// The messages (first line) of every error the derive reports for `input`,
     /// and the expansion.
     fn run(input: TokenStream) -> (Vec<String>, String) {
+        run_as(Kind::Event, input)
+    }
+
+    fn run_as(kind: Kind, input: TokenStream) -> (Vec<String>, String) {
         let input: syn::DeriveInput = syn::parse2(input).unwrap();
         let mut errors = Errors::default();
-        let parsed = ast::Input::from_syn(&input, &mut errors);
+        let parsed = ast::Input::from_syn(&input, kind, &mut errors);
         let event = valid::check(&parsed, &mut errors);
         let messages = errors
             .0
@@ -170,5 +284,97 @@ mod tests {
         });
         assert_eq!(errors.len(), 1);
         assert!(expansion.is_empty(), "{expansion}");
+    }
+
+    #[test]
+    fn a_command_is_a_domain_event_registered_as_a_command() {
+        let (errors, expansion) = run_as(
+            Kind::Command,
+            quote::quote! {
+                #[command(topic = "inventory.commands", aggregate = "Stock")]
+                struct ReserveStock { event_id: Uuid, #[partition_key] sku: String }
+            },
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(
+            expansion.contains("impl :: txoutbox_core :: DomainEvent for ReserveStock"),
+            "{expansion}"
+        );
+        assert!(
+            expansion.contains("const EVENT_TYPE : & 'static str = \"ReserveStock\""),
+            "{expansion}"
+        );
+        assert!(
+            expansion.contains("kind : :: txoutbox_core :: schema :: MessageKind :: Command"),
+            "{expansion}"
+        );
+
+        let (errors, expansion) = run_as(
+            Kind::Command,
+            quote::quote! {
+                #[command(topic = "t", aggregate = "A", command_type = "stock.reserve")]
+                struct ReserveStock { event_id: Uuid, #[partition_key] sku: String }
+            },
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(expansion.contains("const EVENT_TYPE : & 'static str = \"stock.reserve\""));
+        let (_, event) = run(quote::quote! {
+            #[event(topic = "t", aggregate = "A")]
+            struct E { event_id: Uuid, #[partition_key] k: String }
+        });
+        assert!(event.contains("MessageKind :: Event"), "{event}");
+    }
+
+    #[test]
+    fn the_other_derives_attribute_is_reported_once_with_a_hint() {
+        let (errors, _) = run_as(
+            Kind::Command,
+            quote::quote! {
+                #[event(topic = "inventory.commands", aggregate = "Stock")]
+                struct ReserveStock { event_id: Uuid, #[partition_key] sku: String }
+            },
+        );
+        assert_eq!(
+            errors,
+            ["`#[derive(Command)]` is configured with `#[command(...)]`, not `#[event(...)]`"]
+        );
+        let (errors, _) = run(quote::quote! {
+            #[command(topic = "t", aggregate = "A")]
+            struct E { event_id: Uuid, #[partition_key] k: String }
+        });
+        assert_eq!(
+            errors,
+            ["`#[derive(DomainEvent)]` is configured with `#[event(...)]`, not `#[command(...)]`"]
+        );
+    }
+
+    #[test]
+    fn command_messages_use_the_command_vocabulary() {
+        let (errors, _) = run_as(
+            Kind::Command,
+            quote::quote! {
+                #[command(topic = "t", aggregate = "A", event_type = "X", command_type = "")]
+                struct C { event_id: Uuid, #[partition_key] k: String }
+            },
+        );
+        assert_eq!(
+            errors,
+            [
+                "unknown key `event_type` in `#[command(...)]`; valid keys are `topic`, \
+                 `command_type`, `aggregate`, `crate`",
+                "`command_type` must not be empty",
+            ]
+        );
+        let (errors, _) = run_as(
+            Kind::Command,
+            quote::quote! { struct C<'a> { event_id: Uuid, #[partition_key] k: &'a str } },
+        );
+        assert_eq!(
+            errors,
+            [
+                "commands cannot borrow data: `DomainEvent` requires `'static`",
+                "missing `#[command(topic = \"...\", aggregate = \"...\")]` on the command struct",
+            ]
+        );
     }
 }

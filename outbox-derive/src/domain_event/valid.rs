@@ -7,8 +7,8 @@
 
 use syn::ext::IdentExt;
 
-use super::Errors;
 use super::ast::{Field, Input, Shape};
+use super::{Errors, Kind};
 
 /// What the expansion needs, as far as it could be established.
 pub(crate) struct Event<'a> {
@@ -16,6 +16,8 @@ pub(crate) struct Event<'a> {
     pub krate: syn::Path,
     pub topic: Option<String>,
     pub event_type: String,
+    /// Event or command: decides how the schema registry lists it.
+    pub kind: Kind,
     pub aggregate: Option<String>,
     pub event_id: Option<&'a Field<'a>>,
     /// The partition key field and its serialized name.
@@ -24,10 +26,17 @@ pub(crate) struct Event<'a> {
     pub aggregate_id: Option<&'a Field<'a>>,
 }
 
-const SUPPORTED: &str =
-    "`#[derive(DomainEvent)]` supports structs with named fields and no generic parameters";
+fn supported(kind: Kind) -> String {
+    format!(
+        "`#[derive({})]` supports structs with named fields and no generic parameters",
+        kind.derive()
+    )
+}
 
 pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> {
+    let kind = input.attrs.kind;
+    let (noun, derive, attr) = (kind.noun(), kind.derive(), kind.attr());
+    let supported = supported(kind);
     check_generics(input, errors);
     let attrs = &input.attrs;
     let struct_name = input.ident.unraw().to_string();
@@ -35,19 +44,22 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
     if attrs.event_attr.is_none() {
         errors.spanned(
             input.ident,
-            "missing `#[event(topic = \"...\", aggregate = \"...\")]` on the event struct\n\
-             help: `topic` (the Kafka topic) and `aggregate` (the aggregate type, e.g. \"Order\") \
-             are required",
+            format!(
+                "missing `#[{attr}(topic = \"...\", aggregate = \"...\")]` on the {noun} struct\n\
+                 help: `topic` (the Kafka topic) and `aggregate` (the aggregate type, e.g. \"{}\") \
+                 are required",
+                kind.example_aggregate()
+            ),
         );
     }
     let missing_key = |errors: &mut Errors, key: &str, help: &str| {
         if attrs.malformed || attrs.misspelt.contains(&key) {
             return;
         }
-        if let Some(attr) = attrs.event_attr {
+        if let Some(written) = attrs.event_attr {
             errors.spanned(
-                attr,
-                format!("missing `{key}` in `#[event(...)]`\nhelp: {help}"),
+                written,
+                format!("missing `{key}` in `#[{attr}(...)]`\nhelp: {help}"),
             );
         }
     };
@@ -56,7 +68,10 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         missing_key(
             errors,
             "topic",
-            "add the Kafka topic, e.g. `topic = \"order.events\"`",
+            &format!(
+                "add the Kafka topic, e.g. `topic = \"{}\"`",
+                kind.example_topic()
+            ),
         );
     }
     let topic = attrs.topic.value.as_ref().and_then(|lit| {
@@ -73,7 +88,7 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
     let event_type = match &attrs.event_type.value {
         Some(lit) => {
             let value = lit.value();
-            if let Some(problem) = event_type_problem(&value, &struct_name) {
+            if let Some(problem) = event_type_problem(&value, &struct_name, kind) {
                 errors.spanned(lit, problem);
             }
             value
@@ -85,8 +100,11 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         missing_key(
             errors,
             "aggregate",
-            "name the aggregate type the event belongs to, e.g. `aggregate = \"Order\"`; \
-             it fills the `aggregate_type` column and header",
+            &format!(
+                "name the aggregate type the {noun} belongs to, e.g. `aggregate = \"{}\"`; \
+                 it fills the `aggregate_type` column and header",
+                kind.example_aggregate()
+            ),
         );
     }
     let aggregate = attrs.aggregate.value.as_ref().and_then(|lit| {
@@ -94,8 +112,11 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         if value.trim().is_empty() {
             errors.spanned(
                 lit,
-                "`aggregate` must not be empty\n\
-                 help: name the aggregate type the event belongs to, e.g. `aggregate = \"Order\"`",
+                format!(
+                    "`aggregate` must not be empty\n\
+                     help: name the aggregate type the {noun} belongs to, e.g. `aggregate = \"{}\"`",
+                    kind.example_aggregate()
+                ),
             );
             None
         } else {
@@ -113,6 +134,7 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         krate,
         topic,
         event_type,
+        kind,
         aggregate,
         event_id: None,
         partition_key: None,
@@ -123,49 +145,53 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         Shape::Tuple(span) => errors.at(
             *span,
             format!(
-                "`#[derive(DomainEvent)]` does not support tuple structs\n\
-                 help: {SUPPORTED}: the payload is a JSON object keyed by field name"
+                "`#[derive({derive})]` does not support tuple structs\n\
+                 help: {supported}: the payload is a JSON object keyed by field name"
             ),
         ),
         Shape::Unit(span) => errors.at(
             *span,
             format!(
-                "`#[derive(DomainEvent)]` does not support unit structs\n\
-                 help: {SUPPORTED}; an event needs at least an `event_id: Uuid` and a \
-                 `#[partition_key]` field"
+                "`#[derive({derive})]` does not support unit structs\n\
+                 help: {supported}; {} needs at least an `event_id: Uuid` and a \
+                 `#[partition_key]` field",
+                kind.a_noun()
             ),
         ),
         Shape::Enum(span) => errors.at(
             *span,
             format!(
-                "`#[derive(DomainEvent)]` does not support enums\n\
-                 help: {SUPPORTED}; declare one struct per event type"
+                "`#[derive({derive})]` does not support enums\n\
+                 help: {supported}; declare one struct per {noun} type"
             ),
         ),
         Shape::Union(span) => errors.at(
             *span,
-            format!("`#[derive(DomainEvent)]` does not support unions\nhelp: {SUPPORTED}"),
+            format!("`#[derive({derive})]` does not support unions\nhelp: {supported}"),
         ),
     }
     event
 }
 
 fn check_generics(input: &Input<'_>, errors: &mut Errors) {
+    let kind = input.attrs.kind;
+    let (noun, supported) = (kind.noun(), supported(kind));
     for param in &input.generics.params {
         match param {
             syn::GenericParam::Lifetime(def) => errors.spanned(
                 def,
                 format!(
-                    "events cannot borrow data: `DomainEvent` requires `'static`\n\
-                     help: {SUPPORTED}; remove `{}` and own the data (e.g. `String` instead of `&str`)",
+                    "{noun}s cannot borrow data: `DomainEvent` requires `'static`\n\
+                     help: {supported}; remove `{}` and own the data (e.g. `String` instead of `&str`)",
                     def.lifetime
                 ),
             ),
             syn::GenericParam::Type(_) | syn::GenericParam::Const(_) => errors.spanned(
                 param,
                 format!(
-                    "generic events are not supported: an event type has one topic and one JSON schema\n\
-                     help: {SUPPORTED}; use a concrete type instead of the parameter"
+                    "generic {noun}s are not supported: {} type has one topic and one JSON schema\n\
+                     help: {supported}; use a concrete type instead of the parameter",
+                    kind.a_noun()
                 ),
             ),
         }
@@ -324,22 +350,25 @@ pub(crate) fn kafka_topic_problem(topic: &str) -> Option<String> {
 /// Why `event_type` is unusable, if it is. It travels in a Kafka header and
 /// names a schema file (`schemas/<topic>/<event_type>.json`), so it must be a
 /// non-empty single token that is safe as a file name.
-fn event_type_problem(event_type: &str, struct_name: &str) -> Option<String> {
+fn event_type_problem(event_type: &str, struct_name: &str, kind: Kind) -> Option<String> {
+    let (key, noun) = (kind.type_key(), kind.noun());
     let help = format!(
-        "help: remove `event_type` to use the struct name `{struct_name}`, or write a name such \
-         as `event_type = \"{struct_name}\"`"
+        "help: remove `{key}` to use the struct name `{struct_name}`, or write a name such \
+         as `{key} = \"{struct_name}\"`"
     );
     if event_type.is_empty() {
-        return Some(format!("`event_type` must not be empty\n{help}"));
+        return Some(format!("`{key}` must not be empty\n{help}"));
     }
     if event_type == "." || event_type == ".." {
-        return Some(format!("`{event_type}` is not a usable event type\n{help}"));
+        return Some(format!(
+            "`{event_type}` is not a usable {noun} type\n{help}"
+        ));
     }
     let bad = event_type
         .chars()
         .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '\\'))?;
     Some(format!(
-        "invalid character {bad:?} in `event_type`: it names a schema file and travels in a \
+        "invalid character {bad:?} in `{key}`: it names a schema file and travels in a \
          header, so whitespace, control characters, `/` and `\\` are not allowed\n{help}"
     ))
 }
@@ -379,15 +408,26 @@ mod tests {
 
     #[test]
     fn event_types_must_be_file_name_safe() {
-        assert_eq!(event_type_problem("OrderCreated", "X"), None);
-        assert_eq!(event_type_problem("order.created.v1", "X"), None);
+        assert_eq!(event_type_problem("OrderCreated", "X", Kind::Event), None);
+        assert_eq!(
+            event_type_problem("order.created.v1", "X", Kind::Event),
+            None
+        );
         assert!(
-            event_type_problem("", "X")
+            event_type_problem("", "X", Kind::Event)
                 .unwrap()
                 .contains("must not be empty")
         );
-        assert!(event_type_problem("a b", "X").unwrap().contains("' '"));
-        assert!(event_type_problem("a/b", "X").unwrap().contains("'/'"));
-        assert!(event_type_problem("..", "X").is_some());
+        assert!(
+            event_type_problem("a b", "X", Kind::Event)
+                .unwrap()
+                .contains("' '")
+        );
+        assert!(
+            event_type_problem("a/b", "X", Kind::Event)
+                .unwrap()
+                .contains("'/'")
+        );
+        assert!(event_type_problem("..", "X", Kind::Event).is_some());
     }
 }

@@ -1,0 +1,158 @@
+//! Code generation for `#[saga]`: per handler, a hidden unit struct
+//! implementing `EventHandler` (loads the saga, runs the handler, saves), and
+//! the `Saga` impl that registers them all with a consumer.
+//!
+//! Hygiene: every path is absolute (`::core`, `::std`, the `txoutbox_runtime`
+//! path, overridable with `crate = "..."`), and the saga type is always named
+//! as `<Type>`.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
+
+use super::parse::HandlerKind;
+use super::validate::{Checked, Saga};
+
+pub(crate) fn expand(item: &syn::ItemImpl, saga: &Saga<'_>) -> TokenStream {
+    let runtime = &saga.runtime;
+    let self_ty = saga.self_ty;
+    let name = &saga.name;
+    let handlers: Vec<_> = saga.handlers.iter().map(|h| handler(saga, h)).collect();
+    let structs = saga.handlers.iter().map(|h| struct_ident(saga, h));
+    quote! {
+        #item
+
+        #(#handlers)*
+
+        #[automatically_derived]
+        impl #runtime::saga::Saga for #self_ty {
+            const NAME: &'static str = #name;
+
+            fn register(
+                consumer: #runtime::consumer::ConsumerBuilder,
+            ) -> #runtime::consumer::ConsumerBuilder {
+                consumer #(.handler(#structs))*
+            }
+        }
+    }
+}
+
+fn struct_ident(saga: &Saga<'_>, checked: &Checked<'_>) -> syn::Ident {
+    format_ident!(
+        "__saga_{}_{}",
+        saga.ident.unraw(),
+        checked.handler.ident.unraw()
+    )
+}
+
+fn handler(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
+    let runtime = &saga.runtime;
+    let private = quote!(#runtime::consumer::__private);
+    let saga_private = quote!(#runtime::saga::__private);
+    let self_ty = saga.self_ty;
+    let id = saga.id;
+    let message = checked.message;
+    let function = &checked.handler.ident;
+    let struct_ident = struct_ident(saga, checked);
+    let handler_name = format!("{}::{}", saga.ident.unraw(), function.unraw());
+
+    // The correlation, spanned on the field the user named (in `#[saga(correlate
+    // = ..)]` or `#[correlate(..)]`): a message without that field fails with
+    // rustc's "no field `order_id` on type `X`" there, and a field of another
+    // type with "mismatched types, expected `&Uuid`" there, the `id = Uuid`
+    // type being the "expected due to this".
+    let field = checked.correlate;
+    let correlation = quote_spanned! {field.span()=>
+        let __saga_id: &#id = &event.#field;
+    };
+
+    // Spanned on the handler's return type, so an error type without
+    // `Display` is reported there, once (as `#[event_handler]` does).
+    let output_span = checked.handler.output_span;
+    let call_private = crate::respanned(private.clone(), output_span);
+    let map_err = |call: TokenStream| {
+        quote_spanned! {output_span=>
+            ::core::result::Result::map_err(#call.await, #call_private::handler_error)?
+        }
+    };
+    let run = match (checked.handler.kind, checked.handler.with_ctx) {
+        (HandlerKind::Start, with_ctx) => {
+            let (condition, call) = if with_ctx {
+                (
+                    quote!(let ::core::option::Option::Some(__ctx) = __step.starting()),
+                    map_err(quote!(<#self_ty>::#function(event, __ctx))),
+                )
+            } else {
+                (
+                    quote!(__step.starting().is_some()),
+                    map_err(quote!(<#self_ty>::#function(event))),
+                )
+            };
+            quote! {
+                if #condition {
+                    let __state: #self_ty = #call;
+                    __step.started(__state);
+                }
+            }
+        }
+        (HandlerKind::Step, with_ctx) => {
+            let (binding, call) = if with_ctx {
+                (
+                    quote!((__state, __ctx)),
+                    map_err(quote!(<#self_ty>::#function(__state, event, __ctx))),
+                )
+            } else {
+                (
+                    quote!((__state, _)),
+                    map_err(quote!(<#self_ty>::#function(__state, event))),
+                )
+            };
+            quote! {
+                if let ::core::option::Option::Some(#binding) = __step.running() {
+                    #call;
+                }
+            }
+        }
+    };
+
+    quote! {
+        #[doc(hidden)]
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, Default)]
+        struct #struct_ident;
+
+        #private::inventory::submit! {
+            #runtime::consumer::HandlerDescriptor::__new(
+                <#message as #runtime::__private_core::DomainEvent>::TOPIC,
+                <#message as #runtime::__private_core::DomainEvent>::EVENT_TYPE,
+                #handler_name,
+            )
+        }
+
+        #[automatically_derived]
+        impl #runtime::consumer::EventHandler for #struct_ident {
+            type Event = #message;
+            const NAME: &'static str = #handler_name;
+
+            fn handle<'__outbox>(
+                &'__outbox self,
+                tx: &'__outbox mut #private::Transaction<'static, #private::Postgres>,
+                event: #message,
+                meta: &'__outbox #runtime::consumer::EventMeta,
+                events: &'__outbox mut #private::Events,
+            ) -> #private::BoxFuture<
+                '__outbox,
+                ::core::result::Result<(), #runtime::consumer::HandlerError>,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    #correlation
+                    let __saga_id = #saga_private::correlation(__saga_id);
+                    let mut __step =
+                        #saga_private::Step::<#self_ty>::load(tx, events, meta, __saga_id).await?;
+                    #run
+                    __step.save().await
+                })
+            }
+        }
+    }
+}

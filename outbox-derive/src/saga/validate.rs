@@ -1,0 +1,307 @@
+//! Checks across `#[saga(...)]` and the handlers, producing the [`Saga`] model
+//! that [`super::expand`] turns into code. Every check records its error and
+//! carries on, so one compile reports every mistake.
+
+use std::collections::HashMap;
+
+use proc_macro2::Span;
+use quote::ToTokens;
+use syn::Type;
+
+use super::parse::{
+    Args, Block, Declared, EXAMPLE, Handler, HandlerKind, START_SHAPE, STEP_SHAPE, snake_case,
+    type_key,
+};
+use crate::domain_event::Errors;
+
+/// A handler that passed every check, with its correlation field settled.
+pub(crate) struct Checked<'a> {
+    pub handler: &'a Handler,
+    pub message: &'a Type,
+    /// The field of the message holding the saga id (the handler's
+    /// `#[correlate(..)]`, else the saga's `correlate = ..`), spanned where
+    /// it was declared.
+    pub correlate: &'a syn::Ident,
+}
+
+/// What the expansion needs; only built when there were no errors.
+pub(crate) struct Saga<'a> {
+    pub self_ty: &'a Type,
+    pub ident: &'a syn::Ident,
+    pub name: String,
+    pub id: &'a Type,
+    pub runtime: proc_macro2::TokenStream,
+    pub handlers: Vec<Checked<'a>>,
+}
+
+pub(crate) fn check<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -> Option<Saga<'a>> {
+    let ident = block.ident.as_ref();
+    let name = check_name(args, ident, errors);
+    if args.id.is_none() && !args.seen.contains(&"id") {
+        errors.at(
+            Span::call_site(),
+            format!(
+                "missing `id` in `#[saga(...)]`: the type of the saga id, which the messages' \
+                 correlation fields hold\nhelp: add e.g. `id = Uuid`: {EXAMPLE}"
+            ),
+        );
+    }
+    if args.starts_with.is_empty() && !args.seen.contains(&"starts_with") {
+        let example = block
+            .handlers
+            .iter()
+            .find(|h| h.kind == HandlerKind::Start)
+            .and_then(|h| h.message.as_ref())
+            .map_or_else(
+                || "OrderCreated".to_owned(),
+                |m| m.to_token_stream().to_string(),
+            );
+        errors.at(
+            Span::call_site(),
+            format!(
+                "missing `starts_with(...)` in `#[saga(...)]`: a saga needs at least one message \
+                 that starts it\nhelp: add `starts_with({example})` and a start handler for it, \
+                 {START_SHAPE}"
+            ),
+        );
+    }
+
+    // Each message type declared once, in one list.
+    let mut declared: HashMap<&str, (HandlerKind, &Declared)> = HashMap::new();
+    for (kind, list) in [
+        (HandlerKind::Start, &args.starts_with),
+        (HandlerKind::Step, &args.handles),
+    ] {
+        for message in list {
+            match declared.get(message.key.as_str()) {
+                Some((first, _)) => errors.spanned(
+                    &message.ty,
+                    format!(
+                        "`{}` is declared twice, the first time in `{}(...)`\nhelp: list each \
+                         message once: in `starts_with(...)` if it starts a saga, else in \
+                         `handles(...)`",
+                        message.key,
+                        list_name(*first)
+                    ),
+                ),
+                None => {
+                    declared.insert(&message.key, (kind, message));
+                }
+            }
+        }
+    }
+
+    let mut by_message: HashMap<String, &Handler> = HashMap::new();
+    let mut checked = Vec::new();
+    for handler in &block.handlers {
+        let Some(message) = &handler.message else {
+            continue;
+        };
+        let key = type_key(message);
+        if let Some(first) = by_message.get(&key) {
+            errors.spanned(
+                message,
+                format!(
+                    "`{key}` already has a handler, `{}`\nhelp: a saga handles each message type \
+                     in one function: merge the two, or remove this one",
+                    first.ident
+                ),
+            );
+            continue;
+        }
+        by_message.insert(key.clone(), handler);
+        let mut ok = true;
+        match declared.get(key.as_str()) {
+            None => {
+                ok = false;
+                let (list, shape) = match handler.kind {
+                    HandlerKind::Start => ("starts_with", "it starts a saga (no `self`)"),
+                    HandlerKind::Step => ("handles", "it moves a running saga on (`&mut self`)"),
+                };
+                errors.spanned(
+                    message,
+                    format!(
+                        "`{key}` is not declared in `#[saga(starts_with(...), handles(...))]`\n\
+                         help: add it to `{list}(...)`: {shape}"
+                    ),
+                );
+            }
+            Some((kind, _)) if *kind != handler.kind => {
+                ok = false;
+                let (what, fix) = match handler.kind {
+                    HandlerKind::Start => (
+                        format!(
+                            "`{}` has no `self`, so it starts a saga, but `{key}` is declared in \
+                             `handles(...)`",
+                            handler.ident
+                        ),
+                        format!(
+                            "take `&mut self` to move a running saga on ({STEP_SHAPE}), or move \
+                             `{key}` to `starts_with(...)`"
+                        ),
+                    ),
+                    HandlerKind::Step => (
+                        format!(
+                            "`{}` takes `self`, so it moves a running saga on, but `{key}` is \
+                             declared in `starts_with(...)`",
+                            handler.ident
+                        ),
+                        format!(
+                            "remove `&mut self` and return `Result<Self, E>` to start a saga \
+                             ({START_SHAPE}), or move `{key}` to `handles(...)`"
+                        ),
+                    ),
+                };
+                errors.spanned(&handler.ident, format!("{what}\nhelp: {fix}"));
+            }
+            Some(_) => {}
+        }
+        let correlate = handler.correlate.as_ref().or(args.correlate.as_ref());
+        if correlate.is_none() && !args.seen.contains(&"correlate") {
+            ok = false;
+            errors.spanned(
+                &handler.ident,
+                format!(
+                    "no correlation field for `{}`: which field of `{key}` holds the saga id?\n\
+                     help: add `correlate = field` to `#[saga(...)]` (for every handler), or \
+                     `#[correlate(field)]` on this handler",
+                    handler.ident
+                ),
+            );
+        }
+        if let (true, Some(correlate)) = (ok, correlate) {
+            checked.push(Checked {
+                handler,
+                message,
+                correlate,
+            });
+        }
+    }
+
+    // Declared messages nobody handles.
+    for (kind, list) in [
+        (HandlerKind::Start, &args.starts_with),
+        (HandlerKind::Step, &args.handles),
+    ] {
+        for message in list {
+            if by_message.contains_key(&message.key) {
+                continue;
+            }
+            let shape = match kind {
+                HandlerKind::Start => START_SHAPE,
+                HandlerKind::Step => STEP_SHAPE,
+            };
+            errors.spanned(
+                &message.ty,
+                format!(
+                    "no handler for `{}`, declared in `{}(...)`\nhelp: add one to the impl \
+                     block, {shape} with `event: {}`; or remove it from the list",
+                    message.key,
+                    list_name(kind),
+                    message.key
+                ),
+            );
+        }
+    }
+
+    // A non-async fn taking a declared message was meant as a handler.
+    for (fn_ident, params, fn_span) in &block.sync_fns {
+        if let Some((kind, _)) = params
+            .iter()
+            .find_map(|param| declared.get(type_key(param).as_str()))
+        {
+            let shape = match kind {
+                HandlerKind::Start => START_SHAPE,
+                HandlerKind::Step => STEP_SHAPE,
+            };
+            errors.at(
+                *fn_span,
+                format!(
+                    "saga handlers are `async fn`s: `{fn_ident}` takes a message of the saga but \
+                     is not async\nhelp: write `async fn {fn_ident}(..)`; {shape}"
+                ),
+            );
+        }
+    }
+
+    let (Some(ident), Some(id), Some(name)) = (ident, args.id.as_ref(), name) else {
+        return None;
+    };
+    if !errors.is_empty() {
+        return None;
+    }
+    let runtime = match &args.krate {
+        Some(path) => path.to_token_stream(),
+        None => quote::quote!(::txoutbox_runtime),
+    };
+    Some(Saga {
+        self_ty: &block.item.self_ty,
+        ident,
+        name,
+        id,
+        runtime,
+        handlers: checked,
+    })
+}
+
+fn list_name(kind: HandlerKind) -> &'static str {
+    match kind {
+        HandlerKind::Start => "starts_with",
+        HandlerKind::Step => "handles",
+    }
+}
+
+/// The saga's name: `name = "..."`, else the type's name in snake case. It
+/// keys the saga's rows and appears in handler names, so it is kept to
+/// `[a-z0-9_.-]`.
+fn check_name(args: &Args, ident: Option<&syn::Ident>, errors: &mut Errors) -> Option<String> {
+    match &args.name {
+        Some(lit) => {
+            let name = lit.value();
+            match name_problem(&name) {
+                None => Some(name),
+                Some(problem) => {
+                    errors.spanned(
+                        lit,
+                        format!(
+                            "{problem}\nhelp: a saga name uses lower-case ASCII letters, digits, \
+                             `_`, `.` and `-`, e.g. `name = \"order_fulfilment\"`"
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        None => {
+            let ident = ident?;
+            let name = snake_case(ident);
+            match name_problem(&name) {
+                None => Some(name),
+                Some(problem) => {
+                    errors.spanned(
+                        ident,
+                        format!(
+                            "the default saga name `{name}` (the type's name in snake case) is \
+                             not usable: {problem}\nhelp: give one with `name = \"...\"`, using \
+                             lower-case ASCII letters, digits, `_`, `.` and `-`"
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("the saga name must not be empty".to_owned());
+    }
+    let (position, bad) = name.chars().enumerate().find(|(_, c)| {
+        !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-'))
+    })?;
+    Some(format!(
+        "invalid character {bad:?} at position {} of saga name \"{name}\"",
+        position + 1
+    ))
+}
