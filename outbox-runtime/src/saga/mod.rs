@@ -48,7 +48,7 @@ mod store;
 pub mod telemetry;
 
 pub use context::SagaContext;
-// SAGA-MERGE: pub use txoutbox_derive::saga;
+pub use txoutbox_derive::saga;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
