@@ -41,16 +41,12 @@
 
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, Transaction};
-use txoutbox_core::{DomainEvent, Events};
-use txoutbox_runtime::consumer::{
-    ConsumerBuilder, EventHandler, EventMeta, HandlerError, event_handler,
-};
-use txoutbox_runtime::saga::__private::{Step, correlation};
-use txoutbox_runtime::saga::{Saga, SagaContext};
+use txoutbox_core::{Command, DomainEvent, Events};
+use txoutbox_runtime::consumer::{ConsumerBuilder, event_handler};
+use txoutbox_runtime::saga::{Saga, SagaContext, saga};
 use uuid::Uuid;
 
 /// What the saga service consumes.
@@ -64,7 +60,7 @@ pub const SAGA_GROUP: &str = "saga";
 /// The participant's consumer group.
 pub const PARTICIPANT_GROUP: &str = "participant";
 /// The saga type's name (`saga_state.saga_type`).
-pub const SAGA_NAME: &str = "fault_saga";
+pub const SAGA_NAME: &str = <FaultSaga as Saga>::NAME;
 /// Charges of more than this are declined.
 pub const CHARGE_LIMIT: i64 = 1_000;
 
@@ -103,8 +99,8 @@ impl Behaviour {
 }
 
 /// Starts a saga (inserted by the test into the saga service's outbox).
-#[derive(Debug, Clone, DomainEvent, Serialize, Deserialize, JsonSchema)]
-#[event(topic = "sagas.saga", event_type = "Begin", aggregate = "Saga")]
+#[derive(Debug, Clone, Command, Serialize, Deserialize, JsonSchema)]
+#[command(topic = "sagas.saga", aggregate = "Saga")]
 pub struct Begin {
     /// Unique per message.
     #[event_id]
@@ -120,12 +116,8 @@ pub struct Begin {
 }
 
 /// Saga → participant: reserve the amount.
-#[derive(Debug, Clone, DomainEvent, Serialize, Deserialize, JsonSchema)]
-#[event(
-    topic = "sagas.participant",
-    event_type = "Reserve",
-    aggregate = "Saga"
-)]
+#[derive(Debug, Clone, Command, Serialize, Deserialize, JsonSchema)]
+#[command(topic = "sagas.participant", aggregate = "Saga")]
 pub struct Reserve {
     /// Unique per message.
     #[event_id]
@@ -141,8 +133,8 @@ pub struct Reserve {
 }
 
 /// Saga → participant: charge the reserved amount.
-#[derive(Debug, Clone, DomainEvent, Serialize, Deserialize, JsonSchema)]
-#[event(topic = "sagas.participant", event_type = "Charge", aggregate = "Saga")]
+#[derive(Debug, Clone, Command, Serialize, Deserialize, JsonSchema)]
+#[command(topic = "sagas.participant", aggregate = "Saga")]
 pub struct Charge {
     /// Unique per message.
     #[event_id]
@@ -155,12 +147,8 @@ pub struct Charge {
 
 /// Saga → participant, the compensation: release the reservation (or leave
 /// a tombstone if there is none yet).
-#[derive(Debug, Clone, DomainEvent, Serialize, Deserialize, JsonSchema)]
-#[event(
-    topic = "sagas.participant",
-    event_type = "Release",
-    aggregate = "Saga"
-)]
+#[derive(Debug, Clone, Command, Serialize, Deserialize, JsonSchema)]
+#[command(topic = "sagas.participant", aggregate = "Saga")]
 pub struct Release {
     /// Unique per message.
     #[event_id]
@@ -264,6 +252,15 @@ pub struct FaultSaga {
 #[error("saga step failed: {0}")]
 pub struct SagaError(#[from] sqlx::Error);
 
+/// One consumer handler per message: each message is one step of the saga
+/// its `saga_id` names.
+#[saga(
+    name = "fault_saga",
+    id = Uuid,
+    correlate = saga_id,
+    starts_with(Begin),
+    handles(Reserved, Rejected, Charged, Declined, TimedOut)
+)]
 impl FaultSaga {
     /// `Begin`: send `Reserve` (a `Late` one after the timeout) and schedule
     /// the timeout.
@@ -307,7 +304,7 @@ impl FaultSaga {
             event_id: Uuid::new_v4(),
             saga_id: self.saga_id,
         });
-        self.cancel_timeout(ctx).await?;
+        cancel_timeout(self, ctx).await?;
         ctx.send(Charge {
             event_id: Uuid::new_v4(),
             saga_id: self.saga_id,
@@ -325,7 +322,7 @@ impl FaultSaga {
         if self.stage != Stage::Reserving {
             return Ok(());
         }
-        self.cancel_timeout(ctx).await?;
+        cancel_timeout(self, ctx).await?;
         ctx.compensate();
         Ok(())
     }
@@ -374,95 +371,15 @@ impl FaultSaga {
         ctx.compensate();
         Ok(())
     }
+}
 
-    async fn cancel_timeout(&mut self, ctx: &mut SagaContext<'_>) -> Result<(), SagaError> {
-        if let Some(timeout) = self.timeout.take() {
-            // `false`: already due; `on_timed_out` ignores it then.
-            ctx.cancel_scheduled(timeout).await?;
-        }
-        Ok(())
+/// Cancels the saga's scheduled timeout, if it still has one.
+async fn cancel_timeout(saga: &mut FaultSaga, ctx: &mut SagaContext<'_>) -> Result<(), SagaError> {
+    if let Some(timeout) = saga.timeout.take() {
+        // `false`: already due; `on_timed_out` ignores it then.
+        ctx.cancel_scheduled(timeout).await?;
     }
-}
-
-/// One consumer handler per message of the saga, each running the message
-/// as one step of the saga it is correlated to by `saga_id`.
-macro_rules! saga_handlers {
-    (start: $start:ident($start_event:ty) => $start_method:ident;
-     $($handler:ident($event:ty) => $method:ident;)*) => {
-        /// The start handler of [`FaultSaga`].
-        #[derive(Debug)]
-        pub struct $start;
-
-        impl EventHandler for $start {
-            type Event = $start_event;
-            const NAME: &'static str = stringify!($start);
-
-            fn handle<'a>(
-                &'a self,
-                tx: &'a mut Transaction<'static, Postgres>,
-                event: $start_event,
-                meta: &'a EventMeta,
-                events: &'a mut Events,
-            ) -> BoxFuture<'a, Result<(), HandlerError>> {
-                Box::pin(async move {
-                    let id = correlation(&event.saga_id);
-                    let mut step = Step::<FaultSaga>::load(tx, events, meta, id).await?;
-                    if let Some(ctx) = step.starting() {
-                        let state = FaultSaga::$start_method(event, ctx)
-                            .await
-                            .map_err(HandlerError::new)?;
-                        step.started(state);
-                    }
-                    step.save().await
-                })
-            }
-        }
-
-        $(
-            /// A handler of [`FaultSaga`].
-            #[derive(Debug)]
-            pub struct $handler;
-
-            impl EventHandler for $handler {
-                type Event = $event;
-                const NAME: &'static str = stringify!($handler);
-
-                fn handle<'a>(
-                    &'a self,
-                    tx: &'a mut Transaction<'static, Postgres>,
-                    event: $event,
-                    meta: &'a EventMeta,
-                    events: &'a mut Events,
-                ) -> BoxFuture<'a, Result<(), HandlerError>> {
-                    Box::pin(async move {
-                        let id = correlation(&event.saga_id);
-                        let mut step = Step::<FaultSaga>::load(tx, events, meta, id).await?;
-                        if let Some((state, ctx)) = step.running() {
-                            state.$method(event, ctx).await.map_err(HandlerError::new)?;
-                        }
-                        step.save().await
-                    })
-                }
-            }
-        )*
-
-        impl Saga for FaultSaga {
-            const NAME: &'static str = SAGA_NAME;
-
-            fn register(consumer: ConsumerBuilder) -> ConsumerBuilder {
-                consumer.handler($start)$(.handler($handler))*
-            }
-        }
-    };
-}
-
-saga_handlers! {
-    start: OnBegin(Begin) => on_begin;
-    OnReserved(Reserved) => on_reserved;
-    OnRejected(Rejected) => on_rejected;
-    OnCharged(Charged) => on_charged;
-    OnDeclined(Declined) => on_declined;
-    OnTimedOut(TimedOut) => on_timed_out;
+    Ok(())
 }
 
 /// The participant's effects, one row per application (no unique constraint
