@@ -169,6 +169,9 @@ pub struct SagaFigures {
     /// Crashes of the processes with the crash hook (after their group
     /// handled so many messages, none of their offsets committed).
     pub crashes: u32,
+    /// From `Begin` committed to the saga completed, in milliseconds: p50,
+    /// p99 and max (completed sagas).
+    pub completion_ms: (f64, f64, f64),
     /// Sagas that ended before the load (and the faults) did.
     pub finished_under_faults: usize,
     /// From the end of the faults to convergence.
@@ -182,7 +185,7 @@ impl SagaFigures {
     pub fn print(&self) {
         println!(
             "[faults] {}: sagas={} completed={} compensated={} (declined={} rejected={} \
-             timed_out={} of which normal={}) open={} releases={} tombstones={} \
+             timed_out={} of which normal={}) completion_ms(p50={:.0} p99={:.0} max={:.0}) open={} releases={} tombstones={} \
              refused_after_release={} reserved_after_timeout={} violations={} lost={} \
              finished_under_faults={} unpublished={} parked={} scheduled_left={} dead_lettered={} records={} \
              duplicates={} kills(saga_host={} participant={} crash_hook={}) outages={} converged_after={} \
@@ -195,6 +198,9 @@ impl SagaFigures {
             self.rejected,
             self.timed_out,
             self.timed_out_normal,
+            self.completion_ms.0,
+            self.completion_ms.1,
+            self.completion_ms.2,
             self.open.len(),
             self.releases,
             self.tombstones,
@@ -400,6 +406,19 @@ pub async fn check(saga_db: &PgPool, participant_db: &PgPool, topics: &Topics) -
         }
     }
 
+    let (p50, p99, max): (Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms)
+         FROM (SELECT (extract(epoch FROM s.finished_at - r.begun_at) * 1000)::float8 AS ms
+               FROM saga_request r
+               JOIN saga_state s ON s.saga_type = $1 AND s.saga_id = r.saga_id::text
+               WHERE s.status = 'completed') AS completed",
+    )
+    .bind(SAGA_NAME)
+    .fetch_one(saga_db)
+    .await
+    .expect("read completion times");
+    figures.completion_ms = (p50.unwrap_or(0.0), p99.unwrap_or(0.0), max.unwrap_or(0.0));
     figures.lost = lost(saga_db, participant_db).await;
     for pool in [saga_db, participant_db] {
         let (unpublished, parked): (i64, i64) = sqlx::query_as(

@@ -67,10 +67,10 @@ pub const CHARGE_LIMIT: i64 = 1_000;
 /// How long a saga waits for its reservation before it compensates. Long
 /// enough that a reservation normally arrives in time, even behind a killed
 /// process's restart; a broker outage makes some sagas time out anyway.
-pub const RESERVE_TIMEOUT: Duration = Duration::from_secs(4);
+pub const RESERVE_TIMEOUT: Duration = Duration::from_secs(8);
 /// How long a `Late` saga's `Reserve` is held up: it arrives after the
 /// timeout fired (and usually after the saga's `Release`).
-pub const LATE_BY: Duration = Duration::from_secs(6);
+pub const LATE_BY: Duration = Duration::from_secs(10);
 
 /// How the participant treats a saga's request (chosen by the test).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

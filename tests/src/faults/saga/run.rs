@@ -72,11 +72,11 @@ impl SagaScenario {
     /// The long mode's shape.
     pub fn long(name: &'static str) -> Self {
         Self {
-            load: Duration::from_secs(120),
-            rate: 40,
-            kill_every: Duration::from_secs(3),
+            load: Duration::from_secs(90),
+            rate: 20,
+            kill_every: Duration::from_secs(6),
             outage: (Duration::from_secs(40), Duration::from_secs(10)),
-            crash_after: 1_000,
+            crash_after: 300,
             settle_timeout: Duration::from_secs(180),
             ..Self::short(name)
         }
