@@ -32,6 +32,9 @@ run relay RELAY_BENCH_EVENTS=2000 RELAY_BENCH_BASELINE_EVENTS=100 RELAY_BENCH_PU
     cargo bench -p txoutbox-runtime --features test-hooks --bench relay
 run capacity CAPACITY_EVENTS=500 CAPACITY_BACKLOG=2000 CAPACITY_RELAYS=1,2 \
     cargo bench -p txoutbox-runtime --bench capacity
+run scheduled SCHEDULED_BENCH_MESSAGES=100 SCHEDULED_BENCH_SPREAD_MS=500 SCHEDULED_BENCH_ROUNDS=1 \
+    SCHEDULED_BENCH_DRAIN=2000 SCHEDULED_BENCH_FUTURE=5000 \
+    cargo bench -p txoutbox-runtime --bench scheduled
 # The seed's own Python relay as a baseline (skipped if Python is missing).
 scripts/seed-baseline.sh >/dev/null || true
 run seed_python SEED_ROUNDS=1 SEED_EVENTS=200 SEED_RELAY_EVENTS=1000 \

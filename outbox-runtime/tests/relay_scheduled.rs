@@ -326,6 +326,15 @@ async fn a_restarted_relay_publishes_what_became_due_while_it_was_down(pool: PgP
     tokio::time::sleep(Duration::from_millis(100)).await;
     let summary = first.shutdown().await.unwrap();
     assert_eq!(summary.scheduled_moved, 0, "stopped before the due time");
+    let status = txoutbox_runtime::ops::status::collect(&pool, 1)
+        .await
+        .unwrap();
+    let waiting = status
+        .tables
+        .iter()
+        .find(|t| t.table == "outbox_scheduled")
+        .expect("outbox status lists the scheduled events");
+    assert_eq!(waiting.rows, 20);
 
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(

@@ -35,7 +35,8 @@ pub struct Status {
     /// row of the key) until a processor that knows the type runs, e.g. the
     /// new version during a rolling deploy that adds a handler.
     pub inbox_unclaimed: Vec<UnclaimedKeys>,
-    /// Size of each framework table.
+    /// Size of each framework table (`outbox_scheduled`, the scheduled
+    /// events not due yet, from migration 0007 on).
     pub tables: Vec<TableSize>,
     /// The relays running against this database (empty before migration 6).
     pub relays: Vec<RelayMember>,
@@ -208,6 +209,13 @@ pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
     let mut tables = Vec::new();
     for table in ["outbox_event", "inbox_event", "processed_event"] {
         tables.push(table_size(pool, table).await?);
+    }
+    // Scheduled events not due yet (migration 0007; absent before it).
+    let scheduled: bool = sqlx::query_scalar("SELECT to_regclass('outbox_scheduled') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if scheduled {
+        tables.insert(1, table_size(pool, "outbox_scheduled").await?);
     }
     let relays = crate::relay::members(pool).await?;
     Ok(Status {
