@@ -40,9 +40,9 @@ pub(crate) struct Args {
     pub handles: Vec<Declared>,
     /// `crate = "..."`: the path of `txoutbox_runtime` in generated code.
     pub krate: Option<syn::Path>,
-    /// Keys that were written, even with an unreadable value (so a bad value
-    /// is not also reported as missing), or suggested for a misspelt key.
-    pub seen: Vec<&'static str>,
+    /// Keys written with an unreadable value, or suggested for a misspelt
+    /// key: not also reported as missing.
+    pub unreadable: Vec<&'static str>,
 }
 
 impl Args {
@@ -98,13 +98,13 @@ impl Args {
             );
             if let Some(close) = crate::domain_event::closest(&name, KEYS) {
                 message.push_str(&format!("\nhelp: did you mean `{close}`?"));
-                self.seen.push(close);
+                self.unreadable.push(close);
             }
             errors.spanned(&key, message);
             skip_to_comma(input);
             return Ok(());
         };
-        if self.seen.contains(&known) && self.is_set(known) {
+        if self.is_set(known) {
             errors.spanned(
                 &key,
                 format!("duplicate `{known}` in `#[saga(...)]`\nhelp: give it once"),
@@ -112,7 +112,8 @@ impl Args {
             skip_to_comma(input);
             return Ok(());
         }
-        self.seen.push(known);
+        // Until its value has been read.
+        self.unreadable.push(known);
         match known {
             "name" => self.name = Some(string_value(input, known, "\"order_fulfilment\"")?),
             "crate" => {
@@ -161,6 +162,7 @@ impl Args {
                 }
             }
         }
+        self.unreadable.pop();
         Ok(())
     }
 

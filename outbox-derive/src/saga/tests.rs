@@ -203,6 +203,37 @@ fn handler_and_list_mismatches_are_all_reported() {
 }
 
 #[test]
+fn an_empty_or_unreadable_list_is_reported_once() {
+    let start = quote!(impl S { async fn on_a(event: A) -> Result<Self, E> { todo!() } });
+    let (errors, _) = run(
+        quote!(id = Uuid, correlate = k, starts_with()),
+        start.clone(),
+    );
+    assert_eq!(
+        errors,
+        [
+            "missing `starts_with(...)` in `#[saga(...)]`: a saga needs at least one message that starts it",
+            "`A` is not declared in `#[saga(starts_with(...), handles(...))]`",
+        ]
+    );
+    let (errors, _) = run(
+        quote!(id = Uuid, correlate = k, starts_with = A),
+        start.clone(),
+    );
+    assert_eq!(
+        errors,
+        [
+            "expected parentheses",
+            "`A` is not declared in `#[saga(starts_with(...), handles(...))]`",
+        ]
+    );
+    // A misspelt key counts as written: no "missing `id`" on top.
+    let (errors, _) = run(quote!(i = Uuid, correlate = k, starts_with(A)), start);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].starts_with("unknown key `i`"), "{errors:?}");
+}
+
+#[test]
 fn handler_shapes_are_checked() {
     let (errors, _) = run(
         quote!(

@@ -37,7 +37,7 @@ pub(crate) struct Saga<'a> {
 pub(crate) fn check<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -> Option<Saga<'a>> {
     let ident = block.ident.as_ref();
     let name = check_name(args, ident, errors);
-    if args.id.is_none() && !args.seen.contains(&"id") {
+    if args.id.is_none() && !args.unreadable.contains(&"id") {
         errors.at(
             Span::call_site(),
             format!(
@@ -46,7 +46,7 @@ pub(crate) fn check<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -
             ),
         );
     }
-    if args.starts_with.is_empty() && !args.seen.contains(&"starts_with") {
+    if args.starts_with.is_empty() && !args.unreadable.contains(&"starts_with") {
         let example = block
             .handlers
             .iter()
@@ -157,7 +157,7 @@ pub(crate) fn check<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -
             Some(_) => {}
         }
         let correlate = handler.correlate.as_ref().or(args.correlate.as_ref());
-        if correlate.is_none() && !args.seen.contains(&"correlate") {
+        if correlate.is_none() && !args.unreadable.contains(&"correlate") {
             ok = false;
             errors.spanned(
                 &handler.ident,
