@@ -69,9 +69,9 @@ async fn main() {
         // A killed member holds its partitions until its session expires and
         // the group rebalances: keep both short, or a kill every few seconds
         // keeps the group rebalancing for good.
-        .set("session.timeout.ms", "3000")
-        .set("heartbeat.interval.ms", "300")
-        .set("max.poll.interval.ms", "6000")
+        .set("session.timeout.ms", "2000")
+        .set("heartbeat.interval.ms", "200")
+        .set("max.poll.interval.ms", "4000")
         .set("reconnect.backoff.max.ms", reconnect_backoff_max_ms);
     if crash_after > 0 {
         kafka.set("auto.commit.interval.ms", "3600000");
