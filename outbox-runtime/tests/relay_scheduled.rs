@@ -404,3 +404,39 @@ async fn two_relays_move_and_publish_each_scheduled_message_once(pool: PgPool) {
     );
     assert_eq!(received.len(), n as usize);
 }
+
+#[sqlx::test(migrations = false)]
+async fn database_errors_do_not_stop_the_scheduler(pool: PgPool) {
+    migrated(&pool).await;
+    let topic = unique_topic("scheduled-db-errors");
+    create_topic(&brokers(), &topic, 1).await;
+    let ids = schedule(&pool, &[NewEvent::new(&topic, "k", 0)], &[500]).await;
+    let relay = Relay::builder(pool.clone(), kafka_config(&brokers()))
+        .schedule_poll_interval(Duration::from_millis(100))
+        .database_timeout(Duration::from_secs(1))
+        .error_backoff_max(Duration::from_millis(300))
+        .spawn()
+        .unwrap();
+
+    // The scheduler's statements wait for this lock past database_timeout:
+    // each pass fails, is counted, and is retried after a backoff.
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox_scheduled IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    assert!(relay.summary().errors >= 1, "{:?}", relay.summary());
+    assert_eq!(relay.summary().scheduled_moved, 0);
+    assert!(relay.is_running());
+    blocker.rollback().await.unwrap();
+
+    eventually(
+        "published once the table is free",
+        Duration::from_secs(10),
+        || is_published(&pool, ids[0]),
+    )
+    .await;
+    let summary = relay.shutdown().await.unwrap();
+    assert_eq!((summary.scheduled_moved, summary.published), (1, 1));
+}
