@@ -62,8 +62,12 @@ fn handler(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
     // type with "mismatched types, expected `&Uuid`" there, the `id = Uuid`
     // type being the "expected due to this".
     let field = checked.correlate;
-    let correlation = quote_spanned! {field.span()=>
-        let __saga_id: &#id = &event.#field;
+    // The `&` of the type on the id type's span, so that "expected due to
+    // this" underlines just `Uuid`.
+    let id_ref = quote_spanned!(syn::spanned::Spanned::span(id)=> &#id);
+    let value = quote_spanned!(field.span()=> &event.#field);
+    let correlation = quote! {
+        let __saga_id: #id_ref = #value;
     };
 
     // Spanned on the handler's return type, so an error type without

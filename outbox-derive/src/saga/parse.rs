@@ -96,7 +96,13 @@ impl Args {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            if let Some(close) = crate::domain_event::closest(&name, KEYS) {
+            // Also a longer slip with the same start (`correlation`).
+            let close = crate::domain_event::closest(&name, KEYS).or_else(|| {
+                KEYS.iter()
+                    .copied()
+                    .find(|k| k.len() >= 6 && name.get(..6) == k.get(..6))
+            });
+            if let Some(close) = close {
                 message.push_str(&format!("\nhelp: did you mean `{close}`?"));
                 self.unreadable.push(close);
             }

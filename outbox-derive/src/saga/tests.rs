@@ -178,7 +178,7 @@ fn handler_and_list_mismatches_are_all_reported() {
             "`A` is not declared in `#[saga(starts_with(...), handles(...))]`",
             "`B` already has a handler, `on_b`",
             "`on_c` has no `self`, so it starts a saga, but `C` is declared in `handles(...)`",
-            "no handler for `D`, declared in `handles(...)`",
+            // Not also "no handler for `D`": `on_d` is its handler, missing `async`.
             "saga handlers are `async fn`s: `on_d` takes a message of the saga but is not async",
         ]
     );
@@ -227,7 +227,13 @@ fn an_empty_or_unreadable_list_is_reported_once() {
             "`A` is not declared in `#[saga(starts_with(...), handles(...))]`",
         ]
     );
-    // A misspelt key counts as written: no "missing `id`" on top.
+    // A misspelt key counts as written: no "missing `id`" on top, nor "no
+    // correlation field" for `correlation`.
+    let (errors, _) = run(
+        quote!(id = Uuid, correlation = k, starts_with(A)),
+        quote!(impl S { async fn on_a(event: A) -> Result<Self, E> { todo!() } }),
+    );
+    assert_eq!(errors.len(), 1, "{errors:?}");
     let (errors, _) = run(quote!(i = Uuid, correlate = k, starts_with(A)), start);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].starts_with("unknown key `i`"), "{errors:?}");

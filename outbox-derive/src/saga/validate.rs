@@ -178,47 +178,43 @@ pub(crate) fn check<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -
         }
     }
 
+    // A non-async fn taking a declared message was meant as a handler: say
+    // so, and count the message as handled (not also "no handler").
+    let mut meant_as_handlers = std::collections::HashSet::new();
+    for (fn_ident, params, fn_span) in &block.sync_fns {
+        if let Some((key, (kind, _))) = params.iter().find_map(|param| {
+            let key = type_key(param);
+            declared.get(key.as_str()).map(|found| (key.clone(), found))
+        }) {
+            errors.at(
+                *fn_span,
+                format!(
+                    "saga handlers are `async fn`s: `{fn_ident}` takes a message of the saga but \
+                     is not async\nhelp: write `async fn {fn_ident}(..)`; {}",
+                    signature(*kind, &key)
+                ),
+            );
+            meant_as_handlers.insert(key);
+        }
+    }
+
     // Declared messages nobody handles.
     for (kind, list) in [
         (HandlerKind::Start, &args.starts_with),
         (HandlerKind::Step, &args.handles),
     ] {
         for message in list {
-            if by_message.contains_key(&message.key) {
+            if by_message.contains_key(&message.key) || meant_as_handlers.contains(&message.key) {
                 continue;
             }
-            let shape = match kind {
-                HandlerKind::Start => START_SHAPE,
-                HandlerKind::Step => STEP_SHAPE,
-            };
             errors.spanned(
                 &message.ty,
                 format!(
-                    "no handler for `{}`, declared in `{}(...)`\nhelp: add one to the impl \
-                     block, {shape} with `event: {}`; or remove it from the list",
+                    "no handler for `{}`, declared in `{}(...)`\nhelp: add {}; or remove it \
+                     from the list",
                     message.key,
                     list_name(kind),
-                    message.key
-                ),
-            );
-        }
-    }
-
-    // A non-async fn taking a declared message was meant as a handler.
-    for (fn_ident, params, fn_span) in &block.sync_fns {
-        if let Some((kind, _)) = params
-            .iter()
-            .find_map(|param| declared.get(type_key(param).as_str()))
-        {
-            let shape = match kind {
-                HandlerKind::Start => START_SHAPE,
-                HandlerKind::Step => STEP_SHAPE,
-            };
-            errors.at(
-                *fn_span,
-                format!(
-                    "saga handlers are `async fn`s: `{fn_ident}` takes a message of the saga but \
-                     is not async\nhelp: write `async fn {fn_ident}(..)`; {shape}"
+                    signature(kind, &message.key)
                 ),
             );
         }
@@ -242,6 +238,20 @@ pub(crate) fn check<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -
         runtime,
         handlers: checked,
     })
+}
+
+/// The expected signature of a handler of `message`.
+fn signature(kind: HandlerKind, message: &str) -> String {
+    match kind {
+        HandlerKind::Start => format!(
+            "a start handler `async fn on_x(event: {message}, ctx: &mut SagaContext<'_>) -> \
+             Result<Self, E>` (no `self`; `ctx` is optional)"
+        ),
+        HandlerKind::Step => format!(
+            "a step handler `async fn on_x(&mut self, event: {message}, ctx: &mut \
+             SagaContext<'_>) -> Result<(), E>` (`ctx` is optional)"
+        ),
+    }
 }
 
 fn list_name(kind: HandlerKind) -> &'static str {

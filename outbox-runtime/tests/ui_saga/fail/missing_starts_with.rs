@@ -1,0 +1,23 @@
+#![allow(dead_code, unused_imports)]
+
+#[path = "../messages.rs"]
+mod messages;
+
+use messages::*;
+use txoutbox_derive::saga;
+use txoutbox_runtime::saga::SagaContext;
+use uuid::Uuid;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct Fulfil {
+    order_id: Uuid,
+}
+
+#[saga(id = Uuid, correlate = order_id, handles(StockReserved))]
+impl Fulfil {
+    async fn on_reserved(&mut self, _event: StockReserved, _ctx: &mut SagaContext<'_>) -> Result<(), MyError> {
+        Ok(())
+    }
+}
+
+fn main() {}
