@@ -24,7 +24,7 @@ use outbox_tests::faults::saga::model::{
     self, FaultSaga, PARTICIPANT_GROUP, PROCESS_TAG, SAGA_GROUP,
 };
 use sqlx::postgres::PgPoolOptions;
-use txoutbox_runtime::consumer::{Consumer, Mode};
+use txoutbox_runtime::consumer::{Consumer, ConsumerHandle, Mode};
 use txoutbox_runtime::relay::Relay;
 use uuid::Uuid;
 
@@ -101,7 +101,7 @@ async fn main() {
         .expect("consumer starts");
 
     if crash_after > 0 {
-        tokio::spawn(crash_hook(pool, group, crash_after));
+        tokio::spawn(crash_hook(pool.clone(), group, crash_after));
     }
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -112,6 +112,7 @@ async fn main() {
             eprintln!("consumer {stopped}");
             std::process::exit(1);
         }
+        () = report(&consumer, &pool, group) => {}
     }
     let consumed = consumer.shutdown().await;
     let published = relay.shutdown().await;
@@ -122,6 +123,28 @@ async fn main() {
     if let Err(error) = published {
         eprintln!("relay stopped with an error: {error}");
         std::process::exit(1);
+    }
+}
+
+/// Writes what the consumer handled and the redelivered messages its dedup
+/// absorbed into `process_report`, every 100 ms, for the checker (a kill
+/// loses at most the last 100 ms).
+async fn report(consumer: &ConsumerHandle, pool: &sqlx::PgPool, group: &str) {
+    let process = PROCESS_TAG.get().expect("set at start");
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let summary = consumer.summary();
+        let _ = sqlx::query(
+            "INSERT INTO process_report (process, consumer_group, handled, duplicates)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (process) DO UPDATE SET handled = $3, duplicates = $4",
+        )
+        .bind(process)
+        .bind(group)
+        .bind(summary.handled as i64)
+        .bind(summary.duplicates as i64)
+        .execute(pool)
+        .await;
     }
 }
 

@@ -157,6 +157,9 @@ pub struct SagaFigures {
     pub dead_lettered: usize,
     /// Records on the two topics.
     pub records: usize,
+    /// Messages received again and absorbed by the consumers' dedup, as
+    /// the processes reported them (a kill loses its last 100 ms).
+    pub redelivered: usize,
     /// Records published more than once (by a relay that died before it
     /// marked them), counted once per extra copy.
     pub duplicates: usize,
@@ -188,7 +191,7 @@ impl SagaFigures {
              timed_out={} of which normal={}) completion_ms(p50={:.0} p99={:.0} max={:.0}) open={} releases={} tombstones={} \
              refused_after_release={} reserved_after_timeout={} violations={} lost={} \
              finished_under_faults={} unpublished={} parked={} scheduled_left={} dead_lettered={} records={} \
-             duplicates={} kills(saga_host={} participant={} crash_hook={}) outages={} converged_after={} \
+             duplicates={} redelivered={} kills(saga_host={} participant={} crash_hook={}) outages={} converged_after={} \
              elapsed={:.1}s",
             self.scenario,
             self.sagas,
@@ -215,6 +218,7 @@ impl SagaFigures {
             self.dead_lettered,
             self.records,
             self.duplicates,
+            self.redelivered,
             self.saga_host_kills,
             self.participant_kills,
             self.crashes,
@@ -277,6 +281,12 @@ impl SagaFigures {
             if count == 0 {
                 let _ = writeln!(out, "no saga {what}: the scenario did not exercise it");
             }
+        }
+        if self.redelivered == 0 {
+            let _ = writeln!(
+                out,
+                "no message was redelivered: the kills did not exercise it"
+            );
         }
         if self.finished_under_faults == 0 {
             let _ = writeln!(out, "no saga ended while the faults went on");
@@ -433,6 +443,14 @@ pub async fn check(saga_db: &PgPool, participant_db: &PgPool, topics: &Topics) -
         figures.parked += parked as usize;
     }
     figures.scheduled_left = scheduled_left(saga_db).await;
+    for pool in [saga_db, participant_db] {
+        let redelivered: Option<i64> =
+            sqlx::query_scalar("SELECT sum(duplicates)::bigint FROM process_report")
+                .fetch_one(pool)
+                .await
+                .expect("read process_report");
+        figures.redelivered += redelivered.unwrap_or(0) as usize;
+    }
     figures.records = topics.records.len();
     let mut copies: HashMap<Uuid, usize> = HashMap::new();
     for id in topics.records.iter().filter_map(Record::event_id) {

@@ -579,8 +579,9 @@ pub fn participant(consumer: ConsumerBuilder) -> ConsumerBuilder {
         .handler(on_release)
 }
 
-/// The saga service's tables: the framework's and `saga_request` (every
-/// saga the test started, committed with its `Begin`).
+/// The saga service's tables: the framework's, `saga_request` (every saga
+/// the test started, committed with its `Begin`) and `process_report` (what
+/// each process's consumer counted).
 pub async fn migrate_saga_service(pool: &PgPool) -> sqlx::Result<()> {
     txoutbox_runtime::migrations::run(pool)
         .await
@@ -588,7 +589,10 @@ pub async fn migrate_saga_service(pool: &PgPool) -> sqlx::Result<()> {
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS saga_request (
              saga_id uuid PRIMARY KEY, amount bigint NOT NULL, behaviour text NOT NULL,
-             begun_at timestamptz NOT NULL DEFAULT clock_timestamp());",
+             begun_at timestamptz NOT NULL DEFAULT clock_timestamp());
+         CREATE TABLE IF NOT EXISTS process_report (
+             process text PRIMARY KEY, consumer_group text NOT NULL,
+             handled bigint NOT NULL, duplicates bigint NOT NULL);",
     )
     .execute(pool)
     .await?;
@@ -596,7 +600,8 @@ pub async fn migrate_saga_service(pool: &PgPool) -> sqlx::Result<()> {
 }
 
 /// The participant's tables: the framework's, `reservation` (one row per
-/// saga it heard of, the lock of its messages) and `participant_effect`.
+/// saga it heard of, the lock of its messages), `participant_effect` and
+/// `process_report`.
 pub async fn migrate_participant(pool: &PgPool) -> sqlx::Result<()> {
     txoutbox_runtime::migrations::run(pool)
         .await
@@ -611,7 +616,10 @@ pub async fn migrate_participant(pool: &PgPool) -> sqlx::Result<()> {
              id bigserial PRIMARY KEY, saga_id uuid NOT NULL, kind text NOT NULL,
              event_id uuid NOT NULL, process text NOT NULL,
              applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
-         CREATE INDEX IF NOT EXISTS participant_effect_saga ON participant_effect (saga_id);",
+         CREATE INDEX IF NOT EXISTS participant_effect_saga ON participant_effect (saga_id);
+         CREATE TABLE IF NOT EXISTS process_report (
+             process text PRIMARY KEY, consumer_group text NOT NULL,
+             handled bigint NOT NULL, duplicates bigint NOT NULL);",
     )
     .execute(pool)
     .await?;
