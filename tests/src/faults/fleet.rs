@@ -17,6 +17,12 @@ pub enum Role {
     Relay,
     /// A `faults-consumer`.
     Consumer,
+    /// A `faults-saga` saga host: the saga service's relay and its consumer
+    /// running the saga (see [`super::saga`]).
+    SagaHost,
+    /// A `faults-saga` participant: the participant service's relay and its
+    /// consumer applying reservations, charges and releases.
+    Participant,
 }
 
 /// One harness process and how to start it again.

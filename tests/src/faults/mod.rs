@@ -6,7 +6,9 @@
 //! mode) against a database pair of its own and a tansu broker of its own,
 //! injects its fault (`kill -9`, broker outage, PostgreSQL restart, poison),
 //! waits until everything was published and applied, and hands the databases
-//! and topics to the [`checker`]. `RELIABILITY.md` lists the scenarios, what
+//! and topics to the [`checker`]. [`saga`] is the saga scenario: saga hosts
+//! and participants (`faults-saga`) under kills and a broker outage, with a
+//! checker of its own. `RELIABILITY.md` lists the scenarios, what
 //! each proves and the figures of a long run.
 
 pub mod broker;
@@ -19,5 +21,6 @@ pub mod liveness;
 pub mod model;
 pub mod poison;
 pub mod proxy;
+pub mod saga;
 pub mod scenario;
 pub mod topic;
