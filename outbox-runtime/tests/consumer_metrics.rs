@@ -1,5 +1,5 @@
 //! The consumer records the documented metrics: consumed, handled, duplicates,
-//! dead-lettered, unknown skipped, and the lag gauge.
+//! dead-lettered, unknown skipped, the lag gauge, and the saga metrics.
 #![allow(missing_docs)]
 
 mod consumer_support;
@@ -14,6 +14,7 @@ use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, Share
 use sqlx::{PgPool, Postgres, Transaction};
 use txoutbox_core::DomainEvent;
 use txoutbox_runtime::consumer::{Consumer, event_handler, telemetry as m};
+use txoutbox_runtime::saga::{SagaContext, saga, telemetry as s};
 
 /// Keeps every counter and gauge, keyed by name and sorted labels.
 #[derive(Default, Clone)]
@@ -41,6 +42,19 @@ impl Recorded {
             })
             .map(|(_, v)| v.load(Ordering::SeqCst))
             .sum()
+    }
+
+    /// The value of the gauge named `name` whose labels include all of
+    /// `labels` (a gauge keeps its `f64` as bits).
+    fn gauge(&self, name: &str, labels: &[&str]) -> Option<f64> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| {
+                k.starts_with(&format!("{name}{{")) && labels.iter().all(|l| k.contains(l))
+            })
+            .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
     }
 
     fn has(&self, name: &str, labels: &[&str]) -> bool {
@@ -77,6 +91,40 @@ async fn on_metered_paid(
     Ok(())
 }
 
+test_event!(MeteredOpened, "consumer-test.metrics.saga", "MeteredOpened");
+test_event!(MeteredFailed, "consumer-test.metrics.saga", "MeteredFailed");
+test_event!(MeteredUndo, "consumer-test.metrics.undo", "MeteredUndo");
+
+/// A saga that registers one compensation when it starts and compensates on
+/// `MeteredFailed`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Metered {
+    order_id: uuid::Uuid,
+}
+
+#[saga(id = uuid::Uuid, correlate = order_id, starts_with(MeteredOpened), handles(MeteredFailed))]
+impl Metered {
+    async fn on_opened(event: MeteredOpened, ctx: &mut SagaContext<'_>) -> Result<Self, String> {
+        ctx.on_compensate(MeteredUndo {
+            event_id: uuid::Uuid::new_v4(),
+            order_id: event.order_id,
+            amount: event.amount,
+        });
+        Ok(Self {
+            order_id: event.order_id,
+        })
+    }
+
+    async fn on_failed(
+        &mut self,
+        _event: MeteredFailed,
+        ctx: &mut SagaContext<'_>,
+    ) -> Result<(), String> {
+        ctx.compensate();
+        Ok(())
+    }
+}
+
 #[sqlx::test(migrations = false)]
 async fn the_documented_metrics_are_recorded(pool: PgPool) {
     let recorded = Recorded::default();
@@ -100,10 +148,29 @@ async fn the_documented_metrics_are_recorded(pool: PgPool) {
     )
     .await;
     let end = high_watermarks(MeteredPaid::TOPIC, 1).await;
+    // Sagas: one compensated (a late failure of it is ignored), one left
+    // open, and a failure of a saga that never started.
+    create_topic(MeteredOpened::TOPIC, 1).await;
+    start_group_at(&group, MeteredOpened::TOPIC, 1, true).await;
+    let (ended, open) = (MeteredOpened::new(1), MeteredOpened::new(2));
+    let fail = |order_id| MeteredFailed {
+        event_id: uuid::Uuid::new_v4(),
+        order_id,
+        amount: 0,
+    };
+    for message in [&ended, &open] {
+        produce_event(&producer, message).await;
+    }
+    produce_event(&producer, &fail(ended.order_id)).await;
+    produce_event(&producer, &fail(ended.order_id)).await;
+    produce_event(&producer, &fail(uuid::Uuid::new_v4())).await;
+    let saga_end = high_watermarks(MeteredOpened::TOPIC, 1).await;
     let mut kafka = kafka_config();
     kafka.set("statistics.interval.ms", "200");
     let running = Consumer::builder(pool.clone(), kafka, &group)
         .handler(on_metered_paid)
+        .saga::<Metered>()
+        .backlog_interval(Duration::from_millis(200))
         .build()
         .unwrap()
         .spawn();
@@ -112,14 +179,39 @@ async fn the_documented_metrics_are_recorded(pool: PgPool) {
         "all consumed and the lag reported",
         Duration::from_secs(20),
         || async {
-            committed(&group, MeteredPaid::TOPIC, 1).await == end && recorded.has(m::LAG, &[&g])
+            committed(&group, MeteredPaid::TOPIC, 1).await == end
+                && committed(&group, MeteredOpened::TOPIC, 1).await == saga_end
+                && recorded.has(m::LAG, &[&g])
         },
     )
     .await;
+    let saga = "saga=metered";
+    eventually("the open-saga gauge", Duration::from_secs(10), || async {
+        recorded.gauge(s::OPEN, &[saga]) == Some(1.0)
+    })
+    .await;
     running.shutdown().await.unwrap();
 
-    assert_eq!(recorded.counter(m::CONSUMED, &[&g]), 4);
-    assert_eq!(recorded.counter(m::HANDLED, &[&g]), 1);
+    assert_eq!(recorded.counter(s::STARTED, &[saga]), 2);
+    assert_eq!(recorded.counter(s::STEPS, &[saga]), 3);
+    assert_eq!(
+        recorded.counter(s::STEPS, &[saga, "message=MeteredFailed"]),
+        1
+    );
+    assert_eq!(
+        recorded.counter(s::FINISHED, &[saga, "outcome=compensated"]),
+        1
+    );
+    assert_eq!(recorded.counter(s::COMPENSATIONS, &[saga]), 1);
+    assert_eq!(recorded.counter(s::IGNORED, &[saga, "reason=finished"]), 1);
+    assert_eq!(
+        recorded.counter(s::IGNORED, &[saga, "reason=unknown_saga"]),
+        1
+    );
+    assert!(recorded.has(s::OLDEST_OPEN, &[saga]));
+
+    assert_eq!(recorded.counter(m::CONSUMED, &[&g]), 9);
+    assert_eq!(recorded.counter(m::HANDLED, &[&g]), 6);
     assert_eq!(recorded.counter(m::DUPLICATES, &[&g]), 1);
     assert_eq!(
         recorded.counter(m::DEAD_LETTERED, &[&g, "reason=not_json"]),

@@ -117,6 +117,15 @@ impl ConsumerBuilder {
         S::register(self)
     }
 
+    /// How often the consumer refreshes what it reads from the database: the
+    /// inbox backlog and parked-row gauges and the inbox processors'
+    /// heartbeat (inbox mode), and the open-saga gauges of its sagas.
+    /// Default 10 s; at least 100 ms.
+    pub fn backlog_interval(mut self, interval: Duration) -> Self {
+        self.settings.backlog_interval = interval.max(Duration::from_millis(100));
+        self
+    }
+
     /// Dedup (default) or inbox; see [`Mode`].
     pub fn mode(mut self, mode: Mode) -> Self {
         self.settings.mode = mode;
