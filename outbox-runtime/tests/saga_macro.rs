@@ -12,8 +12,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use txoutbox_core::{Command, DomainEvent, Events};
-use txoutbox_derive::saga; // SAGA-MERGE: `txoutbox_runtime::saga::saga` once re-exported
 use txoutbox_runtime::consumer::{EventHandler, EventMeta, HandlerError};
+use txoutbox_runtime::saga::saga;
 use txoutbox_runtime::saga::{Saga, SagaContext};
 use uuid::Uuid;
 

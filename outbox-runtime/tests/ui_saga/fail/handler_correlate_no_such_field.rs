@@ -4,7 +4,7 @@
 mod messages;
 
 use messages::*;
-use txoutbox_derive::saga;
+use txoutbox_runtime::saga::saga;
 use txoutbox_runtime::saga::SagaContext;
 use uuid::Uuid;
 

@@ -6,7 +6,7 @@
 mod messages;
 
 use messages::*;
-use txoutbox_derive::saga; // SAGA-MERGE: `txoutbox_runtime::saga::saga` once re-exported
+use txoutbox_runtime::saga::saga;
 use txoutbox_runtime::consumer::{registered_handlers, EventHandler};
 use txoutbox_runtime::saga::{Saga, SagaContext};
 use uuid::Uuid;
