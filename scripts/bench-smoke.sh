@@ -35,6 +35,8 @@ run capacity CAPACITY_EVENTS=500 CAPACITY_BACKLOG=2000 CAPACITY_RELAYS=1,2 \
 run scheduled SCHEDULED_BENCH_MESSAGES=100 SCHEDULED_BENCH_SPREAD_MS=500 SCHEDULED_BENCH_ROUNDS=1 \
     SCHEDULED_BENCH_DRAIN=2000 SCHEDULED_BENCH_FUTURE=5000 \
     cargo bench -p txoutbox-runtime --bench scheduled
+run saga SAGA_BENCH_STEPS=400 SAGA_BENCH_SAGAS=40 SAGA_BENCH_ROUNDS=1 \
+    cargo bench -p txoutbox-runtime --bench saga
 # The seed's own Python relay as a baseline (skipped if Python is missing).
 scripts/seed-baseline.sh >/dev/null || true
 run seed_python SEED_ROUNDS=1 SEED_EVENTS=200 SEED_RELAY_EVENTS=1000 \

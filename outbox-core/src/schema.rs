@@ -3,10 +3,10 @@
 //!
 //! `#[derive(DomainEvent)]` submits one [`EventDescriptor`] per event type
 //! (`#[derive(Command)]` one per command type, marked [`MessageKind::Command`]);
-//! [`registered_events`] lists them. [`SchemaExport`] turns that list into the
+//! [`registered_events`] lists them. `SchemaExport` turns that list into the
 //! files consumers read: one JSON Schema (draft 2020-12) per event at
 //! `<topic>/<event_type>.json` and one AsyncAPI 3.0 document `asyncapi.yaml`.
-//! Its [`check`](SchemaExport::check) mode compares them with committed files,
+//! Its `check` mode compares them with committed files,
 //! so CI notices when the code and `schemas/` drift apart. The export is the
 //! feature `schema-export` (off by default): only the tool that writes
 //! `schemas/` needs it.

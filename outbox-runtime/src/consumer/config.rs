@@ -18,7 +18,7 @@ pub enum Mode {
     /// key in arrival order, and run the handler in the transaction that marks
     /// the row processed. An event whose key has nothing pending is handled
     /// on receipt, in the storing transaction (see
-    /// [`ConsumerBuilder::handle_on_receipt`]).
+    /// [`ConsumerBuilder::handle_on_receipt`](super::ConsumerBuilder::handle_on_receipt)).
     Inbox,
 }
 
