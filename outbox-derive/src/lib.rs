@@ -4,6 +4,7 @@
 
 use proc_macro::TokenStream;
 
+mod consumer_handler;
 mod domain_event;
 mod event_handler;
 mod outbox_handler;

@@ -164,7 +164,7 @@ async fn main() {
     // Each target as min / median / max of the per-round ratios, and how
     // many rounds met it: "met" only when the spread says so.
     let report = |name: &str, ratios: Vec<f64>, target: f64, unit: &str, scale: f64| {
-        let (lo, mid, hi) = spread(&ratios);
+        let (lo, mid, hi) = support::spread(&ratios);
         let met = ratios.iter().filter(|r| **r >= target).count();
         println!(
             "{name}: {:.1}{unit} / {:.1}{unit} / {:.1}{unit} (min / median / max over {} rounds; \
@@ -289,17 +289,6 @@ fn key_counts() -> Vec<i64> {
         .collect()
 }
 
-/// `(min, median, max)`.
-fn spread(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    (
-        sorted[0],
-        sorted[sorted.len() / 2],
-        sorted[sorted.len() - 1],
-    )
-}
-
 /// A few keys carrying all the traffic: each round drains the same backlog
 /// over each key count back to back (the topic read back and every key's
 /// order checked), and the throughput of each is compared with the first
@@ -322,11 +311,11 @@ async fn key_sweep(bench: &Bench, events: usize, rounds: usize, rate: usize, lat
         );
     }
     for (i, &keys) in counts.iter().enumerate() {
-        let (lo, mid, hi) = spread(&rates[i]);
+        let (lo, mid, hi) = support::spread(&rates[i]);
         let ratios: Vec<f64> = (0..rounds)
             .map(|r| 100.0 * rates[i][r] / rates[0][r])
             .collect();
-        let (rlo, rmid, rhi) = spread(&ratios);
+        let (rlo, rmid, rhi) = support::spread(&ratios);
         println!(
             "relay drain over {keys:>5} keys: {lo:.0} / {mid:.0} / {hi:.0} events/s (min / median / max); \
              vs {} keys in the same round: {rlo:.0}% / {rmid:.0}% / {rhi:.0}% (target >= 70%)",
@@ -362,8 +351,8 @@ async fn key_sweep(bench: &Bench, events: usize, rounds: usize, rate: usize, lat
         println!("{}", line.trim_end_matches(','));
     }
     for (i, keys) in key_sets.iter().enumerate() {
-        let (lo50, mid50, hi50) = spread(&p50s[i]);
-        let (lo99, mid99, hi99) = spread(&p99s[i]);
+        let (lo50, mid50, hi50) = support::spread(&p50s[i]);
+        let (lo99, mid99, hi99) = support::spread(&p99s[i]);
         println!(
             "commit-to-publish at {rate}/s over {keys:>3} keys: p50 {lo50:.1} / {mid50:.1} / {hi50:.1} ms, \
              p99 {lo99:.1} / {mid99:.1} / {hi99:.1} ms (min / median / max)"
@@ -372,7 +361,7 @@ async fn key_sweep(bench: &Bench, events: usize, rounds: usize, rate: usize, lat
     let ratios: Vec<f64> = (0..latency_rounds)
         .map(|r| p99s[1][r] / p99s[0][r])
         .collect();
-    let (lo, mid, hi) = spread(&ratios);
+    let (lo, mid, hi) = support::spread(&ratios);
     println!(
         "p99 over 10 keys / over 100 keys, same round: {lo:.2} / {mid:.2} / {hi:.2} (target <= 1, no worse)"
     );

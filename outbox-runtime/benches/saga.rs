@@ -263,16 +263,6 @@ async fn run(pool: &PgPool, side: Side, sagas: &[Uuid], steps: usize, workers: u
     (per_worker * workers) as f64 / began.elapsed().as_secs_f64()
 }
 
-fn spread(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    (
-        sorted[0],
-        sorted[sorted.len() / 2],
-        sorted[sorted.len() - 1],
-    )
-}
-
 #[tokio::main]
 async fn main() {
     let steps = support::env_usize("SAGA_BENCH_STEPS", 20_000);
@@ -331,9 +321,9 @@ async fn main() {
             .await
             .unwrap();
     }
-    let (of, mf, xf) = spread(&ours);
-    let (oh, mh, xh) = spread(&theirs);
-    let (or, mr, xr) = spread(&ratios);
+    let (of, mf, xf) = support::spread(&ours);
+    let (oh, mh, xh) = support::spread(&theirs);
+    let (or, mr, xr) = support::spread(&ratios);
     println!("framework   steps/s min / median / max: {of:.0} / {mf:.0} / {xf:.0}");
     println!("hand-written steps/s min / median / max: {oh:.0} / {mh:.0} / {xh:.0}");
     println!("ratio framework / hand-written min / median / max: {or:.3} / {mr:.3} / {xr:.3}");

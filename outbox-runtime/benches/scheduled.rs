@@ -160,16 +160,6 @@ async fn set_future_rows(pool: &PgPool, future: usize) {
         .unwrap();
 }
 
-fn spread(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    (
-        sorted[0],
-        sorted[sorted.len() / 2],
-        sorted[sorted.len() - 1],
-    )
-}
-
 #[tokio::main]
 async fn main() {
     let n = support::env_usize("SCHEDULED_BENCH_MESSAGES", 1_000);
@@ -200,8 +190,8 @@ async fn main() {
         p99s.push(lateness[2]);
         println!("| {round} | {} | {} |", row(lateness), row(moved));
     }
-    let (lo, mid, hi) = spread(&medians);
-    let (p99_lo, p99_mid, p99_hi) = spread(&p99s);
+    let (lo, mid, hi) = support::spread(&medians);
+    let (p99_lo, p99_mid, p99_hi) = support::spread(&p99s);
     println!(
         "\nlateness median over rounds: min {lo:.1} / median {mid:.1} / max {hi:.1} ms; \
          p99: {p99_lo:.1} / {p99_mid:.1} / {p99_hi:.1} ms"
@@ -234,7 +224,7 @@ async fn main() {
         ratios.push(ratio);
     }
     let show = |values: &[f64], digits: usize| {
-        let (lo, mid, hi) = spread(values);
+        let (lo, mid, hi) = support::spread(values);
         format!("{lo:.digits$} / {mid:.digits$} / {hi:.digits$}")
     };
     println!(

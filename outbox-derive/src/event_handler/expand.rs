@@ -37,40 +37,19 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
             #call_private::handler_error,
         )
     };
-    quote! {
-        #(#docs)*
-        #[allow(non_camel_case_types)]
-        #[derive(Debug, Clone, Copy, Default)]
-        #vis struct #name;
-
-        #private::inventory::submit! {
-            #runtime::consumer::HandlerDescriptor::__new(
-                <#event as #runtime::__private_core::DomainEvent>::TOPIC,
-                <#event as #runtime::__private_core::DomainEvent>::EVENT_TYPE,
-                #name_str,
-            )
-        }
-
-        #[automatically_derived]
-        impl #runtime::consumer::EventHandler for #name {
-            type Event = #event;
-            const NAME: &'static str = #name_str;
-
-            fn handle<'__outbox>(
-                &'__outbox self,
-                tx: &'__outbox mut #private::Transaction<'static, #private::Postgres>,
-                event: #event,
-                meta: &'__outbox #runtime::consumer::EventMeta,
-                events: &'__outbox mut #private::Events,
-            ) -> #private::BoxFuture<
-                '__outbox,
-                ::core::result::Result<(), #runtime::consumer::HandlerError>,
-            > {
-                // The user's function, shadowing the struct's value name in here.
-                #function
-                let _ = (&meta, &events);
-                ::std::boxed::Box::pin(async move { #call })
-            }
-        }
+    crate::consumer_handler::ConsumerHandler {
+        runtime: &runtime,
+        attrs: quote!(#(#docs)*),
+        vis: quote!(#vis),
+        ident: &name,
+        event,
+        name: &name_str,
+        // The user's function, shadowing the struct's value name in `handle`.
+        before: quote! {
+            #function
+            let _ = (&meta, &events);
+        },
+        body: call,
     }
+    .expand()
 }

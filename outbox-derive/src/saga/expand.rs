@@ -119,44 +119,22 @@ fn handler(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
         }
     };
 
-    quote! {
-        #[doc(hidden)]
-        #[allow(non_camel_case_types)]
-        #[derive(Debug, Clone, Copy, Default)]
-        struct #struct_ident;
-
-        #private::inventory::submit! {
-            #runtime::consumer::HandlerDescriptor::__new(
-                <#message as #runtime::__private_core::DomainEvent>::TOPIC,
-                <#message as #runtime::__private_core::DomainEvent>::EVENT_TYPE,
-                #handler_name,
-            )
-        }
-
-        #[automatically_derived]
-        impl #runtime::consumer::EventHandler for #struct_ident {
-            type Event = #message;
-            const NAME: &'static str = #handler_name;
-
-            fn handle<'__outbox>(
-                &'__outbox self,
-                tx: &'__outbox mut #private::Transaction<'static, #private::Postgres>,
-                event: #message,
-                meta: &'__outbox #runtime::consumer::EventMeta,
-                events: &'__outbox mut #private::Events,
-            ) -> #private::BoxFuture<
-                '__outbox,
-                ::core::result::Result<(), #runtime::consumer::HandlerError>,
-            > {
-                ::std::boxed::Box::pin(async move {
-                    #correlation
-                    let __saga_id = #saga_private::correlation(__saga_id);
-                    let mut __step =
-                        #saga_private::Step::<#self_ty>::load(tx, events, meta, __saga_id).await?;
-                    #run
-                    __step.save().await
-                })
-            }
-        }
+    crate::consumer_handler::ConsumerHandler {
+        runtime,
+        attrs: quote!(#[doc(hidden)]),
+        vis: TokenStream::new(),
+        ident: &struct_ident,
+        event: message,
+        name: &handler_name,
+        before: TokenStream::new(),
+        body: quote! {
+            #correlation
+            let __saga_id = #saga_private::correlation(__saga_id);
+            let mut __step =
+                #saga_private::Step::<#self_ty>::load(tx, events, meta, __saga_id).await?;
+            #run
+            __step.save().await
+        },
     }
+    .expand()
 }

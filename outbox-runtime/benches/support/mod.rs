@@ -60,3 +60,14 @@ pub(crate) async fn outbox_backlog(pool: &PgPool, topic: &str, n: usize, keys: u
         .await
         .unwrap();
 }
+
+/// `(min, median, max)` of `values` (not empty), for the figures of rounds.
+pub(crate) fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (
+        sorted[0],
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1],
+    )
+}

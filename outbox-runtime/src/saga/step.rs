@@ -71,7 +71,9 @@ impl<'a, S: Saga> Step<'a, S> {
                     SagaStatus::Running => {
                         let state: S = serde_json::from_value(state).map_err(|error| {
                             HandlerError::new(format!(
-                                "the stored state of saga {} `{saga_id}` does not match its type: {error}",
+                                "the stored state of saga {} `{saga_id}` does not match its type: {error} \
+                                 (the state type changed under running sagas: give new fields \
+                                 `#[serde(default)]`, or migrate the rows of `saga_state`)",
                                 S::NAME
                             ))
                         })?;
