@@ -43,6 +43,28 @@ pub enum Error {
         /// The limit, [`MAX_PARTITION_KEY_BYTES`](crate::MAX_PARTITION_KEY_BYTES).
         max: usize,
     },
+    /// The handler returned `Ok`, but a statement of its transaction had
+    /// failed and the handler did not return that error: PostgreSQL refuses
+    /// every later statement of an aborted transaction and answers `COMMIT`
+    /// with a rollback, so nothing of it was written. The framework checks
+    /// this before it commits (see [`check_committable`](crate::check_committable))
+    /// and reports it instead of a success.
+    #[error(
+        "the transaction was aborted by a failed statement whose error was not returned, so nothing \
+         of it can be committed: return the error (`?`), run a statement that may fail under a \
+         savepoint (`SAVEPOINT s` ... `ROLLBACK TO SAVEPOINT s`), or avoid the error in SQL \
+         (e.g. `INSERT ... ON CONFLICT DO NOTHING`)"
+    )]
+    TransactionAborted,
+    /// The handler ended the transaction it was given (a `COMMIT` or
+    /// `ROLLBACK` statement of its own): the framework owns that transaction
+    /// and commits or rolls it back after the handler returns.
+    #[error(
+        "the handler ended the transaction it was given (a COMMIT or ROLLBACK of its own): the \
+         framework commits or rolls back that transaction itself; remove the statement, or use a \
+         savepoint to undo part of the work"
+    )]
+    TransactionEnded,
     /// A database error (connecting, running the handler's transaction, inserting the outbox rows, committing).
     #[error("database error: {}", DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),

@@ -37,6 +37,7 @@
 //! delivered not before a given time ([`cancel_scheduled`] calls one back
 //! while it is not due); see `docs/relay.md`, *Scheduled delivery*.
 
+mod committable;
 mod derive_support;
 mod domain_event;
 mod error;
@@ -51,6 +52,7 @@ mod unit_of_work;
 pub mod wakeup;
 pub mod wire;
 
+pub use committable::{check_committable, not_committable};
 pub use domain_event::{DomainEvent, PartitionKey};
 pub use error::{DbErrorDisplay, Error};
 pub use events::{Events, ScheduledRecord};

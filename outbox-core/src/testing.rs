@@ -4,7 +4,8 @@
 use sqlx::{Postgres, Transaction};
 
 use crate::{
-    DomainEvent, Error, Events, OutboxRecord, ScheduledRecord, TransactionSource, insert_events,
+    DomainEvent, Error, Events, OutboxRecord, ScheduledRecord, TransactionSource,
+    check_committable, insert_events, not_committable,
 };
 
 /// Runs `handler` in a transaction that is always rolled back, and returns
@@ -59,7 +60,16 @@ where
         tx.rollback().await?;
         return Err(error);
     }
-    let stored = insert_events(&mut tx, &events).await;
+    // As the unit of work does: a handler that swallowed a database error
+    // left the transaction aborted, and would commit nothing.
+    let stored = if events.is_empty() {
+        check_committable(&mut tx).await
+    } else {
+        insert_events(&mut tx, &events)
+            .await
+            .map(drop)
+            .map_err(|error| not_committable(&error).unwrap_or(Error::Database(error)))
+    };
     tx.rollback().await?;
     stored?;
     Ok(Recorded { output, events })

@@ -6,7 +6,7 @@ use std::future::Future;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 
-use crate::{Error, Events, insert_events, retry, wakeup};
+use crate::{Error, Events, check_committable, insert_events, not_committable, retry, wakeup};
 
 /// Transaction isolation level of a unit of work.
 ///
@@ -313,22 +313,38 @@ async fn finish<T, E>(
         rollback(tx).await;
         return Err(Failure::Framework(error));
     }
-    let inserted = match insert_events(&mut tx, &events).await {
+    // The insert is the first statement after the handler's: if the handler
+    // left the transaction aborted, it fails with 25P02, which says so. With
+    // nothing to insert, one statement asks (see `check_committable`).
+    let statement = if events.is_empty() {
+        check_committable(&mut tx).await.map(|()| 0)
+    } else {
+        insert_events(&mut tx, &events)
+            .await
+            .map_err(framework_error)
+    };
+    let inserted = match statement {
         Ok(inserted) => inserted,
         Err(error) => {
             rollback(tx).await;
-            return Err(Failure::Framework(error.into()));
+            return Err(Failure::Framework(error));
         }
     };
     // A failed commit (deferred constraint, serialization failure) has rolled
     // the transaction back on the server; nothing to undo here.
     tx.commit()
         .await
-        .map_err(|error| Failure::Framework(error.into()))?;
+        .map_err(|error| Failure::Framework(framework_error(error)))?;
     if inserted > 0 {
         wakeup::notify_committed();
     }
     Ok(output)
+}
+
+/// A statement's error as the framework reports it: an aborted or ended
+/// transaction is the handler's doing and says so.
+fn framework_error(error: sqlx::Error) -> Error {
+    not_committable(&error).unwrap_or(Error::Database(error))
 }
 
 /// Rolls back eagerly so the connection is clean when the error reaches the
