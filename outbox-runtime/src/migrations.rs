@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "sagas",
         sql: include_str!("../migrations/0008_sagas.sql"),
     },
+    Migration {
+        version: 9,
+        description: "consumer_dead_letters",
+        sql: include_str!("../migrations/0009_consumer_dead_letters.sql"),
+    },
 ];
 
 /// Failure to migrate.

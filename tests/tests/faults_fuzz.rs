@@ -1,6 +1,7 @@
-//! Fuzzing the consumer's inbound decode and dispatch path (issue 8): many
-//! generated records (arbitrary key, value and header bytes, mutated valid
-//! events, the harness's poison kinds) go through `Consumer::__route`, which
+//! Fuzzing the consumer's inbound decode and dispatch path (issues 8 and 22):
+//! many generated records (arbitrary key, value, header name and value
+//! bytes, timestamps, mutated valid events, the harness's poison kinds) go
+//! through `Consumer::__route`, which
 //! is the consumer loop's own routing decision, in both modes. None may
 //! panic, and each must end where an independent oracle says: handled (dedup
 //! mode, then deduplicated by event id), stored (inbox mode) or
@@ -13,7 +14,7 @@ use outbox_tests::faults::model::{LedgerEntry, TOPIC, apply_entry};
 use outbox_tests::faults::poison::{RawMessage, poison_message};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
+use rdkafka::message::{OwnedMessage, Timestamp};
 use txoutbox_runtime::consumer::{Consumer, DeadLetterReason, Mode, Route, UnknownEventPolicy};
 use uuid::Uuid;
 
@@ -84,19 +85,30 @@ fn mutated_event(rng: &mut StdRng) -> RawMessage {
     }
 }
 
-fn random_headers(rng: &mut StdRng) -> Vec<(String, Option<Vec<u8>>)> {
+/// Headers of any bytes: the names the consumer reads (`event_type`,
+/// `event_id`, `traceparent`), random names that are often not UTF-8 or
+/// hold a NUL, and values of any kind.
+fn random_headers(rng: &mut StdRng) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
     let mut headers = Vec::new();
-    for _ in 0..rng.random_range(0..4) {
-        let name = match rng.random_range(0..4) {
-            0 => "event_type".to_owned(),
-            1 => "traceparent".to_owned(),
-            _ => String::from_utf8_lossy(&bytes(rng, 8)).into_owned(),
+    for _ in 0..rng.random_range(0..5) {
+        let name = match rng.random_range(0..6) {
+            0 => b"event_type".to_vec(),
+            1 => b"traceparent".to_vec(),
+            2 => b"event_id".to_vec(),
+            3 => {
+                let mut name = bytes(rng, 8);
+                name.push(0xfe); // never UTF-8
+                name
+            }
+            _ => bytes(rng, 8),
         };
-        let value = match rng.random_range(0..6) {
+        let value = match rng.random_range(0..8) {
             0 => None,
             1 => Some(b"LedgerEntry".to_vec()),
             2 => Some(b"Bogus".to_vec()),
             3 => Some(vec![0xff, 0xfe, 0x00]),
+            4 => Some(Uuid::new_v4().to_string().into_bytes()),
+            5 => Some(Vec::new()),
             _ => Some(bytes(rng, 30)),
         };
         headers.push((name, value));
@@ -118,28 +130,42 @@ fn generate(rng: &mut StdRng) -> RawMessage {
     message
 }
 
-fn to_kafka(message: &RawMessage, offset: i64) -> OwnedMessage {
-    let headers = if message.headers.is_empty() {
-        None
-    } else {
-        let mut headers = OwnedHeaders::new();
-        for (key, value) in &message.headers {
-            headers = headers.insert(Header {
-                key: key.as_str(),
-                value: value.as_deref(),
-            });
-        }
-        Some(headers)
-    };
+fn to_kafka(message: &RawMessage, offset: i64, timestamp: Timestamp) -> OwnedMessage {
+    let headers = (!message.headers.is_empty()).then(|| message.kafka_headers());
     OwnedMessage::new(
         message.value.clone(),
         message.key.clone(),
         TOPIC.to_owned(),
-        Timestamp::NotAvailable,
+        timestamp,
         0,
         offset,
         headers,
     )
+}
+
+/// Any timestamp a record can carry, the nonsensical ones included.
+fn random_timestamp(rng: &mut StdRng) -> Timestamp {
+    match rng.random_range(0..4) {
+        0 => Timestamp::NotAvailable,
+        1 => Timestamp::CreateTime(rng.random()),
+        2 => Timestamp::LogAppendTime(rng.random()),
+        _ => Timestamp::CreateTime(-1),
+    }
+}
+
+/// A header's name as librdkafka hands it over: a C string, cut at a NUL.
+fn c_name(name: &[u8]) -> &[u8] {
+    name.split(|b| *b == 0).next().unwrap_or_default()
+}
+
+/// The first header `name` whose value is UTF-8 text (the wire format's
+/// headers are text; others are left on the wire for the dead-letter copy).
+fn text_header(message: &RawMessage, name: &str) -> Option<String> {
+    message
+        .headers
+        .iter()
+        .filter(|(k, _)| c_name(k) == name.as_bytes())
+        .find_map(|(_, v)| String::from_utf8(v.clone()?).ok())
 }
 
 /// Whether PostgreSQL could not store `message` in the inbox: a NUL
@@ -160,13 +186,14 @@ fn holds_nul(message: &RawMessage, payload: &serde_json::Value) -> bool {
         .key
         .as_deref()
         .is_some_and(|k| String::from_utf8_lossy(k).contains('\0'));
-    // Header names travel as C strings (cut at a NUL); values are kept
-    // when they are UTF-8.
-    let header = message.headers.iter().any(|(_, value)| {
-        value
-            .as_deref()
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .is_some_and(|v| v.contains('\0'))
+    // Header names travel as C strings (cut at a NUL); headers are kept
+    // when name and value are UTF-8.
+    let header = message.headers.iter().any(|(name, value)| {
+        std::str::from_utf8(c_name(name)).is_ok()
+            && value
+                .as_deref()
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .is_some_and(|v| v.contains('\0'))
     });
     key || header || in_json(payload)
 }
@@ -181,10 +208,19 @@ fn oracle(message: &RawMessage, mode: Mode) -> Route {
     let Ok(serde_json::Value::Object(payload)) = serde_json::from_slice(value) else {
         return Route::DeadLetter(DeadLetterReason::NotJson);
     };
+    let mut payload = payload;
+    // The payload's `event_id`, else the `event_id` header's.
     let event_id = match payload.get("event_id") {
-        None | Some(serde_json::Value::Null) => {
-            return Route::DeadLetter(DeadLetterReason::MissingEventId);
-        }
+        None | Some(serde_json::Value::Null) => match text_header(message, "event_id") {
+            None => return Route::DeadLetter(DeadLetterReason::MissingEventId),
+            Some(text) => match Uuid::parse_str(&text) {
+                Ok(id) => {
+                    payload.insert("event_id".into(), id.to_string().into());
+                    id
+                }
+                Err(_) => return Route::DeadLetter(DeadLetterReason::InvalidEventId),
+            },
+        },
         Some(serde_json::Value::String(s)) => match Uuid::parse_str(s) {
             Ok(id) => id,
             Err(_) => return Route::DeadLetter(DeadLetterReason::InvalidEventId),
@@ -192,13 +228,11 @@ fn oracle(message: &RawMessage, mode: Mode) -> Route {
         Some(_) => return Route::DeadLetter(DeadLetterReason::InvalidEventId),
     };
     // The first `event_type` header with a UTF-8 value, else the payload's
-    // string field, else the topic's only handler's type.
-    let event_type = message
-        .headers
-        .iter()
-        .filter(|(k, _)| k == "event_type")
-        .find_map(|(_, v)| String::from_utf8(v.clone()?).ok())
+    // string field, else the topic's only handler's type; an empty name
+    // names nothing.
+    let event_type = text_header(message, "event_type")
         .or_else(|| payload.get("event_type")?.as_str().map(str::to_owned))
+        .filter(|name| !name.is_empty())
         .unwrap_or_else(|| "LedgerEntry".to_owned());
     if event_type != "LedgerEntry" {
         return Route::DeadLetter(DeadLetterReason::UnknownEventType);
@@ -263,7 +297,8 @@ fn fuzz(mode: Mode) {
             // NUL characters where the inbox must refuse them.
             message.key = Some(b"k\0ey".to_vec());
         }
-        let route = consumer.__route(&to_kafka(&message, case as i64));
+        let timestamp = random_timestamp(&mut rng);
+        let route = consumer.__route(&to_kafka(&message, case as i64, timestamp));
         let expected = oracle(&message, mode);
         assert_eq!(
             route,

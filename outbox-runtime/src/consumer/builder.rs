@@ -82,6 +82,8 @@ impl ConsumerBuilder {
                 unknown_events: UnknownEventPolicy::Skip,
                 max_message_bytes: 1024 * 1024,
                 batch_size: 500,
+                batch_max_bytes: 16 * 1024 * 1024,
+                handler_timeout: Duration::from_secs(30),
                 processors: 2,
                 processor_batch_size: 500,
                 processor_poll_interval: Duration::from_millis(500),
@@ -204,6 +206,41 @@ impl ConsumerBuilder {
     /// [`processors(0)`](Self::processors) rows are always only stored.
     pub fn handle_on_receipt(mut self, on: bool) -> Self {
         self.settings.handle_on_receipt = on;
+        self
+    }
+
+    /// How long one handler call may take. Default 30 s.
+    ///
+    /// A call that has not returned by then (an awaited HTTP request without
+    /// a timeout, a lock wait) is abandoned: its transaction is rolled back
+    /// and the call counts as a failed attempt of its event, which is
+    /// retried, then dead-lettered (dedup) or parked (inbox) like any
+    /// failure; the error says `did not return within …`. Every statement of
+    /// the consumer's transactions also runs under a PostgreSQL
+    /// `statement_timeout` of the same length, so a statement still running
+    /// on the server when the call is abandoned ends too. `Duration::MAX`
+    /// turns both off.
+    ///
+    /// The timeout cannot interrupt a handler that blocks its thread
+    /// (`std::thread::sleep`, blocking I/O): run such work with
+    /// `tokio::task::spawn_blocking`.
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.handler_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Most bytes (keys and values) in one batch: a batch ends at
+    /// `batch_size` messages or at this many bytes, whichever comes first
+    /// (a batch always takes at least one message). Default 16 MiB.
+    ///
+    /// With [`max_message_bytes`](Self::max_message_bytes), it bounds what a
+    /// batch holds in memory: values are never parsed into a JSON tree, so
+    /// a batch costs about its bytes plus the decoded events (BENCHMARKS.md,
+    /// "Consumer memory"). What librdkafka prefetches is bounded by its own
+    /// settings: `queued.max.messages.kbytes` (64 MiB by default) and one
+    /// fetch response, `fetch.max.bytes` (50 MiB by default).
+    pub fn batch_max_bytes(mut self, bytes: usize) -> Self {
+        self.settings.batch_max_bytes = bytes.max(1);
         self
     }
 

@@ -1,6 +1,7 @@
 //! The Kafka client context: consumer lag from librdkafka's statistics, and
 //! rebalance logging.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rdkafka::ClientContext;
@@ -14,6 +15,10 @@ pub(crate) struct KafkaContext {
     /// Counts assignments and revocations, so the receive loop knows when the
     /// offsets it expects next are no longer its own.
     pub(crate) rebalances: AtomicU64,
+    /// Partitions assigned or revoked since the receive loop last looked:
+    /// what it kept of them (a retried event, messages waiting) is no longer
+    /// its own, and the broker redelivers from the committed offset.
+    moved: Mutex<Vec<(String, i32)>>,
 }
 
 impl KafkaContext {
@@ -21,11 +26,17 @@ impl KafkaContext {
         Self {
             group,
             rebalances: AtomicU64::new(0),
+            moved: Mutex::default(),
         }
     }
 
     pub(crate) fn rebalance_generation(&self) -> u64 {
         self.rebalances.load(Ordering::Acquire)
+    }
+
+    /// The partitions assigned or revoked since the last call.
+    pub(crate) fn take_moved(&self) -> Vec<(String, i32)> {
+        std::mem::take(&mut *self.moved.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -61,6 +72,14 @@ impl ConsumerContext for KafkaContext {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        if let Rebalance::Assign(tpl) | Rebalance::Revoke(tpl) = rebalance {
+            let mut moved = self.moved.lock().unwrap_or_else(|e| e.into_inner());
+            moved.extend(
+                tpl.elements()
+                    .iter()
+                    .map(|e| (e.topic().to_owned(), e.partition())),
+            );
+        }
         self.rebalances.fetch_add(1, Ordering::AcqRel);
         match rebalance {
             Rebalance::Assign(tpl) => {

@@ -61,6 +61,8 @@ pub(crate) struct Settings {
     pub(crate) unknown_events: UnknownEventPolicy,
     pub(crate) max_message_bytes: usize,
     pub(crate) batch_size: usize,
+    pub(crate) batch_max_bytes: usize,
+    pub(crate) handler_timeout: Duration,
     pub(crate) processors: usize,
     pub(crate) processor_batch_size: usize,
     pub(crate) processor_poll_interval: Duration,

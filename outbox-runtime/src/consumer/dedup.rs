@@ -1,29 +1,36 @@
 //! Dedup mode: `processed_event` row and handler effects in one transaction.
 //!
 //! A batch first runs optimistically in a single transaction (one dedup insert
-//! for all its event ids, then each new event's handler, one commit). If any
-//! handler fails, that transaction rolls back as a whole and a careful pass
-//! runs the batch again in one transaction with a savepoint per event: a
-//! failing event's dedup row and effects are undone, the events after it in
-//! its partition wait, every other event is committed. The failing event is
-//! then retried on its own, in place (its partition waits, in offset order),
-//! with its retry budget, and dead-lettered when that is spent; then the
-//! events that waited behind it go on. So a failing event never takes its
-//! neighbours' effects with it, and costs its batch one more pass, not a
-//! transaction per event.
+//! for all its event ids, then each new event's handler, a check that the
+//! transaction can still commit, one commit). If any handler fails, that
+//! transaction rolls back as a whole and a careful pass runs the batch again
+//! in one transaction with a savepoint per event: a failing event's dedup row
+//! and effects are undone, the events after it in its partition wait, every
+//! other event is committed. The careful pass also finds the handler that
+//! returned `Ok` on a transaction it left aborted (a swallowed database
+//! error): releasing its savepoint fails, and that handler alone is charged.
+//!
+//! The failing event is not retried here: [`take`] hands it back as a
+//! [`Retry`], and the receive loop runs its next attempts with [`attempt`]
+//! beside the batches of the other partitions, after its backoff, while its
+//! own partition waits (paused). So a failing event never takes its
+//! neighbours' effects with it, costs its batch one more pass, not a
+//! transaction per event, and delays only its own partition.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rdkafka::message::OwnedMessage;
 use uuid::Uuid;
 
 use super::handler::{Decoded, ErasedHandler};
-use super::message::{DeadLetterReason, Envelope};
+use super::message::Envelope;
+use super::progress::Taken;
 use super::route::{Routed, route};
-use super::shared::{Aside, Shared};
+use super::shared::Shared;
 
-struct Work {
+/// An event on its way to its handler.
+pub(crate) struct Work {
     index: usize,
     envelope: Envelope,
     handler: Arc<dyn ErasedHandler>,
@@ -37,29 +44,55 @@ impl Work {
             // Decoding is deterministic and succeeded when the batch was classified.
             None => self
                 .handler
-                .decode(&self.envelope.payload)
+                .decode_str(&self.envelope.payload)
                 .expect("payload decoded before"),
         }
+    }
+
+    fn partition(&self) -> (String, i32) {
+        (
+            self.envelope.meta.topic.clone(),
+            self.envelope.meta.partition.unwrap_or_default(),
+        )
+    }
+}
+
+/// An event whose handler failed, to be attempted again later.
+pub(crate) struct Retry {
+    work: Work,
+    /// Failed attempts so far.
+    pub(crate) attempts: u32,
+    /// The last attempt's error.
+    pub(crate) last_error: String,
+}
+
+impl Retry {
+    /// The dead-letter error once the attempts are spent.
+    pub(crate) fn give_up_error(&self) -> String {
+        format!(
+            "handler `{}` failed {} times; last error: {}",
+            self.work.handler.name(),
+            self.attempts,
+            self.last_error
+        )
     }
 }
 
 enum Fast {
     Committed,
-    HandlerFailed,
+    /// A handler failed; those abandoned at the timeout are named (by index
+    /// into the work), so that the careful pass does not wait for them again.
+    HandlerFailed {
+        timed_out: Vec<(usize, String)>,
+    },
     Interrupted,
 }
 
-enum One {
-    Done,
-    DeadLetter(String),
-    Interrupted,
-}
-
-/// Handles a batch; returns which messages are finished (their offsets may be stored).
-pub(crate) async fn handle_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<bool> {
-    let mut done = vec![false; batch.len()];
+/// Handles a batch; says which messages are finished, which to dead-letter,
+/// and which events to retry (see [`Taken`]).
+pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
+    let mut taken = Taken::default();
     let mut work = Vec::new();
-    let mut aside = Vec::new();
     for (index, message) in batch.iter().enumerate() {
         match route(message, &ctx.dispatch, &ctx.settings) {
             Routed::Handle {
@@ -72,44 +105,79 @@ pub(crate) async fn handle_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<bo
                 handler,
                 decoded: Some(event),
             }),
-            Routed::Skip(event_type) => aside.push((index, Aside::Skip(event_type))),
-            Routed::DeadLetter(reason, error) => aside.push((index, Aside::Dead(reason, error))),
+            Routed::Skip(event_type) => {
+                ctx.count_skipped(&envelope_topic(message), &event_type);
+                taken.done.push(index);
+            }
+            Routed::DeadLetter(reason, error) => taken.dead.push((index, reason, error)),
             Routed::Store(_) => unreachable!("only inbox mode stores"),
         }
     }
-    if !work.is_empty() {
-        match fast_path(ctx, &mut work).await {
-            Fast::Committed => work.iter().for_each(|w| done[w.index] = true),
-            Fast::Interrupted => return done,
-            Fast::HandlerFailed => {
-                let mut pending: Vec<usize> = (0..work.len()).collect();
-                while !pending.is_empty() {
-                    let Careful { finished, failed } = match careful(ctx, &mut work, &pending).await
-                    {
-                        Some(pass) => pass,
-                        None => return done,
-                    };
-                    let mut resolved: HashSet<usize> = finished.iter().copied().collect();
-                    finished.iter().for_each(|&i| done[work[i].index] = true);
-                    for (i, error) in failed {
-                        let w = &mut work[i];
-                        match handle_one(ctx, w, 1, error).await {
-                            One::Done => done[w.index] = true,
-                            One::DeadLetter(error) => aside.push((
-                                w.index,
-                                Aside::Dead(DeadLetterReason::HandlerFailed, error),
-                            )),
-                            One::Interrupted => return done,
-                        }
-                        resolved.insert(i);
-                    }
-                    pending.retain(|i| !resolved.contains(i));
-                }
-            }
-        }
+    if work.is_empty() {
+        return taken;
     }
-    ctx.set_aside(batch, aside, &mut done).await;
-    done
+    let timed_out = match fast_path(ctx, &mut work).await {
+        Fast::Committed => {
+            taken.done.extend(work.iter().map(|w| w.index));
+            return taken;
+        }
+        Fast::Interrupted => return Taken::interrupted(),
+        Fast::HandlerFailed { timed_out } => timed_out,
+    };
+    // Each event abandoned at the timeout has had its first attempt; the
+    // careful pass goes on without it (and its partition's later events).
+    let mut blocked: HashMap<(String, i32), usize> = HashMap::new();
+    let mut failed: Vec<(usize, String)> = Vec::new();
+    for (i, error) in timed_out {
+        blocked.entry(work[i].partition()).or_insert(i);
+        failed.push((i, error));
+    }
+    let Some(pass) = careful(ctx, &mut work, blocked).await else {
+        return Taken::interrupted();
+    };
+    taken
+        .done
+        .extend(pass.finished.iter().map(|&i| work[i].index));
+    failed.extend(pass.failed);
+    failed.sort_by_key(|(i, _)| *i);
+    // The first failure of each partition is retried; what follows it in
+    // its partition (events, a later failure, dead letters) waits behind it.
+    let mut first_failure: HashMap<(String, i32), (usize, String)> = HashMap::new();
+    for (i, error) in failed {
+        first_failure
+            .entry(work[i].partition())
+            .or_insert((i, error));
+    }
+    taken.dead.retain(|(index, ..)| {
+        let partition = partition_of(&batch[*index]);
+        first_failure
+            .get(&partition)
+            .is_none_or(|(first, _)| work[*first].index > *index)
+    });
+    let mut work: Vec<Option<Work>> = work.into_iter().map(Some).collect();
+    for (i, last_error) in first_failure.into_values() {
+        let work = work[i].take().expect("one first failure per partition");
+        taken.retry.push((
+            work.index,
+            Retry {
+                attempts: 1,
+                last_error,
+                work,
+            },
+        ));
+    }
+    taken.retry.sort_by_key(|(index, _)| *index);
+    taken
+}
+
+fn partition_of(message: &OwnedMessage) -> (String, i32) {
+    use rdkafka::Message;
+    (message.topic().to_owned(), message.partition())
+}
+
+fn envelope_topic(message: &OwnedMessage) -> String {
+    use rdkafka::Message;
+    message.topic().to_owned()
 }
 
 async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
@@ -117,7 +185,7 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
     let mut db_retry = 0;
     loop {
         let attempt = async {
-            let mut tx = ctx.pool.begin().await?;
+            let mut tx = ctx.begin().await?;
             let mut fresh: HashSet<Uuid> = sqlx::query_scalar(
                 "INSERT INTO processed_event (consumer_group, event_id)
                  SELECT $1, id FROM UNNEST($2::uuid[]) AS t(id)
@@ -131,32 +199,47 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
             .into_iter()
             .collect();
             let mut handled = 0u64;
-            for w in work.iter_mut() {
+            for (i, w) in work.iter_mut().enumerate() {
                 // `remove`: an id twice in one batch runs its handler once.
                 if !fresh.remove(&w.envelope.meta.event_id) {
                     continue;
                 }
                 let event = w.event();
-                if ctx
+                if let Err(failure) = ctx
                     .call(&*w.handler, &mut tx, event, &w.envelope.meta)
                     .await
-                    .is_err()
                 {
-                    return Ok::<_, sqlx::Error>(None);
+                    let timed_out = if failure.timed_out {
+                        vec![(i, failure.error.to_string())]
+                    } else {
+                        Vec::new()
+                    };
+                    return Ok::<_, sqlx::Error>(Fast::HandlerFailed { timed_out });
                 }
                 handled += 1;
             }
+            // A handler that swallowed a database error returned `Ok` on an
+            // aborted transaction, whose COMMIT would be a silent rollback of
+            // the whole batch; the careful pass finds which one it was.
+            if handled > 0 {
+                match txoutbox_core::check_committable(&mut tx).await {
+                    Ok(()) => {}
+                    Err(txoutbox_core::Error::Database(error)) => return Err(error),
+                    Err(_) => {
+                        return Ok(Fast::HandlerFailed {
+                            timed_out: Vec::new(),
+                        });
+                    }
+                }
+            }
             tx.commit().await?;
             ctx.committed();
-            Ok(Some(handled))
+            ctx.count_handled(handled, work.len() as u64 - handled);
+            Ok(Fast::Committed)
         }
         .await;
         match attempt {
-            Ok(Some(handled)) => {
-                ctx.count_handled(handled, work.len() as u64 - handled);
-                return Fast::Committed;
-            }
-            Ok(None) => return Fast::HandlerFailed,
+            Ok(outcome) => return outcome,
             Err(error) => {
                 if !ctx.db_failed(&error, &mut db_retry).await {
                     return Fast::Interrupted;
@@ -173,27 +256,28 @@ struct Careful {
     failed: Vec<(usize, String)>,
 }
 
-/// Runs the `pending` work (indices into `work`, in offset order) in one
-/// transaction, each event under a savepoint. `None` when shutting down.
-async fn careful(ctx: &Shared, work: &mut [Work], pending: &[usize]) -> Option<Careful> {
+/// Runs the work (in offset order) in one transaction, each event under a
+/// savepoint, up to the known failure of each partition in `blocked` (the
+/// index of its failing work). `None` when shutting down.
+async fn careful(
+    ctx: &Shared,
+    work: &mut [Work],
+    blocked: HashMap<(String, i32), usize>,
+) -> Option<Careful> {
     let mut db_retry = 0;
     loop {
         let attempt = async {
-            let mut tx = ctx.pool.begin().await?;
+            let mut tx = ctx.begin().await?;
             let mut pass = Careful {
                 finished: Vec::new(),
                 failed: Vec::new(),
             };
-            let mut blocked: HashSet<(String, i32)> = HashSet::new();
+            let mut blocked = blocked.clone();
             let mut handled = 0u64;
-            for &i in pending {
-                let w = &mut work[i];
-                let partition = (
-                    w.envelope.meta.topic.clone(),
-                    w.envelope.meta.partition.unwrap_or_default(),
-                );
-                if blocked.contains(&partition) {
-                    continue; // behind a failed event of its partition
+            for (i, w) in work.iter_mut().enumerate() {
+                let partition = w.partition();
+                if blocked.get(&partition).is_some_and(|&first| first <= i) {
+                    continue; // a failed event of its partition, or behind one
                 }
                 sqlx::query("SAVEPOINT outbox_dedup_event")
                     .execute(&mut *tx)
@@ -203,30 +287,40 @@ async fn careful(ctx: &Shared, work: &mut [Work], pending: &[usize]) -> Option<C
                     continue;
                 }
                 let event = w.event();
-                match ctx
+                let called = ctx
                     .call(&*w.handler, &mut tx, event, &w.envelope.meta)
-                    .await
-                {
-                    Ok(()) => {
-                        sqlx::query("RELEASE SAVEPOINT outbox_dedup_event")
-                            .execute(&mut *tx)
-                            .await?;
-                        pass.finished.push(i);
-                        handled += 1;
-                    }
-                    Err(error) => {
-                        // Undoes the dedup row too: the event is not processed.
-                        sqlx::query("ROLLBACK TO SAVEPOINT outbox_dedup_event")
-                            .execute(&mut *tx)
-                            .await?;
-                        if !ctx.db_reachable().await {
-                            // An outage, not the event's fault.
-                            return Err(sqlx::Error::PoolTimedOut);
+                    .await;
+                let failure = match called {
+                    Ok(()) => match sqlx::query("RELEASE SAVEPOINT outbox_dedup_event")
+                        .execute(&mut *tx)
+                        .await
+                    {
+                        Ok(_) => {
+                            pass.finished.push(i);
+                            handled += 1;
+                            continue;
                         }
-                        blocked.insert(partition);
-                        pass.failed.push((i, error.to_string()));
-                    }
+                        // Refused: the handler left the transaction aborted.
+                        Err(error) => match txoutbox_core::not_committable(&error) {
+                            Some(unusable) => ctx
+                                .left_unusable(&*w.handler, &w.envelope.meta, &unusable)
+                                .to_string(),
+                            None => return Err(error),
+                        },
+                    },
+                    Err(failure) => failure.error.to_string(),
+                };
+                // Undoes the dedup row too: the event is not processed.
+                sqlx::query("ROLLBACK TO SAVEPOINT outbox_dedup_event")
+                    .execute(&mut *tx)
+                    .await?;
+                if !ctx.db_reachable().await {
+                    // An outage, not the event's fault.
+                    return Err(sqlx::Error::PoolTimedOut);
                 }
+                let first = blocked.entry(partition).or_insert(i);
+                *first = (*first).min(i);
+                pass.failed.push((i, failure));
             }
             tx.commit().await?;
             ctx.committed();
@@ -245,27 +339,29 @@ async fn careful(ctx: &Shared, work: &mut [Work], pending: &[usize]) -> Option<C
     }
 }
 
-enum Step {
-    Db(sqlx::Error),
-    Handler(String),
+/// What one more attempt of a retried event did.
+pub(crate) enum Attempted {
+    /// Handled and committed, or found handled meanwhile (a duplicate).
+    Handled,
+    /// The handler failed again, with this error.
+    Failed(String),
+    /// The consumer is shutting down.
+    Interrupted,
 }
 
-/// Retries one event in place until it is handled, found to be a duplicate
-/// or out of attempts (`failed_before` attempts already failed, the last
-/// with `last_error`).
-async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: String) -> One {
-    let mut attempts = failed_before;
-    if let Some(give_up) = out_of_attempts(ctx, w, attempts, &last_error) {
-        return give_up;
+/// One more attempt of `retry`'s event in a transaction of its own. A
+/// database outage meanwhile is waited out and does not count as an attempt.
+pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
+    enum Step {
+        Db(sqlx::Error),
+        Handler(String),
     }
-    if !ctx.pause(ctx.settings.backoff(attempts)).await {
-        return One::Interrupted;
-    }
+    let w = &mut retry.work;
     let mut db_retry = 0;
     loop {
-        let attempt = async {
-            let mut tx = ctx.pool.begin().await.map_err(Step::Db)?;
-            if !mark_processed(&mut tx, ctx, w.envelope.meta.event_id)
+        let outcome = async {
+            let mut tx = ctx.begin().await.map_err(Step::Db)?;
+            if !mark_processed(&mut tx, &ctx, w.envelope.meta.event_id)
                 .await
                 .map_err(Step::Db)?
             {
@@ -274,50 +370,43 @@ async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: 
             let event = w.event();
             ctx.call(&*w.handler, &mut tx, event, &w.envelope.meta)
                 .await
-                .map_err(|e| Step::Handler(e.to_string()))?;
+                .map_err(|failure| Step::Handler(failure.error.to_string()))?;
+            if let Err(unusable) = txoutbox_core::check_committable(&mut tx).await {
+                return Err(match unusable {
+                    txoutbox_core::Error::Database(error) => Step::Db(error),
+                    unusable => Step::Handler(
+                        ctx.left_unusable(&*w.handler, &w.envelope.meta, &unusable)
+                            .to_string(),
+                    ),
+                });
+            }
             tx.commit().await.map_err(Step::Db)?;
             ctx.committed();
             Ok(true)
         }
         .await;
-        match attempt {
+        match outcome {
             Ok(handled) => {
                 ctx.count_handled(u64::from(handled), u64::from(!handled));
-                return One::Done;
+                return Attempted::Handled;
             }
             Err(Step::Db(error)) => {
                 if !ctx.db_failed(&error, &mut db_retry).await {
-                    return One::Interrupted;
+                    return Attempted::Interrupted;
                 }
             }
             Err(Step::Handler(error)) => {
-                if !ctx.db_reachable().await {
-                    let outage = sqlx::Error::PoolTimedOut;
-                    if !ctx.db_failed(&outage, &mut db_retry).await {
-                        return One::Interrupted;
-                    }
-                    continue;
+                if ctx.db_reachable().await {
+                    return Attempted::Failed(error);
                 }
-                attempts += 1;
-                if let Some(give_up) = out_of_attempts(ctx, w, attempts, &error) {
-                    return give_up;
-                }
-                if !ctx.pause(ctx.settings.backoff(attempts)).await {
-                    return One::Interrupted;
+                // An outage, not the event's fault.
+                let outage = sqlx::Error::PoolTimedOut;
+                if !ctx.db_failed(&outage, &mut db_retry).await {
+                    return Attempted::Interrupted;
                 }
             }
         }
     }
-}
-
-/// The dead-letter verdict once `attempts` failed attempts reached the bound.
-fn out_of_attempts(ctx: &Shared, w: &Work, attempts: u32, last_error: &str) -> Option<One> {
-    (attempts >= ctx.settings.max_attempts).then(|| {
-        One::DeadLetter(format!(
-            "handler `{}` failed {attempts} times; last error: {last_error}",
-            w.handler.name()
-        ))
-    })
 }
 
 /// Inserts the event's dedup row; `false` if the group had processed it

@@ -1,9 +1,11 @@
 //! Publishing messages that cannot be handled to `<topic><suffix>`.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::{ClientConfig, Message};
 
@@ -31,6 +33,49 @@ pub(crate) struct DeadLetters {
     connection: ClientConfig,
     suffix: String,
     group: String,
+    /// Dead-letter topics the broker refused as a whole (missing, not
+    /// writable), with when and why: for a while after such a refusal,
+    /// further dead letters for the topic are parked without trying.
+    refusals: Mutex<HashMap<String, (Instant, String)>>,
+}
+
+/// How long a topic-wide refusal of a dead-letter topic stands before the
+/// next dead letter for it tries the broker again.
+const REFUSAL_HOLD: Duration = Duration::from_secs(60);
+
+/// What a failed dead-letter publish says about the next try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// This record can never be published as it is (too large even
+    /// without its value).
+    OfTheRecord,
+    /// The broker refuses the topic itself: missing, or not writable.
+    OfTheTopic,
+    /// Anything else (timeouts, an unreachable broker): worth another try.
+    Transient,
+}
+
+impl Refusal {
+    pub(crate) fn of(error: &KafkaError) -> Self {
+        use RDKafkaErrorCode as C;
+        match error.rdkafka_error_code() {
+            Some(
+                C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidRecord
+                | C::InvalidMessage,
+            ) => Self::OfTheRecord,
+            Some(
+                C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::InvalidTopic,
+            ) => Self::OfTheTopic,
+            _ => Self::Transient,
+        }
+    }
 }
 
 impl DeadLetters {
@@ -68,7 +113,24 @@ impl DeadLetters {
             connection,
             suffix,
             group,
+            refusals: Mutex::default(),
         })
+    }
+
+    /// Why `topic` is refused right now, if a topic-wide refusal was seen
+    /// less than [`REFUSAL_HOLD`] ago.
+    pub(crate) fn refused(&self, topic: &str) -> Option<String> {
+        let refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        refusals
+            .get(topic)
+            .filter(|(at, _)| at.elapsed() < REFUSAL_HOLD)
+            .map(|(_, why)| why.clone())
+    }
+
+    /// Notes a topic-wide refusal of `topic`.
+    pub(crate) fn note_refusal(&self, topic: &str, why: &str) {
+        let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        refusals.insert(topic.to_owned(), (Instant::now(), why.to_owned()));
     }
 
     /// The dead-letter topics of `topics` the cluster does not have; `None`
@@ -153,15 +215,9 @@ impl DeadLetters {
         error: &str,
         with_value: bool,
     ) -> Result<(), KafkaError> {
-        let mut headers = OwnedHeaders::new();
-        if let Some(original) = message.headers() {
-            for h in original.iter() {
-                headers = headers.insert(Header {
-                    key: h.key,
-                    value: h.value,
-                });
-            }
-        }
+        // A copy of the original list, made by librdkafka: its names may be
+        // any bytes, which rdkafka's `Headers::iter` would panic on.
+        let mut headers = message.headers().cloned().unwrap_or_default();
         let partition = message.partition().to_string();
         let offset = message.offset().to_string();
         let extra: [(&str, &str); 6] = [

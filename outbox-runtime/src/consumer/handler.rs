@@ -103,10 +103,23 @@ impl HandlerError {
     /// let err = HandlerError::new(sqlx::Error::RowNotFound);
     /// assert_eq!(err.to_string(), sqlx::Error::RowNotFound.to_string());
     /// ```
+    ///
+    /// A NUL character in the text is written `\0`: the text is stored in
+    /// PostgreSQL `text` columns (`inbox_event.last_error`), which cannot
+    /// hold one, and an error that cannot be recorded must not wedge the
+    /// consumer.
     pub fn new(error: impl fmt::Display + 'static) -> Self {
         match (&error as &dyn Any).downcast_ref::<sqlx::Error>() {
-            Some(database) => Self(DbErrorDisplay(database).to_string()),
-            None => Self(error.to_string()),
+            Some(database) => Self::text(DbErrorDisplay(database).to_string()),
+            None => Self::text(error.to_string()),
+        }
+    }
+
+    fn text(text: String) -> Self {
+        if text.contains('\0') {
+            Self(text.replace('\0', "\\0"))
+        } else {
+            Self(text)
         }
     }
 }
@@ -114,7 +127,7 @@ impl HandlerError {
 /// So that `?` works on sqlx calls in a handler returning `HandlerError`.
 impl From<sqlx::Error> for HandlerError {
     fn from(error: sqlx::Error) -> Self {
-        Self(DbErrorDisplay(&error).to_string())
+        Self::text(DbErrorDisplay(&error).to_string())
     }
 }
 
@@ -168,6 +181,8 @@ pub(crate) trait ErasedHandler: Send + Sync {
     /// Deserializes the payload into the handler's event type; a panic in a
     /// `Deserialize` implementation is caught and reported as an error.
     fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, String>;
+    /// The same from the payload's JSON text, without a tree in between.
+    fn decode_str(&self, payload: &str) -> Result<Decoded, String>;
     fn call<'a>(
         &'a self,
         tx: &'a mut Transaction<'static, Postgres>,
@@ -185,15 +200,13 @@ impl<H: EventHandler> ErasedHandler for Erased<H> {
     }
 
     fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, String> {
-        let decoded = std::panic::catch_unwind(|| H::Event::deserialize(payload));
-        match decoded {
-            Ok(Ok(event)) => Ok(Box::new(event) as Decoded),
-            Ok(Err(error)) => Err(error.to_string()),
-            Err(panic) => Err(format!(
-                "deserializing panicked: {}",
-                crate::lifecycle::panic_message(&*panic)
-            )),
-        }
+        decoded::<H::Event>(std::panic::catch_unwind(|| H::Event::deserialize(payload)))
+    }
+
+    fn decode_str(&self, payload: &str) -> Result<Decoded, String> {
+        decoded::<H::Event>(std::panic::catch_unwind(|| {
+            serde_json::from_str::<H::Event>(payload)
+        }))
     }
 
     fn call<'a>(
@@ -207,6 +220,20 @@ impl<H: EventHandler> ErasedHandler for Erased<H> {
             .downcast::<H::Event>()
             .expect("decoded by the same handler");
         self.0.handle(tx, event, meta, events)
+    }
+}
+
+/// A deserialization's outcome as [`ErasedHandler::decode`] reports it.
+fn decoded<T: Send + 'static>(
+    outcome: std::thread::Result<Result<T, serde_json::Error>>,
+) -> Result<Decoded, String> {
+    match outcome {
+        Ok(Ok(event)) => Ok(Box::new(event) as Decoded),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(panic) => Err(format!(
+            "deserializing panicked: {}",
+            crate::lifecycle::panic_message(&*panic)
+        )),
     }
 }
 

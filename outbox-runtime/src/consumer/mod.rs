@@ -44,6 +44,7 @@
 mod builder;
 mod client_context;
 mod config;
+mod dead_letter;
 mod dedup;
 mod dlq;
 mod error;
@@ -53,6 +54,8 @@ mod hooks;
 mod inbox;
 mod message;
 mod offsets;
+mod progress;
+mod raw_headers;
 mod receive;
 mod route;
 mod run;
@@ -74,6 +77,9 @@ pub use hooks::Route;
 #[doc(hidden)]
 pub use inbox::claim_once_for_benchmark;
 pub use message::DeadLetterReason;
+#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
+pub use raw_headers::{headers_as_bytes, headers_from_bytes};
 pub use run::{Consumer, ConsumerHandle};
 pub use summary::ConsumerSummary;
 pub use txoutbox_derive::event_handler;

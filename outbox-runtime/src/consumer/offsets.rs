@@ -3,9 +3,6 @@
 
 use std::collections::HashMap;
 
-use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
-
 use super::telemetry as m;
 
 /// The offset expected next in each partition, to notice gaps (see
@@ -112,42 +109,9 @@ fn record_gap(group: &str, partition: &(String, i32), expected: i64, offset: i64
     );
 }
 
-/// Per partition, the offset after the last message of the unbroken run of
-/// finished messages from the batch's start.
-pub(super) fn next_offsets(batch: &[OwnedMessage], done: &[bool]) -> HashMap<(String, i32), i64> {
-    let mut next = HashMap::new();
-    let mut blocked: Vec<(&str, i32)> = Vec::new();
-    for (message, &done) in batch.iter().zip(done) {
-        let key = (message.topic(), message.partition());
-        if blocked.contains(&key) {
-            continue;
-        }
-        if done {
-            next.insert((key.0.to_owned(), key.1), message.offset() + 1);
-        } else {
-            blocked.push(key);
-        }
-    }
-    next
-}
-
 #[cfg(test)]
 mod tests {
-    use rdkafka::message::Timestamp;
-
     use super::*;
-
-    fn message(topic: &str, partition: i32, offset: i64) -> OwnedMessage {
-        OwnedMessage::new(
-            None,
-            None,
-            topic.to_owned(),
-            Timestamp::NotAvailable,
-            partition,
-            offset,
-            None,
-        )
-    }
 
     #[test]
     fn offset_gaps_are_noticed_per_partition_and_forgotten_at_a_rebalance() {
@@ -202,28 +166,6 @@ mod tests {
         assert_eq!(
             positions.observe("g", &key, 13, true),
             Seen::GapToRefetch { expected: 12 }
-        );
-    }
-
-    #[test]
-    fn offsets_stop_at_the_first_unfinished_message_of_each_partition() {
-        let batch = [
-            message("a", 0, 10),
-            message("a", 1, 5),
-            message("a", 0, 11),
-            message("a", 1, 6),
-            message("a", 0, 12),
-            message("b", 0, 3),
-        ];
-        let done = [true, false, true, true, false, true];
-        let next = next_offsets(&batch, &done);
-        let mut next: Vec<_> = next.into_iter().collect();
-        next.sort();
-        // a/0: 10 and 11 done, 12 not: next is 12. a/1: 5 not done, so 6 must
-        // not be committed either. b/0: 3 done.
-        assert_eq!(
-            next,
-            vec![(("a".to_owned(), 0), 12), (("b".to_owned(), 0), 4)]
         );
     }
 }

@@ -1,21 +1,58 @@
 //! The receive loop: take what librdkafka fetched as a batch, check its
-//! offsets, hand it to the mode (dedup: handle; inbox: store), store the
+//! offsets, hand it to the mode (dedup: handle; inbox: store), and store the
 //! offsets of what is finished.
+//!
+//! Two kinds of work run beside the batches, on tasks of their own, so that
+//! neither ever holds a partition but its own: the next attempts of an event
+//! whose handler failed (dedup mode; its partition is paused meanwhile and
+//! its later messages wait), and the dead letters, published one at a time
+//! per partition, in offset order. Whatever they have not finished keeps
+//! its partition's stored offset below it (see [`Progress`]).
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer as _};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::config::Mode;
+use super::dead_letter::{Settled, dead_letter};
+use super::dedup::{Attempted, Retry};
 use super::error::ConsumerError;
-use super::offsets::{Positions, Seen, next_offsets};
+use super::message::DeadLetterReason;
+use super::offsets::{Positions, Seen};
+use super::progress::{DeadLetter, PartitionId, Progress, Taken};
 use super::run::Consumer;
 use super::{dedup, inbox, telemetry as m};
+
+/// What a task beside the batches reports when it ends.
+enum Side {
+    /// One more attempt of a partition's retried event.
+    Attempted {
+        partition: PartitionId,
+        epoch: u64,
+        retry: Retry,
+        outcome: Attempted,
+    },
+    /// A dead letter published or parked.
+    DeadLettered {
+        partition: PartitionId,
+        epoch: u64,
+        offset: i64,
+        settled: Settled,
+    },
+}
+
+/// The receive loop's state.
+struct Receiver<'a> {
+    consumer: &'a Consumer,
+    progress: Progress,
+    side: JoinSet<Side>,
+    positions: Positions,
+}
 
 impl Consumer {
     pub(super) async fn receive(self) -> Result<(), ConsumerError> {
@@ -41,70 +78,305 @@ impl Consumer {
                 source,
             })?;
         tracing::info!(group = %ctx.settings.group_id, ?topics, mode = ?ctx.settings.mode, "consumer started");
-        let group = ctx.settings.group_id.clone();
-        let mut positions = Positions::default();
-        loop {
-            let first = tokio::select! {
-                biased;
-                () = ctx.token.cancelled() => break,
-                received = self.kafka.recv() => received,
-            };
-            let mut batch = Vec::with_capacity(ctx.settings.batch_size);
-            match first {
-                Ok(message) => batch.push(message.detach()),
-                Err(error) => {
-                    tracing::warn!(%error, "kafka consumer error");
-                    continue;
-                }
-            }
-            // A batch is what librdkafka has already fetched: never wait for more.
-            while batch.len() < ctx.settings.batch_size {
-                match self.kafka.recv().now_or_never() {
-                    Some(Ok(message)) => batch.push(message.detach()),
-                    Some(Err(error)) => tracing::warn!(%error, "kafka consumer error"),
-                    None => break,
-                }
-            }
-            positions.follow(self.kafka.context().rebalance_generation());
-            let batch = self.check_offsets(&mut positions, batch);
-            if batch.is_empty() {
-                continue;
-            }
-            for message in &batch {
-                metrics::counter!(m::CONSUMED, "group" => group.clone(), "topic" => message.topic().to_owned())
-                    .increment(1);
-            }
-            let span =
-                tracing::info_span!("outbox.consume_batch", group = %group, size = batch.len());
-            let done = match ctx.settings.mode {
-                Mode::Dedup => dedup::handle_batch(ctx, &batch).instrument(span).await,
-                Mode::Inbox => inbox::store_batch(ctx, &batch).instrument(span).await,
-            };
-            let offsets = next_offsets(&batch, &done);
-            if !offsets.is_empty() {
-                self.store(&offsets);
-            }
-            if done.iter().any(|d| !d) {
-                // Only a shutdown leaves messages unfinished. Their offsets stay
-                // unstored, so they are redelivered to whoever consumes next.
-                break;
-            }
-        }
+        let mut receiver = Receiver {
+            consumer: &self,
+            progress: Progress::default(),
+            side: JoinSet::new(),
+            positions: Positions::default(),
+        };
+        receiver.run().await;
+        // Side tasks still running are abandoned with their offsets unstored.
+        receiver.side.abort_all();
         self.close();
         Ok(())
+    }
+
+    fn close(&self) {
+        match self.kafka.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) => {}
+            Err(rdkafka::error::KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::NoOffset,
+            )) => {}
+            Err(error) => tracing::warn!(%error, "final offset commit failed"),
+        }
+        self.kafka.unsubscribe();
+        tracing::info!(group = %self.ctx.settings.group_id, "consumer stopped");
+    }
+}
+
+impl Receiver<'_> {
+    /// Until shutdown.
+    async fn run(&mut self) {
+        let ctx = &self.consumer.ctx;
+        loop {
+            let next_due = self.progress.next_due();
+            let running = tokio::select! {
+                biased;
+                () = ctx.token.cancelled() => false,
+                Some(joined) = self.side.join_next() => match joined {
+                    Ok(side) => self.settle(side).await,
+                    // A side task panicked or was aborted: its message stays
+                    // unfinished (its offset unstored) until a redelivery.
+                    Err(error) => {
+                        tracing::error!(%error, "a consumer side task failed");
+                        true
+                    }
+                },
+                () = sleep_until(next_due), if next_due.is_some() => {
+                    self.start_side_tasks();
+                    true
+                }
+                received = self.consumer.kafka.recv() => match received {
+                    Ok(first) => {
+                        let batch = self.collect(first.detach());
+                        self.take(batch).await
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "kafka consumer error");
+                        true
+                    }
+                },
+            };
+            if !running {
+                break;
+            }
+            self.start_side_tasks();
+            self.store();
+            metrics::gauge!(m::PARTITIONS_BACKING_OFF, "group" => ctx.group())
+                .set(self.progress.blocked_count() as f64);
+        }
+    }
+
+    /// A batch: `first` and what librdkafka has already fetched behind it
+    /// (never a wait for more), up to the batch's size and bytes; then the
+    /// offset checks, and the messages of partitions blocked by a retried
+    /// event set aside behind it.
+    fn collect(&mut self, first: OwnedMessage) -> Vec<OwnedMessage> {
+        let settings = &self.consumer.ctx.settings;
+        let size =
+            |m: &OwnedMessage| m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len);
+        let mut bytes = size(&first);
+        let mut batch = Vec::with_capacity(settings.batch_size.min(64));
+        batch.push(first);
+        while batch.len() < settings.batch_size && bytes < settings.batch_max_bytes {
+            match self.consumer.kafka.recv().now_or_never() {
+                Some(Ok(message)) => {
+                    let message = message.detach();
+                    bytes += size(&message);
+                    batch.push(message);
+                }
+                Some(Err(error)) => tracing::warn!(%error, "kafka consumer error"),
+                None => break,
+            }
+        }
+        let context = self.consumer.kafka.context();
+        self.positions.follow(context.rebalance_generation());
+        for partition in context.take_moved() {
+            // Assigned anew or revoked: the broker redelivers from the
+            // committed offset, so nothing kept of it is current. A pause is
+            // librdkafka's to keep across assignments: lift it.
+            self.progress.forget(&partition);
+            self.pause(&partition, false);
+        }
+        let batch = self.check_offsets(batch);
+        for message in &batch {
+            metrics::counter!(m::CONSUMED, "group" => self.consumer.ctx.group(), "topic" => message.topic().to_owned())
+                .increment(1);
+        }
+        batch
+            .into_iter()
+            .filter_map(|message| self.progress.receive(message))
+            .collect()
+    }
+
+    /// Runs `batch` through the mode and records what became of each
+    /// message. False if the consumer is shutting down.
+    async fn take(&mut self, batch: Vec<OwnedMessage>) -> bool {
+        if batch.is_empty() {
+            return true;
+        }
+        let ctx = &self.consumer.ctx;
+        let span = tracing::info_span!("outbox.consume_batch", group = %ctx.settings.group_id, size = batch.len());
+        let taken = match ctx.settings.mode {
+            Mode::Dedup => dedup::take(ctx, &batch).instrument(span).await,
+            Mode::Inbox => inbox::take(ctx, &batch).instrument(span).await,
+        };
+        self.apply(batch, taken).await
+    }
+
+    async fn apply(&mut self, batch: Vec<OwnedMessage>, taken: Taken) -> bool {
+        let Taken {
+            done,
+            dead,
+            retry,
+            interrupted,
+        } = taken;
+        for index in done {
+            self.progress.finish(&batch[index]);
+        }
+        for (index, reason, error) in dead {
+            self.progress.queue_dead_letter(DeadLetter {
+                message: batch[index].clone(),
+                reason,
+                error,
+            });
+        }
+        if interrupted {
+            return false;
+        }
+        let mut released = Vec::new();
+        for (index, retry) in retry {
+            let head = &batch[index];
+            let partition = (head.topic().to_owned(), head.partition());
+            let behind: Vec<OwnedMessage> = batch[index + 1..]
+                .iter()
+                .filter(|m| m.topic() == partition.0 && m.partition() == partition.1)
+                .filter(|m| !self.progress.is_finished(m))
+                .cloned()
+                .collect();
+            let attempts = retry.attempts;
+            let due = Instant::now() + self.consumer.ctx.settings.backoff(attempts);
+            self.progress.block(head, retry, due, behind);
+            self.pause(&partition, true);
+            if attempts >= self.consumer.ctx.settings.max_attempts {
+                released.push(partition);
+            }
+        }
+        for partition in released {
+            let epoch = self.progress.epoch(&partition);
+            if !self.give_up(&partition, epoch).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The retried event of `partition` is out of attempts: it goes to the
+    /// dead letters, and the messages behind it go on.
+    async fn give_up(&mut self, partition: &PartitionId, epoch: u64) -> bool {
+        let Some((head, retry, behind)) = self.progress.unblock_spent(partition, epoch) else {
+            return true;
+        };
+        self.progress.queue_dead_letter(DeadLetter {
+            message: head,
+            reason: DeadLetterReason::HandlerFailed,
+            error: retry.give_up_error(),
+        });
+        self.release(partition, behind).await
+    }
+
+    /// Runs the messages that waited behind `partition`'s retried event, and
+    /// lifts the partition's pause unless one of them blocks it again.
+    async fn release(&mut self, partition: &PartitionId, behind: Vec<OwnedMessage>) -> bool {
+        if !Box::pin(self.take(behind)).await {
+            return false;
+        }
+        if !self.progress.is_blocked(partition) {
+            self.pause(partition, false);
+        }
+        true
+    }
+
+    /// Applies what a side task reported. False if the consumer is
+    /// shutting down.
+    async fn settle(&mut self, side: Side) -> bool {
+        let settings = &self.consumer.ctx.settings;
+        match side {
+            Side::DeadLettered {
+                partition,
+                epoch,
+                offset,
+                settled,
+            } => {
+                self.progress
+                    .dead_letter_settled(&partition, epoch, offset, settled.finished());
+                settled.finished()
+            }
+            Side::Attempted {
+                partition,
+                epoch,
+                mut retry,
+                outcome,
+            } => {
+                if !self.progress.is_current(&partition, epoch) {
+                    return true; // revoked meanwhile
+                }
+                match outcome {
+                    Attempted::Interrupted => false,
+                    Attempted::Handled => {
+                        let Some((head, behind)) = self.progress.unblock(&partition, epoch) else {
+                            return true;
+                        };
+                        self.progress.finish(&head);
+                        self.release(&partition, behind).await
+                    }
+                    Attempted::Failed(error) => {
+                        retry.attempts += 1;
+                        retry.last_error = error;
+                        let spent = retry.attempts >= settings.max_attempts;
+                        let due = Instant::now() + settings.backoff(retry.attempts);
+                        self.progress.retry_later(&partition, epoch, retry, due);
+                        if spent {
+                            return self.give_up(&partition, epoch).await;
+                        }
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts the due attempts of retried events and the next dead letter
+    /// of each partition.
+    fn start_side_tasks(&mut self) {
+        let ctx = &self.consumer.ctx;
+        for (partition, epoch, mut retry) in self.progress.due(Instant::now()) {
+            let ctx = ctx.clone();
+            self.side.spawn(async move {
+                let outcome = dedup::attempt(ctx, &mut retry).await;
+                Side::Attempted {
+                    partition,
+                    epoch,
+                    retry,
+                    outcome,
+                }
+            });
+        }
+        for (partition, epoch, dead) in self.progress.dead_letters_to_start() {
+            let ctx = ctx.clone();
+            self.side.spawn(async move {
+                let settled = dead_letter(&ctx, &dead.message, dead.reason, &dead.error).await;
+                Side::DeadLettered {
+                    partition,
+                    epoch,
+                    offset: dead.message.offset(),
+                    settled,
+                }
+            });
+        }
+    }
+
+    /// Pauses (or resumes) fetching `partition`.
+    fn pause(&self, partition: &PartitionId, pause: bool) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&partition.0, partition.1);
+        let done = if pause {
+            self.consumer.kafka.pause(&tpl)
+        } else {
+            self.consumer.kafka.resume(&tpl)
+        };
+        if let Err(error) = done {
+            tracing::debug!(%error, topic = %partition.0, partition = partition.1, pause, "pause/resume failed (partition revoked?)");
+        }
     }
 
     /// Notes every message's offset. With `refetch_offset_gaps`, a partition
     /// whose offsets jump is read again from the first missing offset (once
     /// per gap): its messages from the jump on are dropped from this batch,
     /// to come again, in order, after the seek.
-    fn check_offsets(
-        &self,
-        positions: &mut Positions,
-        batch: Vec<OwnedMessage>,
-    ) -> Vec<OwnedMessage> {
-        let group = &self.ctx.settings.group_id;
-        let refetch = self.ctx.settings.refetch_offset_gaps;
+    fn check_offsets(&mut self, batch: Vec<OwnedMessage>) -> Vec<OwnedMessage> {
+        let group = &self.consumer.ctx.settings.group_id;
+        let refetch = self.consumer.ctx.settings.refetch_offset_gaps;
         let mut cut: Vec<(String, i32)> = Vec::new();
         let mut kept = Vec::with_capacity(batch.len());
         for message in batch {
@@ -112,10 +384,13 @@ impl Consumer {
             if cut.contains(&partition) {
                 continue;
             }
-            match positions.observe(group, &partition, message.offset(), refetch) {
+            match self
+                .positions
+                .observe(group, &partition, message.offset(), refetch)
+            {
                 Seen::InOrder | Seen::GapAccepted => kept.push(message),
                 Seen::GapToRefetch { expected } => {
-                    let sought = self.kafka.seek(
+                    let sought = self.consumer.kafka.seek(
                         &partition.0,
                         partition.1,
                         Offset::Offset(expected),
@@ -131,7 +406,7 @@ impl Consumer {
                                 offset = message.offset(),
                                 "offsets skipped by the broker: reading the partition again from {expected}"
                             );
-                            positions.rewind(&partition, expected);
+                            self.positions.rewind(&partition, expected);
                             cut.push(partition);
                         }
                         Err(error) => {
@@ -145,29 +420,31 @@ impl Consumer {
         kept
     }
 
-    fn store(&self, offsets: &HashMap<(String, i32), i64>) {
+    /// Stores the offsets that moved: for each partition, up to its first
+    /// unfinished message.
+    fn store(&mut self) {
+        let offsets = self.progress.to_store();
+        if offsets.is_empty() {
+            return;
+        }
         let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), next) in offsets {
+        for ((topic, partition), next) in &offsets {
             if let Err(error) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*next)) {
                 tracing::warn!(%error, topic, partition, "cannot store offset");
             }
         }
         // Fails for partitions revoked meanwhile; their new owner redelivers and
         // the dedup table / inbox key absorbs the repeat.
-        if let Err(error) = self.kafka.store_offsets(&tpl) {
+        if let Err(error) = self.consumer.kafka.store_offsets(&tpl) {
             tracing::debug!(%error, "storing offsets failed (partition revoked?)");
         }
     }
+}
 
-    fn close(&self) {
-        match self.kafka.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) => {}
-            Err(rdkafka::error::KafkaError::ConsumerCommit(
-                rdkafka::types::RDKafkaErrorCode::NoOffset,
-            )) => {}
-            Err(error) => tracing::warn!(%error, "final offset commit failed"),
-        }
-        self.kafka.unsubscribe();
-        tracing::info!(group = %self.ctx.settings.group_id, "consumer stopped");
+/// Sleeps until `at` (for ever when `None`, which the select's guard rules out).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }

@@ -23,8 +23,8 @@ pub(crate) enum Routed {
     /// Inbox mode: into the inbox; processors decode and handle it later
     /// (and park it if its payload does not fit the handler's type).
     Store(Envelope),
-    /// No handler for its event type here (the string; empty if the record
-    /// names none), and the policy is to skip.
+    /// No handler for its event type here (the string), and the policy is
+    /// to skip.
     Skip(String),
     /// To the dead-letter topic.
     DeadLetter(DeadLetterReason, String),
@@ -35,27 +35,39 @@ pub(crate) enum Routed {
 /// (dedup: decode for the handler; inbox: check that PostgreSQL can store
 /// it), for an unknown type the [`UnknownEventPolicy`] (whose `Keep` stores
 /// it like a known one).
+///
+/// Nothing a record holds may stop the consumer: a panic while routing it
+/// (a bug, here or in an event type's `Deserialize`) sends the record to the
+/// dead-letter topic with reason `panicked`.
 pub(crate) fn route(message: &OwnedMessage, dispatch: &Dispatch, settings: &Settings) -> Routed {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        route_unguarded(message, dispatch, settings)
+    }))
+    .unwrap_or_else(|panic| {
+        Routed::DeadLetter(
+            DeadLetterReason::Panicked,
+            format!(
+                "routing the record panicked: {}",
+                crate::lifecycle::panic_message(&*panic)
+            ),
+        )
+    })
+}
+
+fn route_unguarded(message: &OwnedMessage, dispatch: &Dispatch, settings: &Settings) -> Routed {
     match classify(message, dispatch, settings.max_message_bytes) {
         Classified::Bad(reason, error) => Routed::DeadLetter(reason, error),
-        Classified::Unknown(envelope) => {
-            let event_type = &envelope.meta.event_type;
-            let unknown = || {
-                let error = if event_type.is_empty() {
-                    "message names no event type and its topic has several handlers".to_owned()
-                } else {
-                    format!("no handler for event type `{event_type}`")
-                };
-                Routed::DeadLetter(DeadLetterReason::UnknownEventType, error)
-            };
-            match settings.unknown_events {
-                UnknownEventPolicy::Skip => Routed::Skip(envelope.meta.event_type),
-                UnknownEventPolicy::DeadLetter => unknown(),
-                // Build refuses Keep outside inbox mode.
-                UnknownEventPolicy::Keep if event_type.is_empty() => unknown(),
-                UnknownEventPolicy::Keep => store(envelope),
-            }
-        }
+        // A record that names no event type at all is `Bad` (malformed)
+        // already: the policy is for types that another service handles.
+        Classified::Unknown(envelope) => match settings.unknown_events {
+            UnknownEventPolicy::Skip => Routed::Skip(envelope.meta.event_type),
+            UnknownEventPolicy::DeadLetter => Routed::DeadLetter(
+                DeadLetterReason::UnknownEventType,
+                format!("no handler for event type `{}`", envelope.meta.event_type),
+            ),
+            // Build refuses Keep outside inbox mode.
+            UnknownEventPolicy::Keep => store(envelope),
+        },
         Classified::Known(envelope) => match settings.mode {
             Mode::Inbox => store(envelope),
             Mode::Dedup => {
@@ -63,7 +75,7 @@ pub(crate) fn route(message: &OwnedMessage, dispatch: &Dispatch, settings: &Sett
                     .handler(&envelope.meta.topic, &envelope.meta.event_type)
                     .expect("classified as known")
                     .clone();
-                match handler.decode(&envelope.payload) {
+                match handler.decode_str(&envelope.payload) {
                     Ok(event) => Routed::Handle {
                         envelope,
                         handler,

@@ -2,13 +2,11 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use futures::FutureExt;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::StreamConsumer;
 use sqlx::PgPool;
-use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -180,16 +178,7 @@ impl Consumer {
         let kafka: StreamConsumer<KafkaContext> =
             kafka.create_with_context(KafkaContext::new(settings.group_id.clone()))?;
         Ok(Self {
-            ctx: Arc::new(Shared {
-                pool,
-                dispatch,
-                settings,
-                dlq,
-                stored: Notify::new(),
-                token: CancellationToken::new(),
-                events_recorded: AtomicBool::new(false),
-                totals: Arc::default(),
-            }),
+            ctx: Arc::new(Shared::new(pool, dispatch, settings, dlq)),
             kafka,
         })
     }

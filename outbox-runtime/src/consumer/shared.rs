@@ -1,6 +1,7 @@
 //! What the receive loop, dedup mode and the inbox processors share: the
 //! pool, the dispatch table, the settings, the dead-letter producer, and the
-//! steps every mode takes (calling a handler, backing off, dead-lettering).
+//! steps every mode takes (opening a transaction, calling a handler, backing
+//! off, counting).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -8,9 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
-use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -19,7 +18,6 @@ use txoutbox_core::Events;
 use super::config::Settings;
 use super::dlq::DeadLetters;
 use super::handler::{Dispatch, ErasedHandler, EventMeta, HandlerError};
-use super::message::DeadLetterReason;
 use super::summary::Totals;
 use super::telemetry as m;
 use crate::lifecycle::panic_message;
@@ -37,20 +35,60 @@ pub(crate) struct Shared {
     pub(crate) events_recorded: AtomicBool,
     /// What the consumer did so far, for its summary (shared with its handle).
     pub(crate) totals: Arc<Totals>,
+    /// How every transaction of the consumer begins (see [`Shared::begin`]).
+    begin_statement: Arc<str>,
 }
 
-/// A message that does not reach a handler.
-pub(crate) enum Aside {
-    /// To the dead-letter topic.
-    Dead(DeadLetterReason, String),
-    /// No handler for this event type (the string; empty if none was named),
-    /// skipped by policy.
-    Skip(String),
+/// A handler call that failed: its error, and whether it was abandoned at
+/// the handler timeout (such a call is not run again in the same pass).
+#[derive(Debug)]
+pub(crate) struct HandlerFailure {
+    pub(crate) error: HandlerError,
+    pub(crate) timed_out: bool,
+}
+
+impl std::fmt::Display for HandlerFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
 }
 
 impl Shared {
+    pub(crate) fn new(
+        pool: PgPool,
+        dispatch: Dispatch,
+        settings: Settings,
+        dlq: DeadLetters,
+    ) -> Self {
+        let begin_statement = begin_statement(settings.handler_timeout).into();
+        Self {
+            pool,
+            dispatch,
+            settings,
+            dlq,
+            stored: Notify::new(),
+            token: CancellationToken::new(),
+            events_recorded: AtomicBool::new(false),
+            totals: Arc::default(),
+            begin_statement,
+        }
+    }
+
     pub(crate) fn group(&self) -> String {
         self.settings.group_id.clone()
+    }
+
+    /// Opens one of the consumer's transactions: `READ COMMITTED`, whatever
+    /// the database's or role's default, because the inbox triggers and the
+    /// dedup and saga statements need a fresh snapshot per statement (under
+    /// `REPEATABLE READ` a trigger could miss a pending row committed
+    /// meanwhile, and `ON CONFLICT` on a row committed after the snapshot
+    /// fails with a serialization error); and with `statement_timeout` set to
+    /// the handler timeout. Both in the `BEGIN` round trip.
+    pub(crate) async fn begin(&self) -> sqlx::Result<Transaction<'static, Postgres>> {
+        self.pool
+            .begin_with(sqlx::AssertSqlSafe(Arc::clone(&self.begin_statement)))
+            .await
     }
 
     /// Counts committed handlers and duplicates (dedup mode's metrics have
@@ -79,6 +117,14 @@ impl Shared {
                 .increment(count);
             Totals::add(&self.totals.handled, count);
         }
+    }
+
+    /// Counts a message skipped by the unknown-event policy.
+    pub(crate) fn count_skipped(&self, topic: &str, event_type: &str) {
+        metrics::counter!(m::UNKNOWN_SKIPPED, "group" => self.group(), "topic" => topic.to_owned())
+            .increment(1);
+        Totals::add(&self.totals.skipped, 1);
+        tracing::debug!(topic, event_type, "no handler; skipped");
     }
 
     /// Sleeps `delay`; false if the consumer is shutting down.
@@ -117,16 +163,55 @@ impl Shared {
         )
     }
 
-    /// Runs the handler inside the producer's trace (from `traceparent`), then
-    /// inserts the events it recorded into `outbox_event` in the same
-    /// transaction. Callers call [`Shared::committed`] after committing `tx`.
+    /// The failure of `handler`'s call when the transaction it had turned
+    /// out unable to commit (`error` is [`txoutbox_core::Error::TransactionAborted`]
+    /// or `TransactionEnded`): the handler returned `Ok` regardless.
+    pub(crate) fn left_unusable(
+        &self,
+        handler: &dyn ErasedHandler,
+        meta: &EventMeta,
+        error: &txoutbox_core::Error,
+    ) -> HandlerError {
+        let error = HandlerError::new(format!(
+            "handler `{}` returned Ok, but {error}",
+            handler.name()
+        ));
+        self.count_failure(handler, meta, &error, false);
+        error
+    }
+
+    fn count_failure(
+        &self,
+        handler: &dyn ErasedHandler,
+        meta: &EventMeta,
+        error: &HandlerError,
+        timed_out: bool,
+    ) {
+        let event_type = meta.event_type.clone();
+        metrics::counter!(m::HANDLER_ERRORS, "group" => self.group(), "event_type" => event_type.clone())
+            .increment(1);
+        if timed_out {
+            metrics::counter!(m::HANDLER_TIMEOUTS, "group" => self.group(), "event_type" => event_type)
+                .increment(1);
+        }
+        tracing::warn!(%error, handler = handler.name(), event_id = %meta.event_id, "handler failed");
+    }
+
+    /// Runs the handler inside the producer's trace (from `traceparent`), at
+    /// most for the handler timeout, then inserts the events it recorded
+    /// into `outbox_event` in the same transaction. Callers call
+    /// [`Shared::committed`] after committing `tx`.
+    ///
+    /// A handler that returns `Ok` on a transaction it left aborted is found
+    /// out by the framework's next statement on it: the insert of its events
+    /// here, or the caller's savepoint release or commit check.
     pub(crate) async fn call(
         &self,
         handler: &dyn ErasedHandler,
-        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        tx: &mut Transaction<'static, Postgres>,
         event: super::handler::Decoded,
         meta: &EventMeta,
-    ) -> Result<(), HandlerError> {
+    ) -> Result<(), HandlerFailure> {
         // A traced event is handled inside its trace: an info span that is
         // the child of the publish span (feature `opentelemetry`); the others
         // get a debug span, as a trace is not started per message.
@@ -147,111 +232,101 @@ impl Shared {
         };
         txoutbox_core::trace::follow_traceparent(&span, meta.traceparent.as_deref());
         let mut events = Events::new();
+        let timeout = self.settings.handler_timeout;
         let result = txoutbox_core::trace::with_traceparent(meta.traceparent.clone(), async {
             // A panic is this event's failure, not the consumer's: it is
             // caught, the transaction is rolled back by the caller, and the
             // attempt counts like any other failed one.
-            AssertUnwindSafe(handler.call(tx, event, meta, &mut events))
+            let called = AssertUnwindSafe(handler.call(tx, event, meta, &mut events))
                 .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
-                    Err(HandlerError::new(format!(
-                        "the handler panicked: {}",
-                        panic_message(&*panic)
-                    )))
-                })?;
+                .map(|ended| {
+                    ended.unwrap_or_else(|panic| {
+                        Err(HandlerError::new(format!(
+                            "the handler panicked: {}",
+                            panic_message(&*panic)
+                        )))
+                    })
+                });
+            match tokio::time::timeout(timeout, called).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    return Err(HandlerFailure {
+                        error,
+                        timed_out: false,
+                    });
+                }
+                Err(_) => {
+                    return Err(HandlerFailure {
+                        error: HandlerError::new(format!(
+                            "handler `{}` did not return within {timeout:?} (the consumer's \
+                             handler_timeout): the call was abandoned and its transaction rolled \
+                             back; bound what the handler awaits (HTTP calls, locks) or raise the \
+                             timeout",
+                            handler.name()
+                        )),
+                        timed_out: true,
+                    });
+                }
+            }
+            let failed = |error: HandlerError| HandlerFailure {
+                error,
+                timed_out: false,
+            };
             if let Some(failure) = events.failure() {
-                return Err(HandlerError::new(format!(
+                return Err(failed(HandlerError::new(format!(
                     "an event the handler recorded cannot be stored: {failure}"
-                )));
+                ))));
             }
             if !events.is_empty() {
-                txoutbox_core::insert_events(tx, &events)
-                    .await
-                    .map_err(|e| {
-                        HandlerError::new(format!(
+                if let Err(error) = txoutbox_core::insert_events(tx, &events).await {
+                    return Err(failed(match txoutbox_core::not_committable(&error) {
+                        Some(unusable) => HandlerError::new(format!(
+                            "handler `{}` returned Ok, but {unusable}",
+                            handler.name()
+                        )),
+                        None => HandlerError::new(format!(
                             "storing recorded events: {}",
-                            txoutbox_core::DbErrorDisplay(&e)
-                        ))
-                    })?;
+                            txoutbox_core::DbErrorDisplay(&error)
+                        )),
+                    }));
+                }
                 self.events_recorded.store(true, Ordering::Relaxed);
             }
             Ok(())
         })
         .instrument(span)
         .await;
-        if let Err(error) = &result {
-            metrics::counter!(m::HANDLER_ERRORS, "group" => self.group(), "event_type" => meta.event_type.clone())
-                .increment(1);
-            tracing::warn!(%error, handler = handler.name(), event_id = %meta.event_id, "handler failed");
+        if let Err(failure) = &result {
+            self.count_failure(handler, meta, &failure.error, failure.timed_out);
         }
         result
     }
+}
 
-    /// Publishes to the dead-letter topic, retrying until the broker takes it.
-    /// False if the consumer is shutting down first.
-    pub(crate) async fn dead_letter(
-        &self,
-        message: &OwnedMessage,
-        reason: DeadLetterReason,
-        error: &str,
-    ) -> bool {
-        let mut retry = 0;
-        loop {
-            match self.dlq.publish(message, reason, error).await {
-                Ok(()) => {
-                    metrics::counter!(m::DEAD_LETTERED, "group" => self.group(), "topic" => message.topic().to_owned(), "reason" => reason.as_str())
-                        .increment(1);
-                    Totals::add(&self.totals.dead_lettered, 1);
-                    tracing::warn!(
-                        topic = message.topic(),
-                        partition = message.partition(),
-                        offset = message.offset(),
-                        %reason,
-                        error,
-                        "message dead-lettered"
-                    );
-                    return true;
-                }
-                Err(kafka) => {
-                    retry += 1;
-                    tracing::warn!(error = %kafka, dlq = %self.dlq.topic_for(message.topic()), "dead-letter publish failed; retrying");
-                    if !self.pause(self.settings.backoff(retry)).await {
-                        return false;
-                    }
-                }
-            }
-        }
+/// The statement that opens each of a consumer's transactions: `READ
+/// COMMITTED` and, unless the timeout is off, a `statement_timeout` of the
+/// handler timeout (`SET LOCAL`: it ends with the transaction).
+fn begin_statement(handler_timeout: Duration) -> String {
+    const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+    match i32::try_from(handler_timeout.as_millis()) {
+        Ok(millis) if millis > 0 => format!("{BEGIN}; SET LOCAL statement_timeout = {millis}"),
+        _ => BEGIN.to_owned(),
     }
+}
 
-    /// Dead-letters or skips the messages set aside, in offset order, marking
-    /// each finished; stops at the first one interrupted by shutdown.
-    pub(crate) async fn set_aside(
-        &self,
-        batch: &[OwnedMessage],
-        mut aside: Vec<(usize, Aside)>,
-        done: &mut [bool],
-    ) {
-        aside.sort_by_key(|(index, _)| *index);
-        for (index, what) in aside {
-            let finished = match what {
-                Aside::Dead(reason, error) => self.dead_letter(&batch[index], reason, &error).await,
-                Aside::Skip(event_type) => {
-                    metrics::counter!(m::UNKNOWN_SKIPPED, "group" => self.group(), "topic" => batch[index].topic().to_owned())
-                        .increment(1);
-                    Totals::add(&self.totals.skipped, 1);
-                    tracing::debug!(
-                        topic = batch[index].topic(),
-                        event_type,
-                        "no handler; skipped"
-                    );
-                    true
-                }
-            };
-            if !finished {
-                return;
-            }
-            done[index] = true;
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transactions_state_their_isolation_and_bound_their_statements() {
+        assert_eq!(
+            begin_statement(Duration::from_secs(30)),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = 30000"
+        );
+        assert_eq!(
+            begin_statement(Duration::MAX),
+            "BEGIN ISOLATION LEVEL READ COMMITTED"
+        );
     }
 }

@@ -18,6 +18,8 @@ pub struct ConsumerSummary {
     pub duplicates: u64,
     /// Messages published to a dead-letter topic.
     pub dead_lettered: u64,
+    /// Dead letters their topic refused, kept in `consumer_dead_letter`.
+    pub dead_letters_parked: u64,
     /// Messages of event types without a handler, skipped by policy.
     pub skipped: u64,
     /// Inbox mode: rows inserted into `inbox_event` (handled on receipt or
@@ -33,6 +35,7 @@ pub(crate) struct Totals {
     pub(crate) handled: AtomicU64,
     pub(crate) duplicates: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
+    pub(crate) dead_letters_parked: AtomicU64,
     pub(crate) skipped: AtomicU64,
     pub(crate) stored: AtomicU64,
     pub(crate) parked: AtomicU64,
@@ -50,6 +53,7 @@ impl Totals {
             handled: get(&self.handled),
             duplicates: get(&self.duplicates),
             dead_lettered: get(&self.dead_lettered),
+            dead_letters_parked: get(&self.dead_letters_parked),
             skipped: get(&self.skipped),
             stored: get(&self.stored),
             parked: get(&self.parked),

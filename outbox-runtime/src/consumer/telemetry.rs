@@ -11,6 +11,16 @@ pub const DUPLICATES: &str = "outbox_consumer_duplicates_total";
 pub const HANDLER_ERRORS: &str = "outbox_consumer_handler_errors_total";
 /// Counter: messages published to the dead-letter topic (label `reason`).
 pub const DEAD_LETTERED: &str = "outbox_consumer_dead_lettered_total";
+/// Counter: dead letters the dead-letter topic refused (missing, not
+/// writable, too large for it), kept in `consumer_dead_letter` instead
+/// (labels `topic`, `reason`).
+pub const DEAD_LETTERS_PARKED: &str = "outbox_consumer_dead_letters_parked_total";
+/// Counter: handler calls abandoned at the handler timeout (label
+/// `event_type`); each is also counted in `outbox_consumer_handler_errors_total`.
+pub const HANDLER_TIMEOUTS: &str = "outbox_consumer_handler_timeouts_total";
+/// Gauge: partitions whose next event backs off between handler attempts
+/// (dedup mode); their later messages wait, every other partition goes on.
+pub const PARTITIONS_BACKING_OFF: &str = "outbox_consumer_partitions_backing_off";
 /// Counter: messages of event types without a handler, skipped by policy.
 pub const UNKNOWN_SKIPPED: &str = "outbox_consumer_unknown_skipped_total";
 /// Counter: database failures that made the consumer pause and retry.

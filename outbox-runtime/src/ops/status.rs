@@ -44,6 +44,46 @@ pub struct Status {
     pub relays: Vec<RelayMember>,
     /// Sagas per type (empty before migration 8, or without sagas).
     pub sagas: Vec<SagaTypeOverview>,
+    /// Messages consumers could not publish to their dead-letter topics,
+    /// kept in `consumer_dead_letter` (migration 9).
+    pub consumer_dead_letters: ConsumerDeadLetters,
+}
+
+/// Dead letters that their topic refused (missing, not writable, too
+/// large for it), kept in `consumer_dead_letter` by the consumers.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConsumerDeadLetters {
+    /// Rows not republished yet.
+    pub unpublished: i64,
+    /// When the oldest of them was kept.
+    pub oldest_parked_at: Option<DateTime<Utc>>,
+    /// Up to the sample size of them, oldest first.
+    pub rows: Vec<ConsumerDeadLetterRow>,
+}
+
+/// One message a consumer could not dead-letter.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ConsumerDeadLetterRow {
+    /// The row's id.
+    pub id: i64,
+    /// The consumer group that set the message aside.
+    pub consumer_group: String,
+    /// Where the message was read.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Why it was set aside (a `dlq_reason`, e.g. `not_json`).
+    pub reason: String,
+    /// The error that set it aside.
+    pub error: String,
+    /// The dead-letter topic that refused it.
+    pub dead_letter_topic: String,
+    /// Why the dead-letter topic refused it.
+    pub publish_error: String,
+    /// When it was kept here.
+    pub parked_at: DateTime<Utc>,
 }
 
 /// A relay running against the database, from its membership row
@@ -223,6 +263,10 @@ pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
     }
     let relays = crate::relay::members(pool).await?;
     let sagas = sagas::overview(pool).await?;
+    let consumer_dead_letters = consumer_dead_letters(pool, sample).await?;
+    if consumer_dead_letters.unpublished > 0 {
+        tables.push(table_size(pool, "consumer_dead_letter").await?);
+    }
     Ok(Status {
         outbox,
         inbox,
@@ -230,6 +274,39 @@ pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
         tables,
         relays,
         sagas,
+        consumer_dead_letters,
+    })
+}
+
+/// The consumers' unpublished dead letters (none before migration 9).
+async fn consumer_dead_letters(
+    pool: &PgPool,
+    sample: i64,
+) -> Result<ConsumerDeadLetters, OpsError> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('consumer_dead_letter') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !exists {
+        return Ok(ConsumerDeadLetters::default());
+    }
+    let (unpublished, oldest_parked_at): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT count(*), min(parked_at) FROM consumer_dead_letter WHERE republished_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await?;
+    let rows = sqlx::query_as(
+        r#"SELECT id, consumer_group, topic, "partition" AS partition, "offset" AS offset, reason,
+                  error, dead_letter_topic, publish_error, parked_at
+           FROM consumer_dead_letter WHERE republished_at IS NULL
+           ORDER BY parked_at, id LIMIT $1"#,
+    )
+    .bind(sample)
+    .fetch_all(pool)
+    .await?;
+    Ok(ConsumerDeadLetters {
+        unpublished,
+        oldest_parked_at,
+        rows,
     })
 }
 

@@ -17,8 +17,22 @@ pub struct RawMessage {
     pub key: Option<Vec<u8>>,
     /// Value bytes.
     pub value: Option<Vec<u8>>,
-    /// Headers.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Headers: names and values are any bytes (a name need not be UTF-8,
+    /// which rdkafka's own header API cannot express: build them with
+    /// `txoutbox_runtime::consumer::headers_from_bytes`).
+    pub headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl RawMessage {
+    /// The headers as librdkafka takes them.
+    pub fn kafka_headers(&self) -> rdkafka::message::OwnedHeaders {
+        let headers: Vec<(&[u8], Option<&[u8]>)> = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_slice(), value.as_deref()))
+            .collect();
+        txoutbox_runtime::consumer::headers_from_bytes(&headers)
+    }
 }
 
 fn random_bytes(rng: &mut impl Rng, max: usize) -> Vec<u8> {
@@ -31,9 +45,10 @@ fn random_text(rng: &mut impl Rng, max: usize) -> String {
     (0..len).map(|_| rng.random::<char>()).collect()
 }
 
-/// Noise headers: arbitrary names, non-UTF-8 and missing values, and
-/// sometimes a misleading `event_type` / `event_id` header.
-fn noise_headers(rng: &mut impl Rng) -> Vec<(String, Option<Vec<u8>>)> {
+/// Noise headers: arbitrary names (text, or bytes that are not UTF-8),
+/// non-UTF-8 and missing values, and sometimes a misleading `event_type`
+/// header.
+fn noise_headers(rng: &mut impl Rng) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
     let mut headers = Vec::new();
     for _ in 0..rng.random_range(0..4) {
         let value = if rng.random_bool(0.2) {
@@ -41,12 +56,20 @@ fn noise_headers(rng: &mut impl Rng) -> Vec<(String, Option<Vec<u8>>)> {
         } else {
             Some(random_bytes(rng, 40))
         };
-        headers.push((random_text(rng, 12), value));
+        let name = if rng.random_bool(0.5) {
+            random_text(rng, 12).into_bytes()
+        } else {
+            // `\xff` never occurs in UTF-8.
+            let mut name = random_bytes(rng, 11);
+            name.push(0xff);
+            name
+        };
+        headers.push((name, value));
     }
     if rng.random_bool(0.3) {
         let names: &[&[u8]] = &[b"LedgerEntry", b"Bogus", b"", b"\xff\xfe"];
         let name = names.choose(rng).expect("non-empty").to_vec();
-        headers.push(("event_type".into(), Some(name)));
+        headers.push((b"event_type".to_vec(), Some(name)));
     }
     headers
 }
@@ -119,7 +142,7 @@ pub fn poison_message(rng: &mut impl Rng) -> RawMessage {
     if kind == 5 {
         // Its body would fit `LedgerEntry`: a header naming that type would
         // make it a valid event, not poison.
-        headers.retain(|(name, _)| name != "event_type");
+        headers.retain(|(name, _)| name != b"event_type");
     }
     RawMessage {
         key,
@@ -141,7 +164,7 @@ pub fn without_nul(mut message: RawMessage) -> RawMessage {
         clean(key);
     }
     for (name, value) in &mut message.headers {
-        *name = name.replace('\0', "\u{1}");
+        clean(name);
         if let Some(value) = value {
             clean(value);
         }

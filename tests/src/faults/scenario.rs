@@ -7,7 +7,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 use rand::seq::IndexedRandom;
 use rdkafka::ClientConfig;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::broker::{Broker, Cluster, MockBrokers};
@@ -259,22 +258,18 @@ async fn produce_poison(brokers: &str, count: usize, nul: bool) {
                     .to_string()
                     .into_bytes(),
             ),
-            headers: vec![("note".into(), Some(b"a\0b".to_vec()))],
+            headers: vec![(b"note".to_vec(), Some(b"a\0b".to_vec()))],
         };
     }
+    for (n, message) in messages.iter_mut().enumerate() {
+        let tag = n.to_string().into_bytes();
+        message
+            .headers
+            .insert(0, (POISON_HEADER.as_bytes().to_vec(), Some(tag)));
+    }
     let mut pending = Vec::new();
-    for (n, message) in messages.iter().enumerate() {
-        let tag = n.to_string();
-        let mut headers = OwnedHeaders::new().insert(Header {
-            key: POISON_HEADER,
-            value: Some(tag.as_str()),
-        });
-        for (key, value) in &message.headers {
-            headers = headers.insert(Header {
-                key: key.as_str(),
-                value: value.as_deref(),
-            });
-        }
+    for message in &messages {
+        let headers = message.kafka_headers();
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(TOPIC).headers(headers);
         if let Some(key) = &message.key {
             record = record.key(key.as_slice());

@@ -18,8 +18,8 @@ pub struct Record {
     pub key: Option<Vec<u8>>,
     /// Value bytes.
     pub value: Option<Vec<u8>>,
-    /// Headers (name, value bytes).
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Headers (name, value bytes; a name need not be UTF-8).
+    pub headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 impl Record {
@@ -27,7 +27,7 @@ impl Record {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
-            .find(|(k, _)| k == name)
+            .find(|(k, _)| k == name.as_bytes())
             .and_then(|(_, v)| std::str::from_utf8(v.as_deref()?).ok())
     }
 
@@ -97,11 +97,7 @@ fn read_blocking(brokers: &str, topic: &str) -> Vec<Record> {
         let message = message.expect("read record");
         let headers = message
             .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
+            .map(txoutbox_runtime::consumer::headers_as_bytes)
             .unwrap_or_default();
         records.push(Record {
             partition: message.partition(),

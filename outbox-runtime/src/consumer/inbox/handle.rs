@@ -6,8 +6,9 @@ use std::collections::{HashMap, HashSet};
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
+use super::super::handler::HandlerError;
 use super::super::message::DeadLetterReason;
-use super::super::shared::Shared;
+use super::super::shared::{HandlerFailure, Shared};
 use super::super::summary::Totals;
 use super::super::telemetry as m;
 use super::claim::{Claim, OrderKey, What, claim, read};
@@ -35,8 +36,10 @@ struct Outcomes {
 /// Why a pass stopped early.
 enum Stop {
     /// Fast pass: a handler failed; everything is rolled back to the batch's
-    /// savepoint and the rows are handled again one savepoint each.
-    HandlerFailed,
+    /// savepoint and the rows are handled again one savepoint each. A call
+    /// abandoned at the handler timeout is named (the row and the error), so
+    /// that the careful pass records its failure without waiting again.
+    HandlerFailed(Option<(Uuid, String)>),
     /// The database is unreachable: abandon the transaction without
     /// counting anybody's attempt.
     Outage(sqlx::Error),
@@ -59,7 +62,7 @@ impl From<sqlx::Error> for Stop {
 /// other. So a failing event costs its batch one more pass, never a
 /// transaction per row, and never holds back another key.
 pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Error> {
-    let mut tx = ctx.pool.begin().await?;
+    let mut tx = ctx.begin().await?;
     let rows = claim(ctx, &mut tx).await?;
     if rows.is_empty() {
         return Ok(Claimed::Drained);
@@ -71,17 +74,28 @@ pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Erro
     sqlx::query("SAVEPOINT outbox_inbox_batch")
         .execute(&mut *tx)
         .await?;
-    let outcomes = match handle(ctx, &mut tx, &claims, false).await {
+    let fast = match handle(ctx, &mut tx, &claims, None).await {
+        // A handler that swallowed a database error returned `Ok` on an
+        // aborted transaction: the careful pass finds which one.
+        Ok(outcomes) if outcomes.processed.is_empty() => Ok(outcomes),
+        Ok(outcomes) => match txoutbox_core::check_committable(&mut tx).await {
+            Ok(()) => Ok(outcomes),
+            Err(txoutbox_core::Error::Database(error)) => return Err(error),
+            Err(_) => Err(Stop::HandlerFailed(None)),
+        },
+        Err(stop) => Err(stop),
+    };
+    let outcomes = match fast {
         Ok(outcomes) => outcomes,
         Err(Stop::Outage(error)) => return Err(error),
-        Err(Stop::HandlerFailed) => {
+        Err(Stop::HandlerFailed(timed_out)) => {
             sqlx::query("ROLLBACK TO SAVEPOINT outbox_inbox_batch")
                 .execute(&mut *tx)
                 .await?;
-            match handle(ctx, &mut tx, &claims, true).await {
+            match handle(ctx, &mut tx, &claims, Some(timed_out.as_ref())).await {
                 Ok(outcomes) => outcomes,
                 Err(Stop::Outage(error)) => return Err(error),
-                Err(Stop::HandlerFailed) => unreachable!("the careful pass records failures"),
+                Err(Stop::HandlerFailed(_)) => unreachable!("the careful pass records failures"),
             }
         }
     };
@@ -98,13 +112,17 @@ pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Erro
     Ok(Claimed::Handled)
 }
 
-/// One pass over the claimed rows, in arrival order.
+/// One pass over the claimed rows, in arrival order: the fast pass
+/// (`careful: None`), or the careful one, which knows the row whose call the
+/// fast pass abandoned at the timeout, if any.
 async fn handle(
     ctx: &Shared,
     tx: &mut Transaction<'static, Postgres>,
     claims: &[Claim],
-    careful: bool,
+    careful: Option<Option<&(Uuid, String)>>,
 ) -> Result<Outcomes, Stop> {
+    let timed_out = careful.flatten();
+    let careful = careful.is_some();
     let mut outcomes = Outcomes::default();
     // Keys that may not go on in this batch: a row of theirs waits.
     let mut held: HashSet<&OrderKey> = HashSet::new();
@@ -141,17 +159,44 @@ async fn handle(
                 .execute(&mut **tx)
                 .await?;
         }
-        match ctx.call(&**handler, tx, event, meta).await {
-            Ok(()) => {
-                if careful {
-                    sqlx::query("RELEASE SAVEPOINT outbox_inbox_row")
-                        .execute(&mut **tx)
-                        .await?;
+        let call = async {
+            match timed_out {
+                Some((id, error)) if *id == claim.event_id => Err(HandlerFailure {
+                    error: HandlerError::new(error.clone()),
+                    timed_out: true,
+                }),
+                _ => ctx.call(&**handler, tx, event, meta).await,
+            }
+        };
+        let called = match call.await {
+            Ok(()) if careful => {
+                // Refused when the handler left the transaction aborted.
+                match sqlx::query("RELEASE SAVEPOINT outbox_inbox_row")
+                    .execute(&mut **tx)
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(error) => match txoutbox_core::not_committable(&error) {
+                        Some(unusable) => Err(ctx.left_unusable(&**handler, meta, &unusable)),
+                        None => return Err(Stop::Outage(error)),
+                    },
                 }
+            }
+            Ok(()) => Ok(()),
+            Err(failure) if !careful => {
+                let timed_out = failure
+                    .timed_out
+                    .then(|| (claim.event_id, failure.error.to_string()));
+                return Err(Stop::HandlerFailed(timed_out));
+            }
+            Err(failure) => Err(failure.error),
+        };
+        match called {
+            Ok(()) => {
                 outcomes.processed.push(claim.event_id);
                 *outcomes.by_type.entry(meta.event_type.clone()).or_default() += 1;
             }
-            Err(_) if !careful => return Err(Stop::HandlerFailed),
+            Err(_) if !careful => unreachable!("the fast pass returned above"),
             Err(error) => {
                 let undone = sqlx::query("ROLLBACK TO SAVEPOINT outbox_inbox_row")
                     .execute(&mut **tx)

@@ -18,10 +18,12 @@ mod receipt;
 use std::sync::Arc;
 use std::time::Instant;
 
+use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 
+use super::progress::Taken;
 use super::route::{Routed, route};
-use super::shared::{Aside, Shared};
+use super::shared::Shared;
 
 pub(crate) use group::Membership;
 
@@ -44,20 +46,22 @@ pub async fn claim_once_for_benchmark(
 }
 
 /// Stores a batch in the inbox (handling on receipt what qualifies, see
-/// [`receipt`]); returns which messages are finished.
-pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<bool> {
-    let mut done = vec![false; batch.len()];
+/// [`receipt`]); says which messages are finished and which to dead-letter.
+pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
+    let mut taken = Taken::default();
     let mut stored = Vec::new();
     let mut rows = Vec::new();
-    let mut aside = Vec::new();
     for (index, message) in batch.iter().enumerate() {
         match route(message, &ctx.dispatch, &ctx.settings) {
             Routed::Store(envelope) => {
                 stored.push(index);
                 rows.push(envelope);
             }
-            Routed::Skip(event_type) => aside.push((index, Aside::Skip(event_type))),
-            Routed::DeadLetter(reason, error) => aside.push((index, Aside::Dead(reason, error))),
+            Routed::Skip(event_type) => {
+                ctx.count_skipped(message.topic(), &event_type);
+                taken.done.push(index);
+            }
+            Routed::DeadLetter(reason, error) => taken.dead.push((index, reason, error)),
             Routed::Handle { .. } => unreachable!("inbox mode stores, processors handle"),
         }
     }
@@ -70,7 +74,7 @@ pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<boo
                 Ok(outcome) => break outcome,
                 Err(error) => {
                     if !ctx.db_failed(&error, &mut db_retry).await {
-                        return done;
+                        return Taken::interrupted();
                     }
                 }
             }
@@ -79,10 +83,9 @@ pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<boo
         if outcome.pending > 0 {
             ctx.stored.notify_waiters();
         }
-        stored.into_iter().for_each(|i| done[i] = true);
+        taken.done.extend(stored);
     }
-    ctx.set_aside(batch, aside, &mut done).await;
-    done
+    taken
 }
 
 /// One processor: claims and handles due rows until the consumer shuts down.

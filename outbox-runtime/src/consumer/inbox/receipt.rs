@@ -40,7 +40,7 @@ pub(super) async fn store(
     on_receipt: bool,
 ) -> sqlx::Result<Stored> {
     let group = ctx.settings.group_id.as_str();
-    let mut tx = ctx.pool.begin().await?;
+    let mut tx = ctx.begin().await?;
     let mut stored = Stored::default();
     let mut later: Vec<&Envelope> = rows.iter().collect();
     let mut handled_by_type: HashMap<String, u64> = HashMap::new();
@@ -74,6 +74,16 @@ pub(super) async fn store(
                 *handled_by_type
                     .entry(row.meta.event_type.clone())
                     .or_default() += 1;
+            }
+            // A handler that swallowed a database error returned `Ok` on an
+            // aborted transaction: whichever it was, the processors find it
+            // (its savepoint release fails there) and charge it alone.
+            if !failed && !handled_by_type.is_empty() {
+                match txoutbox_core::check_committable(&mut tx).await {
+                    Ok(()) => {}
+                    Err(txoutbox_core::Error::Database(error)) => return Err(error),
+                    Err(_) => failed = true,
+                }
             }
             if failed {
                 // The processors retry it, with the attempts counted.
@@ -148,7 +158,7 @@ async fn qualify<'a>(
         let ready = ctx
             .dispatch
             .handler(&row.meta.topic, &row.meta.event_type)
-            .and_then(|handler| Some((handler.clone(), handler.decode(&row.payload).ok()?)));
+            .and_then(|handler| Some((handler.clone(), handler.decode_str(&row.payload).ok()?)));
         match ready {
             Some((handler, event)) => now.push((row, handler, event)),
             None => {
@@ -177,7 +187,7 @@ async fn insert(
     for row in rows {
         let meta = &row.meta;
         ids.push(meta.event_id);
-        payloads.push(&row.payload);
+        payloads.push(row.payload.as_str());
         types.push(meta.event_type.as_str());
         topics.push(meta.topic.as_str());
         keys.push(meta.key.as_deref());
@@ -192,8 +202,10 @@ async fn insert(
         "INSERT INTO inbox_event
              (consumer_group, event_id, payload, event_type, topic, partition_key, headers,
               processed, processed_at)
-         SELECT $1, r.*, $8, CASE WHEN $8 THEN now() END
-         FROM UNNEST($2::uuid[], $3::jsonb[], $4::text[], $5::text[], $6::text[], $7::jsonb[]) AS r
+         SELECT $1, r.event_id, r.payload::jsonb, r.event_type, r.topic, r.partition_key,
+                r.headers, $8, CASE WHEN $8 THEN now() END
+         FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[])
+              AS r(event_id, payload, event_type, topic, partition_key, headers)
          ON CONFLICT (consumer_group, event_id) DO NOTHING
          RETURNING event_id",
     )
