@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::PgPool;
 use txoutbox_runtime::ops::sagas::SagaTypeOverview;
+use txoutbox_runtime::ops::status::ConsumerDeadLetters;
 use txoutbox_runtime::ops::status::{
     self, Breach, ProblemRow, QueueStatus, RelayMember, Status, Thresholds,
 };
@@ -125,6 +126,39 @@ fn render(status: &Status) -> String {
     out.push_str(&output::table(&rows));
     out.push_str(&relays(&status.relays));
     out.push_str(&sagas(&status.sagas));
+    out.push_str(&consumer_dead_letters(&status.consumer_dead_letters));
+    out
+}
+
+/// Messages consumers could not publish to their dead-letter topics (nothing
+/// when there is none): they wait in `consumer_dead_letter` for an operator.
+fn consumer_dead_letters(dead: &ConsumerDeadLetters) -> String {
+    if dead.unpublished == 0 {
+        return String::new();
+    }
+    let mut out = format!(
+        "
+dead letters their topic refused (consumer_dead_letter)
+  {}{}
+",
+        output::plural(dead.unpublished, "message"),
+        dead.oldest_parked_at
+            .map(|at| format!(", oldest kept {}", output::time(at)))
+            .unwrap_or_default()
+    );
+    let rows: Vec<Vec<String>> = dead
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                format!("  group {:?}", r.consumer_group),
+                format!("{}/{}@{}", r.topic, r.partition, r.offset),
+                r.reason.clone(),
+                format!("{} refused: {}", r.dead_letter_topic, r.publish_error),
+            ]
+        })
+        .collect();
+    out.push_str(&output::table(&rows));
     out
 }
 

@@ -188,9 +188,11 @@ async fn header_names_that_are_not_utf8_stop_nothing(pool: PgPool) {
             .unwrap();
         assert_eq!(notes, "event_type,tenant", "{mode:?}");
         // The dead-letter copy keeps every original header byte for byte.
+        // (`consumer_support::header` goes through rdkafka's accessors, which
+        // would panic on this record's header names.)
         assert_eq!(
-            header(&dead[0], "dlq_reason").as_deref(),
-            Some("not_json"),
+            raw_header(&dead[0], b"dlq_reason").as_deref(),
+            Some(&b"not_json"[..]),
             "{mode:?}"
         );
         assert_eq!(

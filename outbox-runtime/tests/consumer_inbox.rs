@@ -35,7 +35,7 @@ async fn on_inbox_paid(
     Ok(())
 }
 
-#[sqlx::test(migrations = false)]
+under_every_isolation! {
 async fn duplicates_are_stored_once_and_two_processors_handle_each_row_once(pool: PgPool) {
     prepare_db(&pool).await;
     create_topic(InboxPaid::TOPIC, 2).await;
@@ -105,6 +105,7 @@ async fn duplicates_are_stored_once_and_two_processors_handle_each_row_once(pool
         "the trace continues from the inbox"
     );
 }
+}
 
 /// Fails for negative amounts.
 #[event_handler]
@@ -124,7 +125,7 @@ async fn on_inbox_flaky(
         .map_err(|e| e.to_string())
 }
 
-#[sqlx::test(migrations = false)]
+under_every_isolation! {
 async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
     prepare_db(&pool).await;
     create_topic(InboxFlaky::TOPIC, 1).await;
@@ -179,6 +180,7 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
         0
     );
 }
+}
 
 /// Records who handled the event (`receipt`: the receiving loop, which knows
 /// the partition; `processor`: replayed from the table) and in which order;
@@ -213,7 +215,7 @@ async fn on_inbox_receipt(
         .map_err(|e| e.to_string())
 }
 
-#[sqlx::test(migrations = false)]
+under_every_isolation! {
 async fn idle_keys_are_handled_on_receipt_and_a_key_with_pending_rows_waits_its_turn(pool: PgPool) {
     prepare_db(&pool).await;
     sqlx::raw_sql("CREATE TABLE blocked (order_id uuid PRIMARY KEY)")
@@ -342,6 +344,7 @@ async fn idle_keys_are_handled_on_receipt_and_a_key_with_pending_rows_waits_its_
     );
     assert_eq!(count(&pool, "SELECT count(*) FROM inbox_key").await, 0);
 }
+}
 
 /// Produces `per_key` events for each of `keys` new keys, interleaved, the
 /// amount numbering each key's events 0, 1, 2, ...; returns the keys.
@@ -401,7 +404,7 @@ async fn on_inbox_ordered(
         .map(drop)
 }
 
-#[sqlx::test(migrations = false)]
+under_every_isolation! {
 async fn parallel_processors_keep_per_key_order(pool: PgPool) {
     prepare_db(&pool).await;
     create_topic(InboxOrdered::TOPIC, 1).await;
@@ -429,6 +432,7 @@ async fn parallel_processors_keep_per_key_order(pool: PgPool) {
     running.shutdown().await.unwrap();
     assert_applied_in_order(&pool, &keys, 30).await;
 }
+}
 
 test_event!(InboxRun, "consumer-test.inbox.runs", "InboxRun");
 
@@ -455,7 +459,7 @@ async fn on_inbox_run(tx: &mut Transaction<'_, Postgres>, event: InboxRun) -> Re
         .map_err(|e| e.to_string())
 }
 
-#[sqlx::test(migrations = false)]
+under_every_isolation! {
 async fn hot_keys_are_drained_in_runs_and_a_failure_holds_back_the_rest_of_its_run(pool: PgPool) {
     prepare_db(&pool).await;
     create_topic(InboxRun::TOPIC, 1).await;
@@ -515,4 +519,5 @@ async fn hot_keys_are_drained_in_runs_and_a_failure_holds_back_the_rest_of_its_r
         retried, 2_002,
         "rows with a recorded failure: both 7s, nothing else"
     );
+}
 }

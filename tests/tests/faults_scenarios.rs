@@ -241,6 +241,28 @@ async fn handler_panics_are_failed_attempts_and_consumers_go_on() {
     assert_eq!(figures.consumer_restarts, 0, "a consumer died\n{figures}");
 }
 
+/// Issue 22, items 1 and 5, with real processes: once per consumer process
+/// and event, every 20th sequence number's handler swallows a database error
+/// and returns `Ok` without its effect, and every 45th waits an hour (the
+/// consumers' handler timeout is 400 ms). Before the fix a swallowed error
+/// lost its whole batch (offsets stored, nothing committed) or retried it
+/// for ever, and a call that never returned stopped its consumer for good.
+/// Now each is a failed attempt of its event alone, retried, and nothing is
+/// lost or applied twice, in both modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_handlers_lose_nothing() {
+    let mut s = Scenario::new("misbehaving_handlers", load());
+    s.fault = Fault::MisbehavingHandlers {
+        swallow_every: 20,
+        hang_every: 45,
+        timeout: Duration::from_millis(400),
+    };
+    let figures = run_and_check(s).await;
+    assert!(figures.swallowed_errors > 0, "nothing swallowed\n{figures}");
+    assert!(figures.hung_calls > 0, "nothing hung\n{figures}");
+    assert_eq!(figures.consumer_restarts, 0, "a consumer died\n{figures}");
+}
+
 /// Issue 12, item 3: a rolling deploy of the inbox group that adds a
 /// handler. The old version keeps the new event type's messages
 /// (`UnknownEventPolicy::Keep`) and leaves them pending instead of parking

@@ -437,7 +437,8 @@ pub struct Thresholds {
     pub max_backlog: Option<i64>,
     /// Oldest pending outbox row's greatest allowed age.
     pub max_age: Option<Duration>,
-    /// Most parked rows allowed, outbox and inbox together.
+    /// Most parked rows allowed: outbox, inbox and the consumers' dead
+    /// letters their topic refused, together.
     pub max_parked: Option<i64>,
     /// Most pending inbox rows allowed.
     pub max_inbox_backlog: Option<i64>,
@@ -491,7 +492,7 @@ impl Thresholds {
         count(
             "max-parked",
             self.max_parked,
-            status.outbox.parked + status.inbox.parked,
+            status.outbox.parked + status.inbox.parked + status.consumer_dead_letters.unpublished,
             "parked events",
         );
         count(

@@ -50,6 +50,8 @@ async fn main() {
                 env::get(env::BLOCKED_UNTIL_MS, 0),
             ),
             panic_every: env::get(env::PANIC_EVERY, 0),
+            swallow_every: env::get(env::SWALLOW_EVERY, 0),
+            hang_every: env::get(env::HANG_EVERY, 0),
         })
         .expect("set once");
     let unknown = match env::get(env::UNKNOWN, "dead_letter".to_owned()).as_str() {
@@ -79,6 +81,10 @@ async fn main() {
     let mut builder = Consumer::builder(pool.clone(), kafka, group).handler(apply_entry);
     if handles.split(',').any(|h| h == "note") {
         builder = builder.handler(apply_note);
+    }
+    if let Ok(ms) = std::env::var(env::HANDLER_TIMEOUT_MS) {
+        let ms: u64 = ms.parse().expect("FAULTS_HANDLER_TIMEOUT_MS is a number");
+        builder = builder.handler_timeout(Duration::from_millis(ms));
     }
     let consumer = builder
         .mode(mode)

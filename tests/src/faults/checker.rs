@@ -115,6 +115,10 @@ pub struct Figures {
     pub consumer_restarts: u32,
     /// Handler panics the consumers caught (their panic messages in the logs).
     pub handler_panics: usize,
+    /// Misbehaving-handler scenario: database errors the handlers swallowed.
+    pub swallowed_errors: usize,
+    /// Misbehaving-handler scenario: calls that would never have returned.
+    pub hung_calls: usize,
     /// Blocked-key scenario: the longest commit-to-apply wait of an event of
     /// a healthy key committed while the key was blocked.
     pub healthy_wait_max: Option<Duration>,

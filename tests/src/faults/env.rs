@@ -71,6 +71,18 @@ pub const BLOCKED_UNTIL_MS: &str = "FAULTS_BLOCKED_UNTIL_MS";
 /// Consumers: events whose sequence number is a multiple of this panic in
 /// the handler, once per process each (0: never).
 pub const PANIC_EVERY: &str = "FAULTS_PANIC_EVERY";
+/// Consumers: events whose sequence number is a multiple of this make the
+/// handler run a failing statement, drop its error and return `Ok` without
+/// its effect, once per process each (0: never). The framework must charge
+/// that attempt, not commit it.
+pub const SWALLOW_EVERY: &str = "FAULTS_SWALLOW_EVERY";
+/// Consumers: events whose sequence number is a multiple of this make the
+/// handler wait an hour, once per process each (0: never): the handler
+/// timeout must abandon the call.
+pub const HANG_EVERY: &str = "FAULTS_HANG_EVERY";
+/// Consumers: the handler timeout, in milliseconds (default: the
+/// framework's).
+pub const HANDLER_TIMEOUT_MS: &str = "FAULTS_HANDLER_TIMEOUT_MS";
 
 /// The variable `name` parsed, or `default` if unset.
 ///

@@ -159,6 +159,57 @@ pub struct HandlerFaults {
     pub blocked: (u64, u64),
     /// Events whose `seq` is a multiple of this panic, once per process each.
     pub panic_every: i64,
+    /// Events whose `seq` is a multiple of this swallow a database error and
+    /// return `Ok` without their effect, once per process each.
+    pub swallow_every: i64,
+    /// Events whose `seq` is a multiple of this wait an hour, once per
+    /// process each.
+    pub hang_every: i64,
+}
+
+/// Whether this process meets `event_id` for the first time with fault
+/// `kind` (each injected fault hits an event once per process, so that its
+/// retry succeeds).
+fn first_time(kind: &'static str, event_id: Uuid) -> bool {
+    static MET: std::sync::Mutex<Vec<(&'static str, Uuid)>> = std::sync::Mutex::new(Vec::new());
+    let mut met = MET.lock().expect("not poisoned");
+    let first = !met.contains(&(kind, event_id));
+    if first {
+        met.push((kind, event_id));
+    }
+    first
+}
+
+/// The faults that need the transaction or time: a swallowed database error
+/// (`true`: return `Ok` at once, without the effect) and a call that never
+/// returns by itself.
+async fn misbehave(
+    tx: &mut Transaction<'_, Postgres>,
+    event_id: Uuid,
+    key: &str,
+    seq: i64,
+) -> bool {
+    let Some(faults) = HANDLER_FAULTS.get() else {
+        return false;
+    };
+    if faults.hang_every > 0 && seq % faults.hang_every == 0 && first_time("hang", event_id) {
+        tracing::warn!(key, seq, "fault injection: a handler that never returns");
+        tokio::time::sleep(std::time::Duration::from_secs(3_600)).await;
+    }
+    if faults.swallow_every > 0
+        && seq % faults.swallow_every == 0
+        && first_time("swallow", event_id)
+    {
+        let failed = sqlx::query("SELECT 1 / 0").execute(&mut **tx).await;
+        assert!(failed.is_err());
+        tracing::warn!(
+            key,
+            seq,
+            "fault injection: a handler swallowed a database error"
+        );
+        return true;
+    }
+    false
 }
 
 /// This process's handler faults.
@@ -201,6 +252,9 @@ async fn record_effect(
     seq: i64,
 ) -> Result<(), sqlx::Error> {
     inject_faults(event_id, key, seq)?;
+    if misbehave(tx, event_id, key, seq).await {
+        return Ok(());
+    }
     sqlx::query(
         "INSERT INTO effect (consumer_group, process, event_id, key, seq)
          VALUES ($1, $2, $3, $4, $5)",

@@ -87,6 +87,20 @@ pub enum Fault {
         /// See above.
         every: i64,
     },
+    /// Handlers that misbehave with their transaction, once per consumer
+    /// process and event each: every `swallow_every`-th sequence number runs
+    /// a failing statement, drops its error and returns `Ok` without its
+    /// effect; every `hang_every`-th waits an hour (the consumers' handler
+    /// timeout is `timeout`). The framework must charge those attempts, not
+    /// commit or wait for them, and nothing may be lost.
+    MisbehavingHandlers {
+        /// See above.
+        swallow_every: i64,
+        /// See above.
+        hang_every: i64,
+        /// The consumers' handler timeout.
+        timeout: Duration,
+    },
     /// A rolling deploy of the inbox group that adds a handler: its consumers
     /// start without the `LedgerNote` handler (keeping what they cannot
     /// handle), `at` into the load (once they consume) as many new ones start
@@ -448,6 +462,15 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             ),
         ]),
         Fault::HandlerPanics { every } => consumer_env.push((env::PANIC_EVERY, every.to_string())),
+        Fault::MisbehavingHandlers {
+            swallow_every,
+            hang_every,
+            timeout,
+        } => consumer_env.extend([
+            (env::SWALLOW_EVERY, swallow_every.to_string()),
+            (env::HANG_EVERY, hang_every.to_string()),
+            (env::HANDLER_TIMEOUT_MS, timeout.as_millis().to_string()),
+        ]),
         _ => {}
     }
     let mut groups = Vec::new();
@@ -496,9 +519,10 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             | Fault::PostgresRestart { after }
             | Fault::Freeze { after, .. } => after,
             Fault::RollingDeploy { at, .. } => at,
-            Fault::None | Fault::BlockedKey { .. } | Fault::HandlerPanics { .. } => {
-                scenario.load * 2
-            }
+            Fault::None
+            | Fault::BlockedKey { .. }
+            | Fault::HandlerPanics { .. }
+            | Fault::MisbehavingHandlers { .. } => scenario.load * 2,
         };
     let mut deployed_at: Option<DateTime<Utc>> = None;
     let mut freeze: Option<Freeze> = None;
@@ -525,7 +549,10 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             continue;
         }
         match scenario.fault {
-            Fault::None | Fault::BlockedKey { .. } | Fault::HandlerPanics { .. } => {}
+            Fault::None
+            | Fault::BlockedKey { .. }
+            | Fault::HandlerPanics { .. }
+            | Fault::MisbehavingHandlers { .. } => {}
             Fault::RollingDeploy { gap, .. } => {
                 let consumers = fleet.of(Role::Consumer);
                 let (old, new): (Vec<usize>, Vec<usize>) = consumers
@@ -787,6 +814,24 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             figures.notes.push(format!(
                 "handler panics caught: {}; consumer processes restarted: {}",
                 figures.handler_panics, figures.consumer_restarts
+            ));
+        }
+        Fault::MisbehavingHandlers { .. } => {
+            figures.swallowed_errors =
+                count_log_lines(&logs, "consumer", "fault injection: a handler swallowed");
+            figures.hung_calls = count_log_lines(
+                &logs,
+                "consumer",
+                "fault injection: a handler that never returns",
+            );
+            figures.notes.push(format!(
+                "swallowed database errors: {} (charged: {}); calls that never returned: {} \
+                 (abandoned: {}); consumer processes restarted: {}",
+                figures.swallowed_errors,
+                count_log_lines(&logs, "consumer", "returned Ok, but"),
+                figures.hung_calls,
+                count_log_lines(&logs, "consumer", "did not return within"),
+                figures.consumer_restarts
             ));
         }
         Fault::RollingDeploy { .. } => {
