@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "sagas",
         sql: include_str!("../migrations/0008_sagas.sql"),
     },
+    Migration {
+        version: 9,
+        description: "claim_index",
+        sql: include_str!("../migrations/0009_claim_index.sql"),
+    },
 ];
 
 /// Failure to migrate.

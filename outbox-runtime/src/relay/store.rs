@@ -46,29 +46,51 @@ pub(crate) async fn claim(
     in_flight: &[i64],
     limit: usize,
 ) -> sqlx::Result<Vec<ClaimedRow>> {
-    sqlx::query_as(
-        "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-                o.payload::text AS payload, o.topic, o.partition_key, o.traceparent, o.attempts
-         FROM outbox_event o
-         WHERE o.published_at IS NULL AND o.parked_at IS NULL
-           AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-           AND (hashtext(o.partition_key) & 2147483647) % $1 IN (SELECT unnest($2::int[]))
-           AND o.id NOT IN (SELECT unnest($4::bigint[]))
-           AND NOT EXISTS (
-               SELECT 1 FROM outbox_event b
-               WHERE b.partition_key = o.partition_key AND b.id < o.id
-                 AND b.published_at IS NULL AND b.parked_at IS NULL
-                 AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now())
-         ORDER BY o.id
-         LIMIT $3
-         FOR UPDATE OF o SKIP LOCKED",
-    )
-    .bind(lane_count as i32)
-    .bind(lanes)
-    .bind(limit as i64)
-    .bind(in_flight)
-    .fetch_all(conn)
-    .await
+    sqlx::query_as(CLAIM)
+        .bind(lane_count as i32)
+        .bind(lanes)
+        .bind(limit as i64)
+        .bind(in_flight)
+        .fetch_all(conn)
+        .await
+}
+
+/// The claim statement (see [`claim`]).
+const CLAIM: &str = "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
+        o.payload::text AS payload, o.topic, o.partition_key, o.traceparent, o.attempts
+ FROM outbox_event o
+ WHERE o.published_at IS NULL AND o.parked_at IS NULL
+   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+   AND (hashtext(o.partition_key) & 2147483647) % $1 IN (SELECT unnest($2::int[]))
+   AND o.id NOT IN (SELECT unnest($4::bigint[]))
+   AND NOT EXISTS (
+       SELECT 1 FROM outbox_event b
+       WHERE b.partition_key = o.partition_key AND b.id < o.id
+         AND b.published_at IS NULL AND b.parked_at IS NULL
+         AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now())
+ ORDER BY o.id
+ LIMIT $3
+ FOR UPDATE OF o SKIP LOCKED";
+
+/// Tests only (feature `test-hooks`): runs the relay's claim statement under
+/// `EXPLAIN (ANALYZE, FORMAT JSON)` over every lane (nothing in flight) and
+/// returns the plan, so a test can check which index it walks and how many
+/// rows it stepped over. The claim's row locks end with the statement.
+#[cfg(feature = "test-hooks")]
+pub async fn explain_claim(
+    conn: &mut PgConnection,
+    lane_count: u32,
+    limit: usize,
+) -> sqlx::Result<serde_json::Value> {
+    let lanes: Vec<i32> = (0..lane_count as i32).collect();
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM}");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .bind(lane_count as i32)
+        .bind(&lanes)
+        .bind(limit as i64)
+        .bind(&[] as &[i64])
+        .fetch_one(conn)
+        .await
 }
 
 /// Session settings of the relay's own connection (the one its lane locks,
