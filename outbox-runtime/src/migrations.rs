@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "claim_index",
         sql: include_str!("../migrations/0009_claim_index.sql"),
     },
+    Migration {
+        version: 10,
+        description: "held_topics",
+        sql: include_str!("../migrations/0010_held_topics.sql"),
+    },
 ];
 
 /// Failure to migrate.

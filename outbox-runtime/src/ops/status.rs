@@ -71,6 +71,26 @@ pub struct RelayMember {
     /// Since when its batches fail because it cannot reach the broker (it
     /// then hands its lanes to relays that can).
     pub broker_failing_since: Option<DateTime<Utc>>,
+    /// Topics it holds because the broker refuses them as a whole (unknown
+    /// topic, not authorized): their events wait in the outbox, no attempt
+    /// counted, until the broker accepts the topic (empty before migration
+    /// 10). As of the relay's last renewal.
+    #[sqlx(json)]
+    pub held_topics: Vec<HeldTopic>,
+}
+
+/// A topic a relay holds (see [`RelayMember::held_topics`]).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct HeldTopic {
+    /// The topic.
+    pub topic: String,
+    /// What the broker answered, e.g. `UnknownTopicOrPartition (Broker:
+    /// Unknown topic or partition), in the topic's metadata`.
+    pub reason: String,
+    /// Since when the relay holds it.
+    pub since: DateTime<Utc>,
+    /// Records of it the broker refused since then.
+    pub refusals: u64,
 }
 
 /// Counts of one queue table (`outbox_event` or `inbox_event`).

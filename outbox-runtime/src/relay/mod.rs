@@ -38,6 +38,8 @@ mod builder;
 mod config;
 mod error;
 mod flight;
+mod held_topics;
+mod keys;
 mod lanes;
 mod membership;
 mod partitioner;
