@@ -29,7 +29,6 @@ use sqlx::PgPool;
 use txoutbox_runtime::ops::status;
 use txoutbox_runtime::relay::Relay;
 use txoutbox_runtime::relay::telemetry as m;
-use uuid::Uuid;
 
 /// The last value of every gauge, and every counter, by `name{labels}`.
 #[derive(Default, Clone)]
@@ -106,7 +105,6 @@ const PER_KEY: i64 = 10;
 
 #[derive(Debug, sqlx::FromRow)]
 struct Row {
-    event_id: Uuid,
     topic: String,
     attempts: i32,
     parked: bool,
@@ -117,7 +115,7 @@ struct Row {
 
 async fn rows(pool: &PgPool) -> Vec<Row> {
     sqlx::query_as(
-        "SELECT event_id, topic, attempts, parked_at IS NOT NULL AS parked,
+        "SELECT topic, attempts, parked_at IS NOT NULL AS parked,
                 published_at IS NOT NULL AS published,
                 EXTRACT(EPOCH FROM published_at - created_at)::float8 AS delay
          FROM outbox_event ORDER BY id",
