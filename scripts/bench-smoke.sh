@@ -29,6 +29,7 @@ run inbox_claim OUTBOX_BENCH_PENDING=2000 OUTBOX_BENCH_ROUNDS=1 \
     cargo bench -p txoutbox-runtime --features test-hooks --bench inbox_claim
 run relay RELAY_BENCH_EVENTS=2000 RELAY_BENCH_BASELINE_EVENTS=100 RELAY_BENCH_PUBLISHED_ROWS=5000 \
     RELAY_BENCH_LATENCY_SECS=1 RELAY_BENCH_LATENCY_ROUNDS=1 RELAY_BENCH_ROUNDS=1 \
+    RELAY_BENCH_PARKED_ROWS=5000 RELAY_BENCH_PARKED_EVENTS=2000 \
     cargo bench -p txoutbox-runtime --features test-hooks --bench relay
 run capacity CAPACITY_EVENTS=500 CAPACITY_BACKLOG=2000 CAPACITY_RELAYS=1,2 \
     cargo bench -p txoutbox-runtime --bench capacity

@@ -86,6 +86,7 @@ fn the_dashboard_shows_what_an_operator_needs() {
         relay::PARKED,
         relay::UNAVAILABLE_PARTITIONS,
         relay::BROKER_FAILING,
+        relay::HELD_TOPICS,
         consumer::LAG,
         consumer::HANDLED,
         consumer::DEAD_LETTERED,

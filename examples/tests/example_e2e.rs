@@ -219,9 +219,11 @@ async fn services_answer_their_probes(addr: SocketAddr) {
 /// Metrics that a healthy run does not record: counters of failures (they
 /// appear with the first one) and gauges set only when their state changes
 /// from the initial one.
-const ONLY_ON_TROUBLE: [&str; 12] = [
+const ONLY_ON_TROUBLE: [&str; 14] = [
     relay::ERRORS,
     relay::HELD_BACK,
+    relay::HELD_TOPICS,
+    relay::TOPIC_REFUSALS,
     relay::MEMBERS_EVICTED,
     relay::BROKER_FAILING,
     relay::UNAVAILABLE_PARTITIONS,

@@ -1,6 +1,7 @@
 //! `outbox status`: what waits, what fails, what is parked; thresholds for
 //! health checks.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use sqlx::PgPool;
 use txoutbox_runtime::ops::sagas::SagaTypeOverview;
 use txoutbox_runtime::ops::status::ConsumerDeadLetters;
 use txoutbox_runtime::ops::status::{
-    self, Breach, ProblemRow, QueueStatus, RelayMember, Status, Thresholds,
+    self, Breach, HeldTopic, ProblemRow, QueueStatus, RelayMember, Status, Thresholds,
 };
 
 use crate::args;
@@ -85,6 +86,7 @@ fn render(status: &Status) -> String {
     let mut out = String::new();
     out.push_str("outbox (outbox_event)\n");
     out.push_str(&queue(&status.outbox, "unpublished", true));
+    out.push_str(&held_topics(&status.relays));
     out.push_str("\ninbox (inbox_event)\n");
     out.push_str(&queue(&status.inbox, "unprocessed", false));
     if !status.inbox_unclaimed.is_empty() {
@@ -188,6 +190,44 @@ fn sagas(sagas: &[SagaTypeOverview]) -> String {
     out
 }
 
+/// The topics relays hold because the broker refuses them as a whole
+/// (nothing when none is held): one line per topic, whichever relays hold
+/// it, with the oldest hold's reason.
+fn held_topics(relays: &[RelayMember]) -> String {
+    let mut topics: BTreeMap<&str, (&HeldTopic, usize, u64)> = BTreeMap::new();
+    for held in relays.iter().flat_map(|r| &r.held_topics) {
+        let entry = topics.entry(&held.topic).or_insert((held, 0, 0));
+        if held.since < entry.0.since {
+            entry.0 = held;
+        }
+        entry.1 += 1;
+        entry.2 += held.refusals;
+    }
+    if topics.is_empty() {
+        return String::new();
+    }
+    let mut out = "  held topics (refused by the broker as a whole; their events wait, \
+                   no attempt counted):\n"
+        .to_owned();
+    let rows: Vec<Vec<String>> = topics
+        .into_iter()
+        .map(|(topic, (held, relays, refusals))| {
+            vec![
+                format!("    {topic}"),
+                format!("since {}", output::time(held.since)),
+                format!(
+                    "{} by {}",
+                    output::plural(refusals as i64, "refusal"),
+                    output::plural(relays as i64, "relay")
+                ),
+                output::short(Some(&held.reason), 80),
+            ]
+        })
+        .collect();
+    out.push_str(&output::table(&rows));
+    out
+}
+
 /// The relays and their leases: a frozen or vanished relay shows as an
 /// expired lease, one cut from the broker as such.
 fn relays(relays: &[RelayMember]) -> String {
@@ -210,6 +250,10 @@ fn relays(relays: &[RelayMember]) -> String {
                     "cannot reach the broker since {}",
                     output::time(since)
                 ));
+            }
+            if !r.held_topics.is_empty() {
+                let names: Vec<&str> = r.held_topics.iter().map(|h| h.topic.as_str()).collect();
+                state.push(format!("holding {}", names.join(", ")));
             }
             vec![
                 format!("    {} process {}", r.host, r.process_id),
@@ -292,4 +336,74 @@ fn problems(rows: &[ProblemRow], with_id: bool) -> String {
         })
         .collect();
     output::table(&table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relay(process_id: i64, held: &[(&str, &str, i64, u64)]) -> RelayMember {
+        RelayMember {
+            host: "vm".into(),
+            process_id,
+            backend_pid: 100 + process_id as i32,
+            lanes: 64,
+            lanes_owned: 32,
+            renewed_secs_ago: 0.5,
+            lease_secs: 10.0,
+            lease_expired: false,
+            broker_failing_since: None,
+            held_topics: held
+                .iter()
+                .map(|(topic, reason, since, refusals)| HeldTopic {
+                    topic: (*topic).into(),
+                    reason: (*reason).into(),
+                    since: chrono::DateTime::from_timestamp(*since, 0).unwrap(),
+                    refusals: *refusals,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn held_topics_are_listed_once_per_topic_with_the_oldest_reason() {
+        let relays = [
+            relay(
+                1,
+                &[(
+                    "orders-v2",
+                    "UnknownTopicOrPartition (Broker: Unknown topic or partition)",
+                    1_800_000_100,
+                    7,
+                )],
+            ),
+            relay(
+                2,
+                &[
+                    ("orders-v2", "Local: Unknown topic", 1_800_000_000, 3),
+                    (
+                        "payments",
+                        "Broker: Topic authorization failed",
+                        1_800_000_050,
+                        1,
+                    ),
+                ],
+            ),
+        ];
+        let text = held_topics(&relays);
+        assert!(text.contains("held topics"), "{text}");
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].contains("orders-v2"), "{text}");
+        assert!(lines[0].contains("10 refusals by 2 relays"), "{text}");
+        assert!(
+            lines[0].contains("Local: Unknown topic"),
+            "the oldest hold's reason: {text}"
+        );
+        assert!(lines[1].contains("payments"), "{text}");
+        assert!(lines[1].contains("authorization"), "{text}");
+        let table = super::relays(&relays);
+        assert!(table.contains("holding orders-v2, payments"), "{table}");
+        assert!(held_topics(&[relay(3, &[])]).is_empty());
+    }
 }

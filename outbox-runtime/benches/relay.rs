@@ -30,8 +30,19 @@
 //! [1000,10,1] keys, reads every topic back and checks each key's order;
 //! then `RELAY_BENCH_LATENCY_ROUNDS` [3] rounds of commit-to-publish latency
 //! at `RELAY_BENCH_RATE` over 100 and over 10 keys. Min / median / max of
-//! each figure, and of the ratios within a round. The benchmark works in its own databases `outbox_bench_relay`
-//! and `outbox_bench_relay_large` (dropped and recreated at start).
+//! each figure, and of the ratios within a round.
+//!
+//! Parked rows (after the hot keys, or alone with `RELAY_BENCH_ONLY=parked`):
+//! each of `RELAY_BENCH_ROUNDS` rounds drains `RELAY_BENCH_PARKED_EVENTS`
+//! [= `RELAY_BENCH_EVENTS`] fresh events once with `RELAY_BENCH_PARKED_ROWS`
+//! [200000] parked rows (dead letters, with lower ids than the fresh rows,
+//! as they would be) in the table and once without, back to back (which goes
+//! first alternates); min / median / max of both rates and of their ratio
+//! within a round.
+//!
+//! The benchmark works in its own databases `outbox_bench_relay`,
+//! `outbox_bench_relay_large` and `outbox_bench_relay_parked` (dropped and
+//! recreated when used).
 //!
 //! Charts (`charts::dir()`, `docs/benchmarks/` unless `BENCH_CHARTS_DIR` is
 //! set): `relay-latency.svg` (the latency distributions beside the broker
@@ -120,6 +131,10 @@ async fn main() {
     }
     if std::env::var("RELAY_BENCH_ONLY").is_ok_and(|only| only == "latency") {
         latency_sweep(&bench, latency_secs).await;
+        return;
+    }
+    if std::env::var("RELAY_BENCH_ONLY").is_ok_and(|only| only == "parked") {
+        parked_sweep(&bench, events, rounds).await;
         return;
     }
     large.fill_published(published_rows).await;
@@ -277,6 +292,68 @@ async fn main() {
         drain_chart.display()
     );
     key_sweep(&bench, events, rounds, rate, latency_secs).await;
+    parked_sweep(&bench, events, rounds).await;
+}
+
+/// Draining with dead letters in the table: each round drains the same
+/// number of fresh events in `bench` (no parked row) and in a database
+/// holding `RELAY_BENCH_PARKED_ROWS` [200000] parked rows older than every
+/// fresh row, back to back, alternating which goes first. A claim walks the
+/// relay's index in id order, so a parked row kept in that index would be
+/// stepped over by every claim (migration 0010 keeps them out of it).
+async fn parked_sweep(bench: &Bench, events: usize, rounds: usize) {
+    let parked_rows = support::env_usize("RELAY_BENCH_PARKED_ROWS", 200_000);
+    let n = support::env_usize("RELAY_BENCH_PARKED_EVENTS", events);
+    let parked = Bench {
+        pool: bench_database("outbox_bench_relay_parked").await,
+        brokers: bench.brokers.clone(),
+        batch: bench.batch,
+        drains: Mutex::default(),
+    };
+    parked.fill_parked(parked_rows).await;
+    let (mut without, mut with, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let (none, some) = if round % 2 == 1 {
+            let none = bench.relay_drain_keys(n, KEYS).await.0;
+            (none, parked.relay_drain_keys(n, KEYS).await.0)
+        } else {
+            let some = parked.relay_drain_keys(n, KEYS).await.0;
+            (bench.relay_drain_keys(n, KEYS).await.0, some)
+        };
+        let still_parked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox_event WHERE parked_at IS NOT NULL AND published_at IS NULL",
+        )
+        .fetch_one(&parked.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            still_parked as usize, parked_rows,
+            "parked rows stay parked"
+        );
+        println!(
+            "parked rows, round {round}: {n} events drained at {none:.0}/s with none parked, \
+             {some:.0}/s with {parked_rows} parked: ratio {:.3}",
+            some / none
+        );
+        without.push(none);
+        with.push(some);
+        ratios.push(some / none);
+    }
+    let (lo, mid, hi) = support::spread(&without);
+    println!(
+        "relay drain of {n} events, no parked row:        {lo:.0} / {mid:.0} / {hi:.0} events/s \
+         (min / median / max over {rounds} rounds)"
+    );
+    let (lo, mid, hi) = support::spread(&with);
+    println!(
+        "relay drain of {n} events, {parked_rows} parked rows: {lo:.0} / {mid:.0} / {hi:.0} events/s"
+    );
+    let (lo, mid, hi) = support::spread(&ratios);
+    let met = ratios.iter().filter(|r| **r >= 0.90).count();
+    println!(
+        "ratio with {parked_rows} parked / none, per round: {lo:.3} / {mid:.3} / {hi:.3} \
+         (target >= 0.90: met in {met} of {rounds})"
+    );
 }
 
 /// The key counts of the hot-key sweep, the first being the reference
@@ -467,9 +544,10 @@ impl Bench {
         new_topic(&self.brokers, &format!("bench-{name}"), PARTITIONS).await
     }
 
-    /// Empties the outbox but for the already-published history rows.
+    /// Empties the outbox but for the already-published history rows and
+    /// the parked rows of the parked-rows scenario.
     async fn truncate(&self) {
-        sqlx::query("DELETE FROM outbox_event WHERE topic <> 'history'")
+        sqlx::query("DELETE FROM outbox_event WHERE topic NOT IN ('history', 'parked')")
             .execute(&self.pool)
             .await
             .unwrap();
@@ -891,6 +969,30 @@ impl Bench {
             }
         }
         assert_eq!(last.len() as i64, keys.min(n as i64), "every key");
+    }
+
+    /// Adds `n` parked rows (dead letters: 10 failed attempts each, topic
+    /// `parked`), which stay while the drains come and go.
+    async fn fill_parked(&self, n: usize) {
+        let started = Instant::now();
+        self.insert_keys("parked", n, false, KEYS).await;
+        sqlx::query(
+            "UPDATE outbox_event SET parked_at = now(), attempts = 10,
+                 last_error = 'Broker: Message size too large'
+             WHERE topic = 'parked'",
+        )
+        .execute(&self.pool)
+        .await
+        .unwrap();
+        sqlx::query("VACUUM ANALYZE outbox_event")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        sqlx::query("CHECKPOINT").execute(&self.pool).await.unwrap();
+        println!(
+            "(filled {n} parked rows in {:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
     }
 
     /// Adds `n` already-published rows (as months of traffic would leave).

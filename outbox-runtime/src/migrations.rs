@@ -75,6 +75,16 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "consumer_dead_letters",
         sql: include_str!("../migrations/0009_consumer_dead_letters.sql"),
     },
+    Migration {
+        version: 10,
+        description: "claim_index",
+        sql: include_str!("../migrations/0010_claim_index.sql"),
+    },
+    Migration {
+        version: 11,
+        description: "held_topics",
+        sql: include_str!("../migrations/0011_held_topics.sql"),
+    },
 ];
 
 /// Failure to migrate.

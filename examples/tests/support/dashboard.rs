@@ -59,6 +59,8 @@ pub(crate) fn framework_constants() -> BTreeSet<&'static str> {
         relay::LANES_OWNED,
         relay::UNAVAILABLE_PARTITIONS,
         relay::HELD_BACK,
+        relay::HELD_TOPICS,
+        relay::TOPIC_REFUSALS,
         relay::STRAGGLING,
         relay::MEMBERS_EVICTED,
         relay::BROKER_FAILING,

@@ -70,7 +70,10 @@ impl Target {
             Target::DiscardedOutbox => TargetSql {
                 table: "outbox_event",
                 key: Key::Id,
-                condition: "t.discarded_at < $1 AND t.published_at IS NULL",
+                // A discarded row is always parked: saying so lets the
+                // scan use ix_outbox_event_parked (migration 0010 took
+                // parked rows out of ix_outbox_event_unpublished).
+                condition: "t.discarded_at < $1 AND t.published_at IS NULL AND t.parked_at IS NOT NULL",
             },
             Target::ProcessedEvent => TargetSql {
                 table: "processed_event",

@@ -111,6 +111,26 @@ pub struct RelayMember {
     /// Since when its batches fail because it cannot reach the broker (it
     /// then hands its lanes to relays that can).
     pub broker_failing_since: Option<DateTime<Utc>>,
+    /// Topics it holds because the broker refuses them as a whole (unknown
+    /// topic, not authorized): their events wait in the outbox, no attempt
+    /// counted, until the broker accepts the topic (empty before migration
+    /// 10). As of the relay's last renewal.
+    #[sqlx(json)]
+    pub held_topics: Vec<HeldTopic>,
+}
+
+/// A topic a relay holds (see [`RelayMember::held_topics`]).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct HeldTopic {
+    /// The topic.
+    pub topic: String,
+    /// What the broker answered, e.g. `UnknownTopicOrPartition (Broker:
+    /// Unknown topic or partition), in the topic's metadata`.
+    pub reason: String,
+    /// Since when the relay holds it.
+    pub since: DateTime<Utc>,
+    /// Records of it the broker refused since then.
+    pub refusals: u64,
 }
 
 /// Counts of one queue table (`outbox_event` or `inbox_event`).
@@ -315,9 +335,11 @@ struct QueueSql {
     table: &'static str,
     id: &'static str,
     written_at: &'static str,
-    /// Rows the relay / processor still has to handle (parked or not): this
-    /// predicate matches the table's partial index, so every query stays on the
-    /// small hot set.
+    /// Rows the relay / processor has not finished (parked or not). Every
+    /// query adds whether it means the pending or the parked ones: each of
+    /// the two has a partial index of its own (outbox:
+    /// `ix_outbox_event_unpublished` and `ix_outbox_event_parked`), so every
+    /// query stays on a small set.
     unfinished: &'static str,
 }
 
@@ -357,11 +379,16 @@ async fn queue_status(pool: &PgPool, q: &QueueSql, sample: i64) -> Result<QueueS
         .fetch_one(pool)
         .await?;
     let parked_condition = super::PARKED_NOT_DISCARDED;
+    // One count per partial index: pending rows (the relay's or the
+    // processor's hot set) and parked ones are indexed apart, and no index
+    // holds both (migration 0010), so a single scan over `{unfinished}`
+    // would read the whole table. A discarded row is always parked.
     let (failing, parked, discarded): (i64, i64, i64) = sqlx::query_as(super::trusted(format!(
-        "SELECT count(*) FILTER (WHERE parked_at IS NULL AND attempts > 0),
-                count(*) FILTER (WHERE {parked_condition}),
-                count(*) FILTER (WHERE discarded_at IS NOT NULL)
-         FROM {table} WHERE {unfinished}"
+        "SELECT (SELECT count(*) FROM {table}
+                 WHERE {unfinished} AND parked_at IS NULL AND attempts > 0),
+                (SELECT count(*) FROM {table} WHERE {unfinished} AND {parked_condition}),
+                (SELECT count(*) FROM {table}
+                 WHERE {unfinished} AND parked_at IS NOT NULL AND discarded_at IS NOT NULL)"
     )))
     .fetch_one(pool)
     .await?;

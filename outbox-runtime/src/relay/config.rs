@@ -47,8 +47,10 @@ pub struct RelayConfig {
     pub partition_stall_timeout: Duration,
     /// Failed attempts after which a row is parked (`parked_at` set), so that it
     /// no longer blocks later events of its key. Default `10`. Only refusals
-    /// of the record itself count (too large, invalid, topic unknown or not
-    /// authorized); an unavailable broker or partition never does.
+    /// of the record itself count (too large, invalid); an unavailable
+    /// broker or partition never does, nor a topic the broker refuses as a
+    /// whole (unknown topic, not authorized: the relay holds the topic, see
+    /// `docs/relay.md`, *Refused topics*).
     pub max_attempts: u32,
     /// Delay before retrying a row the broker rejected: doubles per attempt
     /// from `retry_backoff_initial` up to `retry_backoff_max`, with jitter.
@@ -57,7 +59,9 @@ pub struct RelayConfig {
     /// Upper bound of the per-row retry delay. Default `5 min`.
     pub retry_backoff_max: Duration,
     /// First pause after a failed batch (broker unreachable, database gone);
-    /// doubles up to `error_backoff_max`, with jitter. Default `100 ms`.
+    /// doubles up to `error_backoff_max`, with jitter. Default `100 ms`. Also
+    /// the first wait between probes of an unavailable partition or of a
+    /// topic the broker refuses.
     pub error_backoff_initial: Duration,
     /// Upper bound of the pause after failed batches. Default `10 s`.
     pub error_backoff_max: Duration,

@@ -9,7 +9,7 @@
 //! settled and the late ones wait on as stragglers, holding their keys, no
 //! longer holding a pipeline slot.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -18,6 +18,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 
 use super::batch::{Batch, Enqueued, Report, Resolved, Straggler};
+use super::keys::TopicKeys;
 use super::partitions::Partitions;
 use super::publish::{Outcome, report_outcome};
 
@@ -65,25 +66,27 @@ impl Flight {
         batches.chain(stragglers).collect()
     }
 
-    /// Keys of every row in flight.
-    pub(crate) fn keys(&self) -> HashSet<String> {
+    /// Keys (of their topic) of every row in flight.
+    pub(crate) fn keys(&self) -> TopicKeys {
         let batches = self.batches.iter().flat_map(|b| b.rows.iter());
         let stragglers = self.stragglers.values().map(|s| &s.row);
-        batches
-            .chain(stragglers)
-            .map(|row| row.partition_key.clone())
-            .collect()
+        let mut keys = TopicKeys::default();
+        for row in batches.chain(stragglers) {
+            keys.insert(&row.topic, &row.partition_key);
+        }
+        keys
     }
 
-    /// Keys whose later rows must not be sent yet, because order could
-    /// break (docs/relay.md, "Per-key order within one relay"): a row of
-    /// the key in flight that went out through an earlier producer than
-    /// `generation` (rebuilt since), that is known not to be delivered
+    /// Keys (of their topic) whose later rows must not be sent yet, because
+    /// order could break (docs/relay.md, "Per-key order within one relay"):
+    /// a row of the key in flight that went out through an earlier producer
+    /// than `generation` (rebuilt since), that is known not to be delivered
     /// (failed, held, not sent), or that is late (a straggler). A key whose
     /// rows in flight are merely unanswered or delivered is not held: its
-    /// later rows follow them through the same idempotent producer.
-    pub(crate) fn held_keys(&self, generation: u64) -> HashSet<String> {
-        let mut held = HashSet::new();
+    /// later rows follow them through the same idempotent producer. The key's
+    /// rows of other topics are not held either: they are other sequences.
+    pub(crate) fn held_keys(&self, generation: u64) -> TopicKeys {
+        let mut held = TopicKeys::default();
         for batch in &self.batches {
             let old = batch.generation != generation;
             for (row, outcome) in batch.rows.iter().zip(&batch.outcomes) {
@@ -93,14 +96,27 @@ impl Flight {
                     Some(_) => true,
                 };
                 if hold {
-                    held.insert(row.partition_key.clone());
+                    held.insert(&row.topic, &row.partition_key);
                 }
             }
         }
         for straggler in self.stragglers.values() {
-            held.insert(straggler.row.partition_key.clone());
+            held.insert(&straggler.row.topic, &straggler.row.partition_key);
         }
         held
+    }
+
+    /// Batches still awaiting reports only for rows of topics `held` says
+    /// are held: nothing else will come for them until librdkafka gives up
+    /// on those rows, so they are settled at once without them (see
+    /// [`split`](Self::split)).
+    pub(crate) fn waiting_only_on(&self, held: impl Fn(&str) -> bool) -> Vec<u64> {
+        self.batches
+            .iter()
+            .filter(|b| b.outstanding > 0)
+            .filter(|b| b.pending().all(|(row, _)| held(&row.topic)))
+            .map(|b| b.seq)
+            .collect()
     }
 
     /// Whether any delivery report came in since `since`.

@@ -28,6 +28,7 @@ use uuid::Uuid;
 
 use super::config::{RelayConfig, renew_every};
 use super::error::RelayError;
+use super::held_topics::HeldTopicRecord;
 use super::membership::{self, Identity, JoinError, LANE_LOCK, Renewal};
 use super::session::{self, bounded};
 use super::telemetry as metric;
@@ -47,6 +48,8 @@ struct Session {
     id: Uuid,
     backend_pid: i32,
     server_version: u32,
+    /// The membership table has `held_topics` (migration 0011).
+    records_held_topics: bool,
 }
 
 /// The dedicated connection, the membership and the lanes locked on it.
@@ -60,6 +63,8 @@ pub(crate) struct Lanes {
     owned: BTreeSet<i32>,
     next_renewal: Instant,
     broker_failing: bool,
+    /// The held topics as JSON, recorded at every renewal.
+    held_topics: String,
     /// A reason to stop for good (refused lane count, shared session...),
     /// taken by the worker at its next turn.
     fatal: Option<RelayError>,
@@ -76,6 +81,7 @@ impl Lanes {
             owned: BTreeSet::new(),
             next_renewal: Instant::now(),
             broker_failing: false,
+            held_topics: "[]".to_owned(),
             fatal: None,
         }
     }
@@ -119,6 +125,14 @@ impl Lanes {
 
     pub(crate) fn broker_failing(&self) -> bool {
         self.broker_failing
+    }
+
+    /// Records the topics this relay holds (the broker refuses them), for
+    /// `outbox status`: written at the next renewal, which is brought
+    /// forward to now.
+    pub(crate) fn set_held_topics(&mut self, held: &[HeldTopicRecord]) {
+        self.held_topics = serde_json::to_string(held).expect("plain data serializes");
+        self.next_renewal = Instant::now();
     }
 
     /// Forgets the connection (and with it every lane): called after any error
@@ -178,8 +192,17 @@ impl Lanes {
         let (Some(conn), Some(session)) = (self.conn.as_mut(), self.session) else {
             return Ok(());
         };
-        let renewal =
-            membership::renew(conn, session.id, session.backend_pid, self.broker_failing).await?;
+        let held_topics = session
+            .records_held_topics
+            .then_some(self.held_topics.as_str());
+        let renewal = membership::renew(
+            conn,
+            session.id,
+            session.backend_pid,
+            self.broker_failing,
+            held_topics,
+        )
+        .await?;
         match renewal {
             Renewal::Renewed => {
                 self.next_renewal = Instant::now() + self.renew_every;
@@ -255,10 +278,17 @@ impl Lanes {
             }
             Err(JoinError::NotMigrated) => return Err(self.stop_for_good(RelayError::NotMigrated)),
         };
+        let records_held_topics = membership::records_held_topics(&mut conn).await?;
+        if !records_held_topics {
+            tracing::warn!(
+                "outbox relay: migration 0011 is not applied, so `outbox status` cannot show                  the topics this relay holds (the relay works all the same; run the outbox                  migrations)"
+            );
+        }
         self.session = Some(Session {
             id,
             backend_pid,
             server_version,
+            records_held_topics,
         });
         self.conn = Some(conn);
         Ok(())

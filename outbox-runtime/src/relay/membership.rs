@@ -177,27 +177,49 @@ pub(crate) enum Renewal {
     SharedSession(String),
 }
 
-/// Renews the lease (and records whether the relay can reach its broker),
+/// Whether the membership table records held topics (migration 0011).
+pub(crate) async fn records_held_topics(conn: &mut PgConnection) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute
+                        WHERE attrelid = to_regclass('outbox_relay_member')
+                          AND attname = 'held_topics' AND NOT attisdropped)",
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// Renews the lease (and records whether the relay can reach its broker,
+/// and the topics it holds, a JSON array, when the table has the column),
 /// checking that the statement ran on the relay's own session.
 pub(crate) async fn renew(
     conn: &mut PgConnection,
     session: Uuid,
     backend_pid: i32,
     broker_failing: bool,
+    held_topics: Option<&str>,
 ) -> sqlx::Result<Renewal> {
-    let (pid, mark, renewed): (i32, Option<String>, bool) = sqlx::query_as(
+    let held_topics_set = if held_topics.is_some() {
+        ", held_topics = $3::jsonb"
+    } else {
+        ""
+    };
+    let mut renew = sqlx::query_as::<_, (i32, Option<String>, bool)>(sqlx::AssertSqlSafe(format!(
         "WITH renewed AS (
-             UPDATE outbox_relay_member SET heartbeat_at = clock_timestamp(),
-                 broker_failing_since = CASE WHEN $2 THEN COALESCE(broker_failing_since, now()) END
-             WHERE backend_pid = pg_backend_pid() AND session_id = $1
-             RETURNING 1)
-         SELECT pg_backend_pid(), NULLIF(current_setting('outbox.relay_session', true), ''),
-                EXISTS (SELECT 1 FROM renewed)",
-    )
+                 UPDATE outbox_relay_member SET heartbeat_at = clock_timestamp(),
+                     broker_failing_since =
+                         CASE WHEN $2 THEN COALESCE(broker_failing_since, now()) END
+                     {held_topics_set}
+                 WHERE backend_pid = pg_backend_pid() AND session_id = $1
+                 RETURNING 1)
+             SELECT pg_backend_pid(), NULLIF(current_setting('outbox.relay_session', true), ''),
+                    EXISTS (SELECT 1 FROM renewed)"
+    )))
     .bind(session)
-    .bind(broker_failing)
-    .fetch_one(conn)
-    .await?;
+    .bind(broker_failing);
+    if let Some(held_topics) = held_topics {
+        renew = renew.bind(held_topics);
+    }
+    let (pid, mark, renewed) = renew.fetch_one(conn).await?;
     let mark_is_ours = mark.as_deref() == Some(session.to_string().as_str());
     if pid != backend_pid || !mark_is_ours {
         return Ok(Renewal::SharedSession(format!(
@@ -308,7 +330,9 @@ pub(crate) async fn members(
                 m.lease_ms / 1000.0::float8 AS lease_secs,
                 m.heartbeat_at < clock_timestamp() - m.lease_ms * interval '1 millisecond'
                     AS lease_expired,
-                m.broker_failing_since
+                m.broker_failing_since,
+                -- held_topics comes with migration 0011: absent before it.
+                COALESCE(to_jsonb(m) -> 'held_topics', '[]') AS held_topics
          FROM outbox_relay_member m
          WHERE m.backend_pid IN ({LIVE})
          ORDER BY m.joined_at"

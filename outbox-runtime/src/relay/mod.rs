@@ -38,6 +38,8 @@ mod builder;
 mod config;
 mod error;
 mod flight;
+mod held_topics;
+mod keys;
 mod lanes;
 mod membership;
 mod partitioner;
@@ -60,7 +62,7 @@ pub use error::RelayError;
 pub use run::{Relay, RelayHandle};
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
-pub use store::claim_and_mark_without_publishing;
+pub use store::{claim_and_mark_without_publishing, explain_claim};
 pub use summary::RelaySummary;
 
 /// Benchmarks only (feature `test-hooks`): sets a connection up as the

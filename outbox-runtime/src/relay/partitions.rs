@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::FutureProducer;
 
 use super::partitioner::Partitioner;
-use super::prediction::Prediction;
+use super::prediction::{MetadataFetch, Prediction, TopicMetadata};
 use super::telemetry as metric;
 
 /// Longest hold of a row of an unavailable partition (it is released at
@@ -106,6 +106,27 @@ impl Partitions {
     /// See [`Prediction::refresh_metadata`].
     pub(crate) fn refresh_metadata(&mut self, producer: &FutureProducer) {
         self.prediction.refresh_metadata(producer);
+    }
+
+    /// See [`Prediction::take_fetch`].
+    pub(crate) fn take_metadata_fetch(&mut self) -> Option<MetadataFetch> {
+        self.prediction.take_fetch()
+    }
+
+    /// See [`Prediction::restore`].
+    pub(crate) fn restore_metadata_fetch(&mut self, fetch: Option<MetadataFetch>) {
+        self.prediction.restore(fetch);
+    }
+
+    /// See [`Prediction::take_answers`].
+    pub(crate) fn take_topic_answers(&mut self) -> Vec<(String, TopicMetadata)> {
+        self.prediction.take_answers()
+    }
+
+    /// Asks for `topic`'s metadata (a held topic's probe); the answer comes
+    /// through [`take_topic_answers`](Self::take_topic_answers).
+    pub(crate) fn want_metadata(&mut self, topic: &str) {
+        self.prediction.want(topic);
     }
 
     /// Whether the partition is currently held back.

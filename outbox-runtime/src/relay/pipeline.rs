@@ -10,11 +10,11 @@
 //! round trip. What is in flight is kept by [`Flight`]; this type decides
 //! when another claim may join it.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use super::batch::{Batch, Enqueued, Resolved};
 use super::flight::Flight;
+use super::keys::TopicKeys;
 use super::partitions::Partitions;
 
 /// Most batches in flight at once.
@@ -66,14 +66,19 @@ impl Pipeline {
         self.flight.ids()
     }
 
-    /// Keys of every row in flight.
-    pub(super) fn keys(&self) -> HashSet<String> {
+    /// Keys (of their topic) of every row in flight.
+    pub(super) fn keys(&self) -> TopicKeys {
         self.flight.keys()
     }
 
     /// Keys whose later rows must not be sent yet (see [`Flight::held_keys`]).
-    pub(super) fn held_keys(&self, generation: u64) -> HashSet<String> {
+    pub(super) fn held_keys(&self, generation: u64) -> TopicKeys {
         self.flight.held_keys(generation)
+    }
+
+    /// See [`Flight::waiting_only_on`].
+    pub(super) fn waiting_only_on(&self, held: impl Fn(&str) -> bool) -> Vec<u64> {
+        self.flight.waiting_only_on(held)
     }
 
     /// Takes a claimed batch in, as the publisher built it; returns its rows.

@@ -33,9 +33,13 @@ pub(crate) enum Outcome {
     },
     /// Sent, its report late: settled on its own when it comes (see `flight`).
     Straggling,
-    /// Refused for a reason tied to this message (too large, invalid, topic
-    /// unknown or not authorized): counts as a failed attempt.
+    /// Refused for a reason tied to this message (too large, invalid):
+    /// counts as a failed attempt.
     Rejected(String),
+    /// Refused for its topic as a whole (unknown topic, not authorized): no
+    /// fault of this record, never counted. The topic is held (see
+    /// `held_topics`) and the row claimed again once it is accepted.
+    TopicRefused(String),
     /// Not delivered for a reason that is not the message's fault (broker or
     /// partition leader unreachable, timeout, producer fenced): retried,
     /// never counted as an attempt.
@@ -221,24 +225,37 @@ pub(crate) fn wire_headers(row: &WireRow<'_>) -> OwnedHeaders {
     headers
 }
 
-/// Errors that will not go away by retrying the same message soon.
+/// What a failure says about the record: refused for itself (counted),
+/// refused for its topic (held, never counted), or not delivered for a
+/// reason outside it (retried, never counted).
 fn classify(error: &KafkaError) -> Outcome {
     use RDKafkaErrorCode as C;
     let text = error.to_string();
     match error.rdkafka_error_code() {
+        Some(code) if refuses_topic(code) => Outcome::TopicRefused(text),
         Some(
             C::MessageSizeTooLarge
             | C::InvalidMessageSize
             | C::InvalidMessage
             | C::InvalidRecord
-            | C::UnknownTopic
-            | C::UnknownTopicOrPartition
             | C::UnknownPartition
-            | C::InvalidTopic
-            | C::TopicAuthorizationFailed,
+            | C::InvalidTopic,
         ) => Outcome::Rejected(text),
         _ => Outcome::Unavailable(text),
     }
+}
+
+/// Errors the broker (or librdkafka, from the broker's metadata) gives every
+/// record of a topic alike: the topic does not exist (and is not created),
+/// or this client may not write to it. An operator fixes the topic, not the
+/// records. `InvalidTopic` (a name Kafka can never accept) is not among
+/// them: no change on the broker makes such a record deliverable.
+pub(crate) fn refuses_topic(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::UnknownTopic | C::UnknownTopicOrPartition | C::TopicAuthorizationFailed
+    )
 }
 
 #[cfg(test)]
@@ -251,5 +268,22 @@ mod tests {
         assert!(matches!(classify(&too_large), Outcome::Rejected(_)));
         let timeout = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
         assert!(matches!(classify(&timeout), Outcome::Unavailable(_)));
+    }
+
+    #[test]
+    fn topic_wide_refusals_are_the_topics_not_the_records() {
+        for code in [
+            RDKafkaErrorCode::UnknownTopic,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ] {
+            let error = KafkaError::MessageProduction(code);
+            assert!(
+                matches!(classify(&error), Outcome::TopicRefused(_)),
+                "{code:?}"
+            );
+        }
+        let invalid = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTopic);
+        assert!(matches!(classify(&invalid), Outcome::Rejected(_)));
     }
 }

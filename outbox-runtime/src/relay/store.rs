@@ -20,16 +20,18 @@ pub(crate) struct ClaimedRow {
 }
 
 /// Claims up to `limit` publishable rows of the given lanes, in id order,
-/// leaving out the rows of the batch still in flight.
+/// leaving out the rows of the batch still in flight and those of the
+/// `held_topics` (refused by the broker as a whole, see `held_topics`).
 ///
 /// The statement is its own transaction: exclusivity while the batch is in
 /// flight comes from lane ownership (see `lanes`), not from row locks, so
 /// the relay can claim its next batch while the previous one is delivered.
-/// A row is skipped while an earlier row of its key waits for a retry
-/// (`next_attempt_at` in the future), so one key's failure holds back that key
-/// only; parked rows hold back nothing. `SKIP LOCKED` keeps a relay from
-/// waiting on rows another transaction holds (a relay that lost a lane, an
-/// operator's retry).
+/// A row is skipped while an earlier row of its key *on its topic* waits for
+/// a retry (`next_attempt_at` in the future), so one key's failure holds
+/// back that key of that topic only (the key's rows of other topics are
+/// other sequences, see `keys`); parked rows hold back nothing. `SKIP
+/// LOCKED` keeps a relay from waiting on rows another transaction holds (a
+/// relay that lost a lane, an operator's retry).
 ///
 /// The lane and in-flight filters are `IN (SELECT unnest(..))` rather than
 /// `= ANY(..)` / `<> ALL(..)`: PostgreSQL hashes such a subquery once per
@@ -44,31 +46,57 @@ pub(crate) async fn claim(
     lane_count: u32,
     lanes: &[i32],
     in_flight: &[i64],
+    held_topics: &[String],
     limit: usize,
 ) -> sqlx::Result<Vec<ClaimedRow>> {
-    sqlx::query_as(
-        "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-                o.payload::text AS payload, o.topic, o.partition_key, o.traceparent, o.attempts
-         FROM outbox_event o
-         WHERE o.published_at IS NULL AND o.parked_at IS NULL
-           AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-           AND (hashtext(o.partition_key) & 2147483647) % $1 IN (SELECT unnest($2::int[]))
-           AND o.id NOT IN (SELECT unnest($4::bigint[]))
-           AND NOT EXISTS (
-               SELECT 1 FROM outbox_event b
-               WHERE b.partition_key = o.partition_key AND b.id < o.id
-                 AND b.published_at IS NULL AND b.parked_at IS NULL
-                 AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now())
-         ORDER BY o.id
-         LIMIT $3
-         FOR UPDATE OF o SKIP LOCKED",
-    )
-    .bind(lane_count as i32)
-    .bind(lanes)
-    .bind(limit as i64)
-    .bind(in_flight)
-    .fetch_all(conn)
-    .await
+    sqlx::query_as(CLAIM)
+        .bind(lane_count as i32)
+        .bind(lanes)
+        .bind(limit as i64)
+        .bind(in_flight)
+        .bind(held_topics)
+        .fetch_all(conn)
+        .await
+}
+
+/// The claim statement (see [`claim`]).
+const CLAIM: &str = "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
+        o.payload::text AS payload, o.topic, o.partition_key, o.traceparent, o.attempts
+ FROM outbox_event o
+ WHERE o.published_at IS NULL AND o.parked_at IS NULL
+   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+   AND (hashtext(o.partition_key) & 2147483647) % $1 IN (SELECT unnest($2::int[]))
+   AND o.id NOT IN (SELECT unnest($4::bigint[]))
+   AND o.topic NOT IN (SELECT unnest($5::text[]))
+   AND NOT EXISTS (
+       SELECT 1 FROM outbox_event b
+       WHERE b.partition_key = o.partition_key AND b.topic = o.topic AND b.id < o.id
+         AND b.published_at IS NULL AND b.parked_at IS NULL
+         AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now())
+ ORDER BY o.id
+ LIMIT $3
+ FOR UPDATE OF o SKIP LOCKED";
+
+/// Tests only (feature `test-hooks`): runs the relay's claim statement under
+/// `EXPLAIN (ANALYZE, FORMAT JSON)` over every lane (nothing in flight) and
+/// returns the plan, so a test can check which index it walks and how many
+/// rows it stepped over. The claim's row locks end with the statement.
+#[cfg(feature = "test-hooks")]
+pub async fn explain_claim(
+    conn: &mut PgConnection,
+    lane_count: u32,
+    limit: usize,
+) -> sqlx::Result<serde_json::Value> {
+    let lanes: Vec<i32> = (0..lane_count as i32).collect();
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM}");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .bind(lane_count as i32)
+        .bind(&lanes)
+        .bind(limit as i64)
+        .bind(&[] as &[i64])
+        .bind(&[] as &[String])
+        .fetch_one(conn)
+        .await
 }
 
 /// Session settings of the relay's own connection (the one its lane locks,
@@ -97,7 +125,7 @@ pub async fn claim_and_mark_without_publishing(
     lanes: &[i32],
     limit: usize,
 ) -> sqlx::Result<usize> {
-    let rows = claim(conn, lane_count, lanes, &[], limit).await?;
+    let rows = claim(conn, lane_count, lanes, &[], &[], limit).await?;
     let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
     settle(conn, &ids, &[], 1).await?;
     Ok(ids.len())

@@ -9,7 +9,7 @@ pub const PUBLISHED: &str = "outbox_relay_published_total";
 /// Counter: rows parked after `max_attempts` failed attempts.
 pub const PARKED: &str = "outbox_relay_parked_total";
 /// Counter: errors, labelled `kind` (`database`, `broker_unavailable`,
-/// `partition_unavailable`, `rejected`, `fatal_producer`).
+/// `partition_unavailable`, `rejected`, `topic_refused`, `fatal_producer`).
 pub const ERRORS: &str = "outbox_relay_errors_total";
 /// Histogram: rows claimed per non-empty batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
@@ -20,6 +20,14 @@ pub const LANES_OWNED: &str = "outbox_relay_lanes_owned";
 /// Gauge: partitions this relay holds back because they are unavailable
 /// (leader down); each is also named in a warning every `metrics_interval`.
 pub const UNAVAILABLE_PARTITIONS: &str = "outbox_relay_unavailable_partitions";
+/// Gauge: topics this relay holds because the broker refuses them as a
+/// whole (unknown topic, not authorized): their rows wait in the outbox, no
+/// attempt counted; each is named in a warning when held, in `outbox
+/// status`, and in [`TOPIC_REFUSALS`].
+pub const HELD_TOPICS: &str = "outbox_relay_held_topics";
+/// Counter: records the broker refused for their topic as a whole, labelled
+/// `topic` (never counted as attempts; the topic is held).
+pub const TOPIC_REFUSALS: &str = "outbox_relay_topic_refusals_total";
 /// Counter: times a row was held back (not sent, no attempt counted) because
 /// its partition was unavailable.
 pub const HELD_BACK: &str = "outbox_relay_held_back_total";

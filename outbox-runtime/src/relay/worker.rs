@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::error_delay;
 use super::config::RelayConfig;
 use super::error::RelayError;
+use super::held_topics::HeldTopics;
 use super::lanes::{Lanes, Rebalanced};
 use super::partitions::Partitions;
 use super::pipeline::Pipeline;
@@ -50,6 +51,8 @@ pub(crate) struct Worker {
     pipeline: Pipeline,
     /// Partition prediction and the partitions held back as unavailable.
     partitions: Partitions,
+    /// Topics the broker refuses as a whole, left out of claims.
+    held_topics: HeldTopics,
 }
 
 /// The loop's timing between turns.
@@ -107,6 +110,7 @@ impl Worker {
         Self {
             pool,
             lanes: Lanes::new(&config),
+            held_topics: HeldTopics::new((config.error_backoff_initial, config.error_backoff_max)),
             config,
             publisher,
             totals,
@@ -138,6 +142,10 @@ impl Worker {
                 // cannot help, the service must be reconfigured.
                 self.lanes.reset();
                 return Err(fatal);
+            }
+            // `outbox status` reads the held topics from the membership row.
+            if let Some(held) = self.held_topics.take_changed() {
+                self.lanes.set_held_topics(&held);
             }
             let now = Instant::now();
             // Rebalance lanes (when due).

@@ -1,12 +1,12 @@
 //! Unit tests of [`Flight`].
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tracing::Span;
 
 use super::Flight;
 use crate::relay::batch::Enqueued;
+use crate::relay::keys::TopicKeys;
 use crate::relay::publish::Outcome;
 use crate::relay::store::ClaimedRow;
 
@@ -37,10 +37,8 @@ fn enqueued(rows: Vec<ClaimedRow>, outcomes: Vec<Option<Outcome>>, generation: u
     }
 }
 
-fn sorted(keys: HashSet<String>) -> Vec<String> {
-    let mut keys: Vec<String> = keys.into_iter().collect();
-    keys.sort();
-    keys
+fn sorted(keys: TopicKeys) -> Vec<String> {
+    keys.pairs().into_iter().map(|(_, key)| key).collect()
 }
 
 #[test]
@@ -67,9 +65,12 @@ fn keys_in_flight_are_held_only_where_order_could_break() {
         Duration::from_secs(30),
     );
     assert_eq!(sorted(flight.held_keys(0)), ["failed", "held"]);
+    // Per topic: the key's rows of another topic are another sequence.
+    assert!(flight.held_keys(0).contains("t", "failed"));
+    assert!(!flight.held_keys(0).contains("other", "failed"));
     // After a rebuild, a row still awaiting its report from the old
     // producer holds its key; a delivered one does not.
     assert_eq!(sorted(flight.held_keys(1)), ["failed", "held", "pending"]);
     // Every key in flight, for the rows of unavailable partitions.
-    assert_eq!(flight.keys().len(), 4);
+    assert_eq!(flight.keys().pairs().len(), 4);
 }

@@ -7,7 +7,9 @@ use std::time::Instant;
 use tracing::{Instrument, Span, field};
 
 use super::super::batch::Enqueued;
+use super::super::keys::TopicKeys;
 use super::super::partitions::Route;
+use super::super::prediction::TopicMetadata;
 use super::super::publish::Outcome;
 use super::super::session;
 use super::super::store::{self, ClaimedRow};
@@ -21,6 +23,7 @@ impl Worker {
     /// it was held behind rows in flight).
     pub(super) async fn claim_and_publish(&mut self) -> Result<usize, BatchError> {
         self.partitions.refresh_metadata(self.publisher.producer());
+        self.update_held_topics();
         self.partitions.request_probes();
         self.release_held_back().await?;
         self.pipeline.unpause_if_empty();
@@ -40,6 +43,7 @@ impl Worker {
             held_back = field::Empty,
             straggling = field::Empty,
             rejected = field::Empty,
+            topic_refused = field::Empty,
             unavailable = field::Empty,
         );
         let held_keys = self.pipeline.held_keys(self.publisher.generation());
@@ -51,6 +55,25 @@ impl Worker {
         // again before something settles would find the same rows, so the
         // pipeline pauses claims until a settle.
         Ok(self.pipeline.admit(batch, self.config.delivery_timeout))
+    }
+
+    /// Hands the topics' metadata answers to the held topics (a refused
+    /// topic is held before any of its records is refused; a held one
+    /// listed without error is released) and asks for the metadata of the
+    /// held topics due a probe.
+    pub(super) fn update_held_topics(&mut self) {
+        for (topic, answer) in self.partitions.take_topic_answers() {
+            match answer {
+                TopicMetadata::Listed(_) => self.held_topics.metadata(&topic, None),
+                TopicMetadata::Refused(reason) => {
+                    self.held_topics.metadata(&topic, Some(&reason));
+                }
+                TopicMetadata::Unknown => self.held_topics.probe_failed(&topic),
+            }
+        }
+        for topic in self.held_topics.due_probes() {
+            self.partitions.want_metadata(&topic);
+        }
     }
 
     /// Clears the hold of rows held back for partitions that are available
@@ -74,11 +97,12 @@ impl Worker {
     }
 
     /// Claims the next batch of the owned lanes, leaving out the rows in
-    /// flight.
+    /// flight and the held topics.
     async fn claim(&mut self) -> Result<Vec<ClaimedRow>, BatchError> {
         let lanes = self.lanes.owned();
         let lane_count = self.lanes.lane_count();
         let exclude = self.pipeline.ids();
+        let held_topics = self.held_topics.topics();
         let conn = self
             .lanes
             .connection()
@@ -86,7 +110,14 @@ impl Worker {
         let rows = session::bounded(
             self.config.database_timeout,
             "claiming a batch",
-            store::claim(conn, lane_count, &lanes, &exclude, self.config.batch_size),
+            store::claim(
+                conn,
+                lane_count,
+                &lanes,
+                &exclude,
+                &held_topics,
+                self.config.batch_size,
+            ),
         )
         .await?;
         Ok(rows)
@@ -95,10 +126,12 @@ impl Worker {
     /// Enqueues every row, in order, and returns at once: the deliveries
     /// proceed while the relay claims its next batch. A row whose key has
     /// earlier rows in flight follows them through the same idempotent
-    /// producer, which keeps them in order. A row is not sent if its key is
-    /// in `held_keys` (an earlier row failed, is late, or went out through a
-    /// producer since rebuilt: see `Flight::held_keys`) or had an earlier row
-    /// fail to enqueue or be held back here. The first row of a key of a
+    /// producer, which keeps them in order. Keys are keys of a topic. A row
+    /// is not sent if its key is in `held_keys` (an earlier row failed, is
+    /// late, or went out through a producer since rebuilt: see
+    /// `Flight::held_keys`) or had an earlier row fail to enqueue or be held
+    /// back here, nor if its topic is held (refused as a whole, here or
+    /// since the claim). The first row of a key of a
     /// partition known to be unavailable is held back in the database (unless
     /// it is the partition's one probe, and only if no row of its key is in
     /// flight), which keeps the key's later rows out of claims; the key's
@@ -106,7 +139,7 @@ impl Worker {
     async fn publish(
         &mut self,
         rows: Vec<ClaimedRow>,
-        held_keys: &HashSet<String>,
+        held_keys: &TopicKeys,
         started: Instant,
         span: Span,
     ) -> Enqueued {
@@ -114,19 +147,23 @@ impl Worker {
         let mut outcomes = vec![None; rows.len()];
         let mut predicted = Vec::with_capacity(rows.len());
         let mut sent = Vec::with_capacity(rows.len());
-        let mut failed_keys: HashSet<&str> = HashSet::new();
+        let mut failed_keys: HashSet<(&str, &str)> = HashSet::new();
         let any_down = self.partitions.unavailable() > 0;
         // Only needed to hold back rows of unavailable partitions.
         let in_flight_keys = if any_down {
             self.pipeline.keys()
         } else {
-            HashSet::new()
+            TopicKeys::default()
         };
         let generation = self.publisher.generation();
         for (index, row) in rows.iter().enumerate() {
-            let key = row.partition_key.as_str();
-            let partition = self.partitions.predict(&row.topic, key);
+            let (topic, key) = (row.topic.as_str(), row.partition_key.as_str());
+            let partition = self.partitions.predict(topic, key);
             predicted.push(partition);
+            if self.held_topics.is_held(topic) {
+                outcomes[index] = Some(Outcome::Held);
+                continue;
+            }
             let tp = partition
                 .filter(|_| any_down)
                 .map(|p| (row.topic.clone(), p));
@@ -135,12 +172,12 @@ impl Worker {
             // back, or one in flight makes order uncertain: this one waits,
             // unwritten (once the earlier one's hold is recorded, the claim
             // skips the key's later rows).
-            let held = held_keys.contains(key);
-            if failed_keys.contains(key) || (held && !down) {
+            let held = held_keys.contains(topic, key);
+            if failed_keys.contains(&(topic, key)) || (held && !down) {
                 outcomes[index] = Some(Outcome::Held);
                 continue;
             }
-            let in_flight = held || in_flight_keys.contains(key);
+            let in_flight = held || in_flight_keys.contains(topic, key);
             let route = match &tp {
                 Some(_) if down && in_flight => Route::HoldBack,
                 Some((topic, partition)) => self.partitions.route(topic, *partition, row.id),
@@ -150,7 +187,7 @@ impl Worker {
                 let tp = tp.expect("a partition held back is known");
                 let (hold, reason) = self.partitions.held_back(&tp, row.id);
                 outcomes[index] = Some(Outcome::Deferred { reason, hold });
-                failed_keys.insert(key);
+                failed_keys.insert((topic, key));
                 continue;
             }
             match self.publisher.send(row, deadline).await {
@@ -158,10 +195,15 @@ impl Worker {
                 Err(outcome) => {
                     if route == Route::Probe {
                         self.partitions
-                            .reported(&row.topic, partition, partition, row.id, false);
+                            .reported(topic, partition, partition, row.id, false);
+                    }
+                    // librdkafka knows the topic is refused: the claim's
+                    // other rows of it are not sent.
+                    if let Outcome::TopicRefused(reason) = &outcome {
+                        self.held_topics.hold_now(topic, reason);
                     }
                     outcomes[index] = Some(outcome);
-                    failed_keys.insert(key);
+                    failed_keys.insert((topic, key));
                 }
             }
         }

@@ -21,6 +21,8 @@ impl Worker {
     /// report came.
     pub(super) async fn process_flight(&mut self) -> Result<Progress, BatchError> {
         let mut progress = Progress::default();
+        self.partitions.refresh_metadata(self.publisher.producer());
+        self.update_held_topics();
         self.pipeline.expire(Instant::now());
         for batch in self.pipeline.take_complete() {
             progress.merge(self.settle(batch).await?);
@@ -29,6 +31,17 @@ impl Worker {
             self.suspect_stalled(seq);
             if let Some(batch) = self.pipeline.split(seq) {
                 progress.merge(self.settle(batch).await?);
+            }
+        }
+        // Rows of a topic held since they were sent get their reports only
+        // when librdkafka gives up on them (up to `delivery_timeout`): their
+        // batch's other rows are settled now, without them.
+        if self.held_topics.watching() {
+            let held = &self.held_topics;
+            for seq in self.pipeline.waiting_only_on(|topic| held.is_held(topic)) {
+                if let Some(batch) = self.pipeline.split(seq) {
+                    progress.merge(self.settle(batch).await?);
+                }
             }
         }
         let resolved = self.pipeline.take_resolved();
@@ -129,12 +142,23 @@ impl Worker {
         let mut retries = Vec::new();
         let (mut rejected, mut unavailable, mut held, mut held_back, mut straggling) =
             (0usize, 0usize, 0usize, 0usize, 0usize);
+        let mut topic_refused = 0usize;
         for ((row, outcome), partition) in rows.iter().zip(&outcomes).zip(&partitions) {
             match outcome {
-                Outcome::Delivered => {}
+                Outcome::Delivered => {
+                    if self.held_topics.watching() {
+                        self.held_topics.delivered(&row.topic);
+                    }
+                }
                 Outcome::Rejected(error) => {
                     rejected += 1;
                     retries.push(self.refused(row, error));
+                }
+                // Never counted, nothing recorded: the topic is held and
+                // the row claimed again once the broker accepts the topic.
+                Outcome::TopicRefused(reason) => {
+                    topic_refused += 1;
+                    self.held_topics.refused(&row.topic, reason);
                 }
                 Outcome::Deferred { reason, hold } => {
                     held_back += 1;
@@ -167,6 +191,7 @@ impl Worker {
         span.record("held_back", held_back);
         span.record("straggling", straggling);
         span.record("rejected", rejected);
+        span.record("topic_refused", topic_refused);
         span.record("unavailable", unavailable);
         Totals::add(&self.totals.published, delivered.len() as u64);
         Totals::add(&self.totals.parked, parked);
@@ -189,6 +214,9 @@ impl Worker {
                 "outbox relay: broker refused events"
             );
         }
+        if topic_refused > 0 {
+            self.count_error("topic_refused");
+        }
         if unavailable > 0 {
             self.count_error("broker_unavailable");
             let error = outcomes.iter().find_map(|o| match o {
@@ -204,10 +232,11 @@ impl Worker {
         let rebuilt = self.rebuild_if_fatal()?;
         Ok(Progress {
             settled: true,
-            answered: !delivered.is_empty() || rejected > 0,
+            answered: !delivered.is_empty() || rejected > 0 || topic_refused > 0,
             // After a fatal error the new producer deserves a try at once.
             outage: delivered.is_empty()
                 && rejected == 0
+                && topic_refused == 0
                 && unavailable > 0
                 && !others_delivered
                 && !rebuilt,
@@ -221,11 +250,20 @@ impl Worker {
         }
         let mut delivered = Vec::new();
         let mut retries = Vec::new();
-        let mut unavailable = 0usize;
+        let (mut unavailable, mut topic_refused) = (0usize, 0usize);
         for Resolved { row, outcome } in &resolved {
             match outcome {
-                Outcome::Delivered => delivered.push(row.id),
+                Outcome::Delivered => {
+                    delivered.push(row.id);
+                    if self.held_topics.watching() {
+                        self.held_topics.delivered(&row.topic);
+                    }
+                }
                 Outcome::Rejected(error) => retries.push(self.refused(row, error)),
+                Outcome::TopicRefused(reason) => {
+                    topic_refused += 1;
+                    self.held_topics.refused(&row.topic, reason);
+                }
                 _ => unavailable += 1,
             }
         }
@@ -237,6 +275,9 @@ impl Worker {
         if !retries.is_empty() {
             self.count_error("rejected");
         }
+        if topic_refused > 0 {
+            self.count_error("topic_refused");
+        }
         if unavailable > 0 {
             self.count_error("broker_unavailable");
             tracing::debug!(
@@ -247,7 +288,7 @@ impl Worker {
         self.rebuild_if_fatal()?;
         Ok(Progress {
             settled: true,
-            answered: !delivered.is_empty() || !retries.is_empty(),
+            answered: !delivered.is_empty() || !retries.is_empty() || topic_refused > 0,
             outage: false,
         })
     }

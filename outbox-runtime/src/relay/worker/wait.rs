@@ -97,22 +97,29 @@ impl Worker {
                 .next_timer(self.config.partition_stall_timeout)
                 .map_or(until, |at| at.min(until));
             let awaits_reports = self.pipeline.awaits_reports();
+            // A topic's metadata may hold it, and free the batches that
+            // wait only for its rows (see `process_flight`): its answer is
+            // awaited too.
+            let mut metadata = self.partitions.take_metadata_fetch();
+            let metadata_pending = metadata.as_ref().is_some_and(|f| f.pending());
             let renew_at = self.lanes.renew_at();
-            let woken = tokio::select! {
+            let (woken, renew) = tokio::select! {
                 // Settle delivered rows first: they are published only once
                 // marked, and settling unblocks the keys they hold.
                 biased;
-                () = self.pipeline.next_reports(&mut self.partitions), if awaits_reports => false,
-                () = tokio::time::sleep_until(timer.into()) => false,
+                () = self.pipeline.next_reports(&mut self.partitions), if awaits_reports => (false, false),
+                () = async { metadata.as_mut().expect("guarded").answered().await }, if metadata_pending => (false, false),
+                () = tokio::time::sleep_until(timer.into()) => (false, false),
                 // A slow broker must not let the lease expire.
-                () = tokio::time::sleep_until(renew_at.into()) => {
-                    self.lanes.renew().await?;
-                    false
-                }
-                () = self.wakeup.committed(), if room => true,
-                () = tokio::time::sleep_until(poll_at.unwrap_or(until).into()), if room && poll_at.is_some() => true,
-                () = self.cancel.cancelled() => true,
+                () = tokio::time::sleep_until(renew_at.into()) => (false, true),
+                () = self.wakeup.committed(), if room => (true, false),
+                () = tokio::time::sleep_until(poll_at.unwrap_or(until).into()), if room && poll_at.is_some() => (true, false),
+                () = self.cancel.cancelled() => (true, false),
             };
+            self.partitions.restore_metadata_fetch(metadata);
+            if renew {
+                self.lanes.renew().await?;
+            }
             let progress = self.process_flight().await?;
             if woken
                 || progress.settled
