@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "sagas",
         sql: include_str!("../migrations/0008_sagas.sql"),
     },
+    Migration {
+        version: 9,
+        description: "replay_rebuild",
+        sql: include_str!("../migrations/0009_replay_rebuild.sql"),
+    },
 ];
 
 /// Failure to migrate.

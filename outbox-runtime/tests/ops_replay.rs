@@ -196,3 +196,366 @@ fn producer() -> rdkafka::producer::FutureProducer {
         .create()
         .unwrap()
 }
+
+// ---------------------------------------------------------------------------
+// Rebuilding a projection while live traffic flows.
+// ---------------------------------------------------------------------------
+
+#[allow(dead_code)]
+mod consumer_support;
+
+use sqlx::{Postgres, Transaction};
+use txoutbox_runtime::consumer::{
+    Consumer, ConsumerHandle, EventHandler, EventMeta, event_handler,
+};
+use txoutbox_runtime::relay::Relay;
+
+txoutbox_testkit::test_event!(Versioned, "ops-replay.rebuild.orders", "Versioned");
+// The same events as the rebuild topic carries them: the consumer routes by
+// (topic, event type), so the rebuilding group's first consumer registers
+// the projection for this topic.
+txoutbox_testkit::test_event!(
+    VersionedReplayed,
+    "ops-replay.rebuild.orders.replay",
+    "Versioned"
+);
+
+/// Keys (orders) of the rebuild scenario.
+const KEYS: usize = 8;
+/// Versions of each key written (and published) before the rebuild starts.
+const HISTORY: i64 = 25;
+/// Versions of each key written while the rebuild runs.
+const LIVE: i64 = 15;
+
+/// The projection's tables: the state (last version per key) and the log of
+/// every call in handling order, with the version the fold found before.
+async fn projection_tables(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE projection (
+             projection text NOT NULL, order_id uuid NOT NULL, version bigint NOT NULL,
+             PRIMARY KEY (projection, order_id));
+         CREATE TABLE projection_log (
+             n bigserial PRIMARY KEY, projection text NOT NULL, event_id uuid NOT NULL,
+             order_id uuid NOT NULL, version bigint NOT NULL, previous bigint NOT NULL,
+             topic text NOT NULL, handled_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// "Last version wins", and the log of what the fold saw.
+async fn fold(
+    tx: &mut Transaction<'_, Postgres>,
+    projection: &str,
+    (event_id, order_id, version): (uuid::Uuid, uuid::Uuid, i64),
+    meta: &EventMeta,
+) -> Result<(), sqlx::Error> {
+    let previous: Option<i64> = sqlx::query_scalar(
+        "SELECT version FROM projection WHERE projection = $1 AND order_id = $2 FOR UPDATE",
+    )
+    .bind(projection)
+    .bind(order_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO projection_log (projection, event_id, order_id, version, previous, topic)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(projection)
+    .bind(event_id)
+    .bind(order_id)
+    .bind(version)
+    .bind(previous.unwrap_or(0))
+    .bind(&meta.topic)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO projection (projection, order_id, version) VALUES ($1, $2, $3)
+         ON CONFLICT (projection, order_id) DO UPDATE SET version = EXCLUDED.version",
+    )
+    .bind(projection)
+    .bind(order_id)
+    .bind(version)
+    .execute(&mut **tx)
+    .await
+    .map(drop)
+}
+
+/// The projection the service keeps up to date all along.
+#[event_handler]
+async fn live_projection(
+    tx: &mut Transaction<'_, Postgres>,
+    event: Versioned,
+    meta: &EventMeta,
+) -> Result<(), sqlx::Error> {
+    fold(
+        tx,
+        "live",
+        (event.event_id, event.order_id, event.amount),
+        meta,
+    )
+    .await
+}
+
+/// The projection being rebuilt (its own consumer group), on the live topic.
+#[event_handler]
+async fn rebuilt_projection(
+    tx: &mut Transaction<'_, Postgres>,
+    event: Versioned,
+    meta: &EventMeta,
+) -> Result<(), sqlx::Error> {
+    fold(
+        tx,
+        "rebuilt",
+        (event.event_id, event.order_id, event.amount),
+        meta,
+    )
+    .await
+}
+
+/// The same projection, on the rebuild topic.
+#[event_handler]
+async fn rebuilt_from_replay(
+    tx: &mut Transaction<'_, Postgres>,
+    event: VersionedReplayed,
+    meta: &EventMeta,
+) -> Result<(), sqlx::Error> {
+    fold(
+        tx,
+        "rebuilt",
+        (event.event_id, event.order_id, event.amount),
+        meta,
+    )
+    .await
+}
+
+/// Writes version `version` of every key, as one transaction (`amount` is the
+/// version), and wakes the relay.
+async fn write_versions(pool: &PgPool, keys: &[uuid::Uuid], version: i64) {
+    let ids: Vec<uuid::Uuid> = keys.iter().map(|_| uuid::Uuid::now_v7()).collect();
+    let payloads: Vec<serde_json::Value> = keys
+        .iter()
+        .zip(&ids)
+        .map(|(key, id)| serde_json::json!({ "event_id": id, "order_id": key, "amount": version }))
+        .collect();
+    let keys: Vec<String> = keys.iter().map(ToString::to_string).collect();
+    sqlx::query(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
+                                   topic, partition_key)
+         SELECT e.id, 'Order', e.key, 'Versioned', e.payload, $4, e.key
+         FROM unnest($1::uuid[], $2::jsonb[], $3::text[]) WITH ORDINALITY AS e(id, payload, key, n)
+         ORDER BY e.n",
+    )
+    .bind(&ids)
+    .bind(&payloads)
+    .bind(&keys)
+    .bind(<Versioned as txoutbox_core::DomainEvent>::TOPIC)
+    .execute(pool)
+    .await
+    .unwrap();
+    txoutbox_core::wakeup::notify_committed();
+}
+
+fn consumer(pool: &PgPool, group: &str, handler: impl EventHandler) -> ConsumerHandle {
+    Consumer::builder(pool.clone(), consumer_support::kafka_config(), group)
+        .handler(handler)
+        .build()
+        .unwrap()
+        .spawn()
+}
+
+/// What one projection's log shows: handled events, calls whose version was
+/// not the one after the previous (out of order), and keys whose final
+/// version is not the last one written.
+#[derive(Debug, PartialEq)]
+struct Fold {
+    handled: i64,
+    out_of_order: i64,
+    wrong_final: i64,
+}
+
+/// Only `keys` count: the shared broker's topics keep the records of earlier
+/// runs (other keys), and a group started "at the end" may see a few of them
+/// (tansu reports a partition's end as its last batch's first offset + 1).
+async fn fold_of(pool: &PgPool, projection: &str, keys: &[uuid::Uuid], last: i64) -> Fold {
+    let (handled, out_of_order): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE version <> previous + 1)
+         FROM projection_log WHERE projection = $1 AND order_id = ANY($2)",
+    )
+    .bind(projection)
+    .bind(keys)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let right: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM projection
+         WHERE projection = $1 AND order_id = ANY($2) AND version = $3",
+    )
+    .bind(projection)
+    .bind(keys)
+    .bind(last)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    Fold {
+        handled,
+        out_of_order,
+        wrong_final: KEYS as i64 - right,
+    }
+}
+
+/// A projection is rebuilt from a replay (a consumer group of its own) while
+/// the service keeps writing new versions of the same keys and the relay and
+/// the live projection keep running. The rebuilt projection must see every
+/// key's versions in order, each once, and end equal to the live one; the
+/// live projection must not wait for the rebuild.
+#[sqlx::test(migrations = false)]
+async fn a_projection_rebuilt_from_a_replay_sees_each_keys_events_in_order(pool: PgPool) {
+    txoutbox_testkit::init_tracing();
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    projection_tables(&pool).await;
+    let live_topic = <Versioned as txoutbox_core::DomainEvent>::TOPIC;
+    consumer_support::create_topic(live_topic, 2).await;
+    let live_group = consumer_support::unique_group("ops-replay-live");
+    consumer_support::start_group_at(&live_group, live_topic, 2, true).await;
+    let relay = Relay::builder(
+        pool.clone(),
+        txoutbox_testkit::broker::client_config(&brokers()),
+    )
+    .spawn()
+    .unwrap();
+    let live = consumer(&pool, &live_group, live_projection);
+
+    // The history: HISTORY versions of every key, published and projected.
+    let keys: Vec<uuid::Uuid> = (0..KEYS).map(|_| uuid::Uuid::new_v4()).collect();
+    for version in 1..=HISTORY {
+        write_versions(&pool, &keys, version).await;
+    }
+    let history = KEYS as i64 * HISTORY;
+    txoutbox_testkit::eventually("the history projected", Duration::from_secs(30), || async {
+        fold_of(&pool, "live", &keys, HISTORY).await.handled == history
+    })
+    .await;
+
+    // The rebuild, while new versions keep coming (one round every 60 ms).
+    let rebuild_group = consumer_support::unique_group("ops-replay-rebuilt");
+    let writer = {
+        let (pool, keys) = (pool.clone(), keys.clone());
+        tokio::spawn(async move {
+            for version in HISTORY + 1..=HISTORY + LIVE {
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                write_versions(&pool, &keys, version).await;
+            }
+        })
+    };
+    let rebuilt = rebuild(&pool, live_topic, &rebuild_group).await;
+    writer.await.unwrap();
+
+    // Everything converges: both projections handled every event once.
+    let last = HISTORY + LIVE;
+    let total = KEYS as i64 * last;
+    for projection in ["live", "rebuilt"] {
+        txoutbox_testkit::eventually(projection, Duration::from_secs(30), || async {
+            fold_of(&pool, projection, &keys, last).await.handled >= total
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await; // room for extra calls
+    let live_fold = fold_of(&pool, "live", &keys, last).await;
+    let rebuilt_fold = fold_of(&pool, "rebuilt", &keys, last).await;
+    // Liveness: the live projection's delay (commit to handled) for the
+    // events written during the rebuild.
+    let live_delay_ms: f64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM max(l.handled_at - o.created_at)) * 1000)::float8
+         FROM projection_log l JOIN outbox_event o USING (event_id)
+         WHERE l.projection = 'live' AND l.version > $1",
+    )
+    .bind(HISTORY)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let first_key: Vec<i64> = sqlx::query_scalar(
+        "SELECT version FROM projection_log WHERE projection = 'rebuilt' AND order_id = $1 ORDER BY n",
+    )
+    .bind(keys[0])
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let (from_replay, from_live): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE topic = $2), count(*) FILTER (WHERE topic = $3)
+         FROM projection_log WHERE projection = 'rebuilt' AND order_id = ANY($1)",
+    )
+    .bind(&keys)
+    .bind(<VersionedReplayed as txoutbox_core::DomainEvent>::TOPIC)
+    .bind(live_topic)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    eprintln!(
+        "live: {live_fold:?}, rebuilt: {rebuilt_fold:?} ({from_replay} from the replay topic, \
+         {from_live} from the live topic), live delay during the rebuild: {live_delay_ms:.0} ms; \
+         the rebuilt projection saw key 0's versions {first_key:?}"
+    );
+    for handle in [live, rebuilt] {
+        handle.shutdown().await.unwrap();
+    }
+    relay.shutdown().await.unwrap();
+    let expected = Fold {
+        handled: total,
+        out_of_order: 0,
+        wrong_final: 0,
+    };
+    assert_eq!(live_fold, expected, "the live projection");
+    assert_eq!(rebuilt_fold, expected, "the rebuilt projection");
+    assert!(
+        live_delay_ms < 3_000.0,
+        "live events waited {live_delay_ms} ms"
+    );
+    // Both sources were used: the history from the replay, the events
+    // committed after its snapshot from the live topic.
+    assert!(from_replay >= history, "{from_replay} from the replay");
+    assert!(from_live > 0, "nothing from the live topic");
+}
+
+/// The rebuild in order: a rebuild run into a topic of its own that starts
+/// the group; the group's consumer reads that topic until
+/// `Handover::remaining` is zero, then the group continues on the live topic
+/// from the hand-over offsets (committed by the run).
+async fn rebuild(pool: &PgPool, live_topic: &str, group: &str) -> ConsumerHandle {
+    let replay_topic = <VersionedReplayed as txoutbox_core::DomainEvent>::TOPIC;
+    consumer_support::create_topic(replay_topic, 3).await;
+    let filter = ReplayFilter {
+        topic: Some(live_topic.to_owned()),
+        ..Default::default()
+    };
+    let (started, on_start) = tokio::sync::oneshot::channel();
+    let mut started = Some(started);
+    let producer = producer();
+    let replay = Replay::new(filter)
+        .rebuild(replay_topic)
+        .start_group(group, consumer_support::kafka_config())
+        .batch_size(20)
+        .rate(100.0);
+    let run = replay.run(pool, &producer, |_| {
+        if let Some(started) = started.take() {
+            let _ = started.send(());
+        }
+    });
+    // The group's offsets are committed before the first event is sent, so
+    // its consumer may start on the replay topic while the run goes on.
+    let (report, from_replay) = tokio::join!(run, async {
+        on_start.await.unwrap();
+        consumer(pool, group, rebuilt_from_replay)
+    });
+    let report = report.unwrap();
+    let handover = report.handover.expect("a rebuild records its hand-over");
+    assert_eq!(handover.live_topic, live_topic);
+    let kafka = consumer_support::kafka_config();
+    txoutbox_testkit::eventually("the replay read", Duration::from_secs(30), || async {
+        handover.remaining(&kafka, group).await.unwrap() == 0
+    })
+    .await;
+    from_replay.shutdown().await.unwrap();
+    consumer(pool, group, rebuilt_projection)
+}
