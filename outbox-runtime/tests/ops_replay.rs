@@ -559,3 +559,232 @@ async fn rebuild(pool: &PgPool, live_topic: &str, group: &str) -> ConsumerHandle
     from_replay.shutdown().await.unwrap();
     consumer(pool, group, rebuilt_projection)
 }
+
+/// Inserts an outbox row of `topic` for `key` on `conn` (a transaction, say);
+/// returns its id. The payload carries `n`.
+async fn insert_row(conn: &mut sqlx::PgConnection, topic: &str, key: &str, n: i64) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
+                                   topic, partition_key)
+         VALUES (gen_random_uuid(), 'Order', $2, 'OrderCreated', jsonb_build_object('n', $3),
+                 $1, $2)
+         RETURNING id",
+    )
+    .bind(topic)
+    .bind(key)
+    .bind(n)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// `(key, n)` of each record read back.
+fn keys_and_numbers(received: &[ops_support::Received]) -> Vec<(String, i64)> {
+    received
+        .iter()
+        .map(|r| {
+            let value: serde_json::Value = serde_json::from_str(&r.payload).unwrap();
+            (r.key.clone(), value["n"].as_i64().unwrap())
+        })
+        .collect()
+}
+
+/// Commit order is not id order: rows whose transactions commit after the
+/// run started must all stay out of the replay (the relay publishes them to
+/// the live topic after the hand-over offsets), even where a later page
+/// could see them. With a snapshot per page, key `k`'s third version (read
+/// by a later page) was replayed while its second (its page read before the
+/// commit) was not: the rebuilding group would have seen 3 before 2.
+#[sqlx::test(migrations = false)]
+async fn a_rebuild_reads_one_snapshot_so_late_commits_come_only_from_the_live_topic(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    let live = new_topic().await;
+    let replay_topic = new_topic().await;
+    let mut conn = pool.acquire().await.unwrap();
+    insert_row(&mut conn, &live, "k", 1).await;
+    // Ids in this order: k1 < k2 < d < k3 < c; k2 and k3 commit late.
+    let mut late_k2 = pool.begin().await.unwrap();
+    insert_row(&mut late_k2, &live, "k", 2).await;
+    insert_row(&mut conn, &live, "d", 1).await;
+    let mut late_k3 = pool.begin().await.unwrap();
+    insert_row(&mut late_k3, &live, "k", 3).await;
+    let last = insert_row(&mut conn, &live, "c", 1).await;
+    drop(conn);
+
+    let filter = ReplayFilter {
+        topic: Some(live.clone()),
+        ..Default::default()
+    };
+    // Pages of one row, 200 ms apart; both late transactions commit once the
+    // second page (row d) is delivered, before the third page is read.
+    let replay = Replay::new(filter)
+        .rebuild(&replay_topic)
+        .batch_size(1)
+        .rate(5.0);
+    let (second_page, on_second_page) = tokio::sync::oneshot::channel();
+    let mut second_page = Some(second_page);
+    let mut delivered = 0;
+    let producer = producer();
+    let run = replay.run(&pool, &producer, |n| {
+        delivered += n;
+        if delivered == 2
+            && let Some(signal) = second_page.take()
+        {
+            let _ = signal.send(());
+        }
+    });
+    let (report, ()) = tokio::join!(run, async {
+        on_second_page.await.unwrap();
+        late_k2.commit().await.unwrap();
+        late_k3.commit().await.unwrap();
+    });
+    let report = report.unwrap();
+
+    let received = read_back(&replay_topic).await;
+    assert_eq!(
+        keys_and_numbers(&received),
+        [("k".into(), 1), ("d".into(), 1), ("c".into(), 1)],
+        "only the rows committed before the snapshot, in id order"
+    );
+    assert_eq!((report.selected, report.published), (3, 3));
+    let handover = report.handover.unwrap();
+    assert_eq!(handover.snapshot_max_id, last);
+    assert_eq!(handover.replay_end.unwrap()[0].offset, 3);
+}
+
+/// A rebuild selects rows the relay has not marked yet (one delivered before
+/// the hand-over offsets but unmarked would otherwise be lost to the
+/// rebuild), leaves parked and discarded rows out, starts the group and
+/// records everything in `outbox_replay_run`.
+#[sqlx::test(migrations = false)]
+async fn a_rebuild_includes_unmarked_rows_and_records_its_hand_over(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    let live: &'static str = Box::leak(new_topic().await.into_boxed_str());
+    let replay_topic = new_topic().await;
+    let row = |key: &str| {
+        let mut row = OutboxRow::new(live);
+        row.aggregate_id = key.into();
+        row
+    };
+    row("published").published(60, 50).insert(&pool).await;
+    // Delivered by a relay that has not marked it yet: on the live topic
+    // before the hand-over offsets, `published_at` still NULL.
+    row("unmarked").insert(&pool).await;
+    let delivered = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create::<rdkafka::producer::FutureProducer>()
+        .unwrap();
+    delivered
+        .send(
+            rdkafka::producer::FutureRecord::to(live)
+                .key("unmarked")
+                .payload("{}"),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    row("parked").parked(5, "refused").insert(&pool).await;
+    let mut discarded = row("discarded").parked(5, "refused");
+    discarded.discarded_ago = Some(5);
+    discarded.insert(&pool).await;
+    row("pending").insert(&pool).await;
+
+    let filter = ReplayFilter {
+        topic: Some(live.to_owned()),
+        ..Default::default()
+    };
+    let group = txoutbox_testkit::broker::unique_group("ops-replay-rebuild");
+    let kafka = txoutbox_testkit::broker::client_config(&brokers());
+    let replay = Replay::new(filter)
+        .rebuild(&replay_topic)
+        .start_group(&group, kafka.clone());
+    assert_eq!(replay.count(&pool).await.unwrap(), 3);
+    let report = replay.run(&pool, &producer(), |_| {}).await.unwrap();
+    assert_eq!((report.selected, report.published), (3, 3));
+    let received = read_back(&replay_topic).await;
+    let keys: Vec<&str> = received.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["published", "unmarked", "pending"]);
+
+    let handover = report.handover.clone().unwrap();
+    let at = |offsets: &[replay::PartitionOffset]| -> Vec<(i32, i64)> {
+        offsets.iter().map(|p| (p.partition, p.offset)).collect()
+    };
+    // The unmarked row's record is before the live offsets: only the replay
+    // brings it to the group.
+    assert_eq!(at(&handover.live_offsets), [(0, 1)]);
+    assert_eq!(at(&handover.replay_start), [(0, 0)]);
+    assert_eq!(at(handover.replay_end.as_deref().unwrap()), [(0, 3)]);
+    assert_eq!(handover.group.as_deref(), Some(group.as_str()));
+    // The group starts there, has read nothing yet, and cannot be started twice.
+    assert_eq!(
+        consumer_support::committed(&group, &replay_topic, 1).await,
+        [0]
+    );
+    assert_eq!(consumer_support::committed(&group, live, 1).await, [1]);
+    assert_eq!(handover.remaining(&kafka, &group).await.unwrap(), 3);
+    let again = handover.start_group(&kafka, &group).await.unwrap_err();
+    assert!(
+        again.to_string().contains("already has a committed offset"),
+        "{again}"
+    );
+
+    // The audit record.
+    let (mode, recorded_group, recorded, target): (
+        String,
+        Option<String>,
+        serde_json::Value,
+        String,
+    ) = sqlx::query_as(
+        "SELECT mode, rebuild_group, handover, target_topic FROM outbox_replay_run
+             WHERE id = $1",
+    )
+    .bind(report.run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(mode, "rebuild");
+    assert_eq!(recorded_group.as_deref(), Some(group.as_str()));
+    assert_eq!(target, replay_topic);
+    assert_eq!(recorded, serde_json::to_value(&handover).unwrap());
+    assert_eq!(
+        replay::Handover::load(&pool, report.run_id).await.unwrap(),
+        Some(handover)
+    );
+}
+
+/// A rebuild needs the live topic named, a topic of its own that exists; it
+/// refuses before recording a run.
+#[sqlx::test(migrations = false)]
+async fn a_rebuild_refuses_a_missing_or_live_target_before_it_starts(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    let live: &'static str = Box::leak(new_topic().await.into_boxed_str());
+    OutboxRow::new(live).published(60, 50).insert(&pool).await;
+    let producer = producer();
+    let on = |topic: Option<&str>| ReplayFilter {
+        topic: topic.map(str::to_owned),
+        ..Default::default()
+    };
+    let missing = format!("{live}-never-created");
+    for (replay, expected) in [
+        (
+            Replay::new(on(None)).rebuild("elsewhere"),
+            "set the filter's topic",
+        ),
+        (
+            Replay::new(on(Some(live))).rebuild(live),
+            "not to the live topic",
+        ),
+        (
+            Replay::new(on(Some(live))).rebuild(&missing),
+            "does not exist",
+        ),
+    ] {
+        let error = replay.run(&pool, &producer, |_| {}).await.unwrap_err();
+        assert!(
+            matches!(error, OpsError::InvalidRequest(_)) && error.to_string().contains(expected),
+            "{error}"
+        );
+    }
+    let runs = txoutbox_testkit::count(&pool, "SELECT count(*) FROM outbox_replay_run").await;
+    assert_eq!(runs, 0);
+}

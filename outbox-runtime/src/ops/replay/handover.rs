@@ -186,7 +186,10 @@ pub(super) async fn ends(
     let topic = topic.to_owned();
     blocking(move || {
         let client = producer.client();
-        let metadata = client.fetch_metadata(Some(&topic), KAFKA_TIMEOUT)?;
+        // All topics: a producer's request for one topic would have the
+        // broker create it (with auto-creation on), and a missing topic must
+        // be reported instead.
+        let metadata = client.fetch_metadata(None, KAFKA_TIMEOUT)?;
         let partitions: Vec<i32> = metadata
             .topics()
             .iter()
