@@ -405,13 +405,36 @@ async fn fold_of(pool: &PgPool, projection: &str, keys: &[uuid::Uuid], last: i64
     }
 }
 
+/// How the projection is rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum HowRebuilt {
+    /// A republish replay into the live topic, the group starting at its end
+    /// (all `outbox replay` offered before rebuild runs).
+    IntoTheLiveTopic,
+    /// A rebuild run into a topic of its own, then the live topic from the
+    /// hand-over offsets.
+    WithAHandover,
+}
+
+/// What the rebuild scenario ended with.
+#[derive(Debug)]
+struct Rebuilt {
+    total: i64,
+    live: Fold,
+    rebuilt: Fold,
+    /// The live projection's longest delay (commit to handled) for the
+    /// events written during the rebuild.
+    live_delay_ms: f64,
+    /// Calls of the rebuilt projection per source topic.
+    from_replay_topic: i64,
+    from_live_topic: i64,
+}
+
 /// A projection is rebuilt from a replay (a consumer group of its own) while
 /// the service keeps writing new versions of the same keys and the relay and
-/// the live projection keep running. The rebuilt projection must see every
-/// key's versions in order, each once, and end equal to the live one; the
-/// live projection must not wait for the rebuild.
-#[sqlx::test(migrations = false)]
-async fn a_projection_rebuilt_from_a_replay_sees_each_keys_events_in_order(pool: PgPool) {
+/// the live projection keep running; waits until both projections handled
+/// every event.
+async fn rebuild_while_live_traffic_flows(pool: PgPool, how: HowRebuilt) -> Rebuilt {
     txoutbox_testkit::init_tracing();
     txoutbox_runtime::migrations::run(&pool).await.unwrap();
     projection_tables(&pool).await;
@@ -449,7 +472,10 @@ async fn a_projection_rebuilt_from_a_replay_sees_each_keys_events_in_order(pool:
             }
         })
     };
-    let rebuilt = rebuild(&pool, live_topic, &rebuild_group).await;
+    let rebuilt = match how {
+        HowRebuilt::IntoTheLiveTopic => republish(&pool, live_topic, &rebuild_group).await,
+        HowRebuilt::WithAHandover => rebuild(&pool, live_topic, &rebuild_group).await,
+    };
     writer.await.unwrap();
 
     // Everything converges: both projections handled every event once.
@@ -464,8 +490,6 @@ async fn a_projection_rebuilt_from_a_replay_sees_each_keys_events_in_order(pool:
     tokio::time::sleep(Duration::from_millis(500)).await; // room for extra calls
     let live_fold = fold_of(&pool, "live", &keys, last).await;
     let rebuilt_fold = fold_of(&pool, "rebuilt", &keys, last).await;
-    // Liveness: the live projection's delay (commit to handled) for the
-    // events written during the rebuild.
     let live_delay_ms: f64 = sqlx::query_scalar(
         "SELECT (extract(epoch FROM max(l.handled_at - o.created_at)) * 1000)::float8
          FROM projection_log l JOIN outbox_event o USING (event_id)
@@ -482,7 +506,7 @@ async fn a_projection_rebuilt_from_a_replay_sees_each_keys_events_in_order(pool:
     .fetch_all(&pool)
     .await
     .unwrap();
-    let (from_replay, from_live): (i64, i64) = sqlx::query_as(
+    let (from_replay_topic, from_live_topic): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE topic = $2), count(*) FILTER (WHERE topic = $3)
          FROM projection_log WHERE projection = 'rebuilt' AND order_id = ANY($1)",
     )
@@ -493,29 +517,77 @@ async fn a_projection_rebuilt_from_a_replay_sees_each_keys_events_in_order(pool:
     .await
     .unwrap();
     eprintln!(
-        "live: {live_fold:?}, rebuilt: {rebuilt_fold:?} ({from_replay} from the replay topic, \
-         {from_live} from the live topic), live delay during the rebuild: {live_delay_ms:.0} ms; \
-         the rebuilt projection saw key 0's versions {first_key:?}"
+        "{how:?}: live {live_fold:?}, rebuilt {rebuilt_fold:?} ({from_replay_topic} from the \
+         replay topic, {from_live_topic} from the live topic), live delay during the rebuild \
+         {live_delay_ms:.0} ms; the rebuilt projection saw key 0's versions {first_key:?}"
     );
     for handle in [live, rebuilt] {
         handle.shutdown().await.unwrap();
     }
     relay.shutdown().await.unwrap();
+    Rebuilt {
+        total,
+        live: live_fold,
+        rebuilt: rebuilt_fold,
+        live_delay_ms,
+        from_replay_topic,
+        from_live_topic,
+    }
+}
+
+/// With a rebuild run and its hand-over, the rebuilt projection sees every
+/// key's versions in order, each once, and ends equal to the live one; the
+/// live projection does not wait for the rebuild.
+#[sqlx::test(migrations = false)]
+async fn a_projection_rebuilt_from_a_replay_sees_each_keys_events_in_order(pool: PgPool) {
+    let outcome = rebuild_while_live_traffic_flows(pool, HowRebuilt::WithAHandover).await;
     let expected = Fold {
-        handled: total,
+        handled: outcome.total,
         out_of_order: 0,
         wrong_final: 0,
     };
-    assert_eq!(live_fold, expected, "the live projection");
-    assert_eq!(rebuilt_fold, expected, "the rebuilt projection");
-    assert!(
-        live_delay_ms < 3_000.0,
-        "live events waited {live_delay_ms} ms"
-    );
+    assert_eq!(outcome.live, expected, "the live projection");
+    assert_eq!(outcome.rebuilt, expected, "the rebuilt projection");
+    assert!(outcome.live_delay_ms < 3_000.0, "{outcome:?}");
     // Both sources were used: the history from the replay, the events
     // committed after its snapshot from the live topic.
-    assert!(from_replay >= history, "{from_replay} from the replay");
-    assert!(from_live > 0, "nothing from the live topic");
+    assert!(
+        outcome.from_replay_topic >= KEYS as i64 * HISTORY,
+        "{outcome:?}"
+    );
+    assert!(outcome.from_live_topic > 0, "{outcome:?}");
+}
+
+/// What a group rebuilding from a replay into the live topic sees: the
+/// replayed copies land between the live events, so a key's newer live
+/// versions come before older replayed ones (whose later copies dedup
+/// skips once handled). It handles every event once, out of order.
+#[sqlx::test(migrations = false)]
+async fn a_replay_into_the_live_topic_interleaves_a_keys_old_and_new_events(pool: PgPool) {
+    let outcome = rebuild_while_live_traffic_flows(pool, HowRebuilt::IntoTheLiveTopic).await;
+    assert_eq!(outcome.live.handled, outcome.total, "{outcome:?}");
+    assert_eq!(outcome.rebuilt.handled, outcome.total, "{outcome:?}");
+    assert!(outcome.rebuilt.out_of_order > 0, "{outcome:?}");
+    assert_eq!(outcome.from_replay_topic, 0);
+}
+
+/// The rebuild as `outbox replay` offered it before rebuild runs: the
+/// rebuilding group starts at the live topic's end, and the history is
+/// replayed into the live topic.
+async fn republish(pool: &PgPool, live_topic: &str, group: &str) -> ConsumerHandle {
+    consumer_support::start_group_at(group, live_topic, 2, true).await;
+    let rebuilt = consumer(pool, group, rebuilt_projection);
+    let filter = ReplayFilter {
+        topic: Some(live_topic.to_owned()),
+        ..Default::default()
+    };
+    Replay::new(filter)
+        .batch_size(20)
+        .rate(100.0)
+        .run(pool, &producer(), |_| {})
+        .await
+        .unwrap();
+    rebuilt
 }
 
 /// The rebuild in order: a rebuild run into a topic of its own that starts
