@@ -1,7 +1,12 @@
 //! Replay against real PostgreSQL and the real broker at KAFKA_BROKERS_TEST:
 //! exactly the selected events arrive again, with their key, value and
-//! headers; failures and the rate limit are recorded and honoured.
+//! headers; failures and the rate limit are recorded and honoured; a
+//! projection rebuilt while live traffic flows sees each key in order with a
+//! rebuild run, and out of order from a replay into the live topic.
 
+#![allow(missing_docs)] // the test events' generated items
+
+mod consumer_support;
 mod ops_support;
 
 use std::time::{Duration, Instant};
@@ -9,9 +14,13 @@ use std::time::{Duration, Instant};
 use chrono::{TimeDelta, Utc};
 use ops_support::{OutboxRow, brokers, new_topic, read_back};
 use rdkafka::ClientConfig;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_runtime::consumer::{
+    Consumer, ConsumerHandle, EventHandler, EventMeta, event_handler,
+};
 use txoutbox_runtime::ops::OpsError;
 use txoutbox_runtime::ops::replay::{self, HEADER_REPLAY, Replay, ReplayFilter};
+use txoutbox_runtime::relay::Relay;
 
 #[sqlx::test(migrations = false)]
 async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: PgPool) {
@@ -200,15 +209,6 @@ fn producer() -> rdkafka::producer::FutureProducer {
 // ---------------------------------------------------------------------------
 // Rebuilding a projection while live traffic flows.
 // ---------------------------------------------------------------------------
-
-#[allow(dead_code)]
-mod consumer_support;
-
-use sqlx::{Postgres, Transaction};
-use txoutbox_runtime::consumer::{
-    Consumer, ConsumerHandle, EventHandler, EventMeta, event_handler,
-};
-use txoutbox_runtime::relay::Relay;
 
 txoutbox_testkit::test_event!(Versioned, "ops-replay.rebuild.orders", "Versioned");
 // The same events as the rebuild topic carries them: the consumer routes by
