@@ -342,6 +342,8 @@ impl Replay {
     /// The filter must name the live topic ([`ReplayFilter::topic`]), and
     /// `replay_topic` must be another topic that exists (any partition
     /// count; the key decides the partition, so each key stays in order).
+    /// The run holds one connection of the pool for its snapshot and records
+    /// its progress through another: the pool needs at least two.
     pub fn rebuild(mut self, replay_topic: impl Into<String>) -> Self {
         self.target_topic = Some(replay_topic.into());
         self.mode = Mode::Rebuild;
