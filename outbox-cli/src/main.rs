@@ -77,6 +77,13 @@ enum Command {
     #[command(subcommand)]
     DeadLetters(dead_letters::DeadLettersCommand),
     /// Re-publish published events to Kafka, e.g. to rebuild a projection.
+    ///
+    /// Into the live topic, the old events land between the live ones: a
+    /// consumer group rebuilding a projection from them sees a key's old and
+    /// new versions out of order. To rebuild in order while the service
+    /// runs, use --rebuild-topic (and --rebuild-group): one database
+    /// snapshot into a topic of its own, then the live topic from recorded
+    /// hand-over offsets.
     Replay(replay::ReplayArgs),
     /// List and inspect sagas; find running sagas that stopped moving.
     ///

@@ -16,10 +16,15 @@ use crate::progress::Progress;
 /// `replay` header naming the run. Outbox rows are not modified; each run is
 /// recorded in outbox_replay_run. Receivers dedup on event_id: rebuild a
 /// projection with a fresh consumer group.
+///
+/// Replayed into the live topic, old events land between the live ones: a
+/// group rebuilding a projection from that sees a key's versions out of
+/// order. To rebuild in order while the service runs, use --rebuild-topic.
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  outbox replay --topic orders --from 2026-11-01 --to 2026-11-02 --dry-run\n  \
-    outbox replay --aggregate-type Order --aggregate-id 42 --brokers kafka:9092 --rate 200"
+    outbox replay --aggregate-type Order --aggregate-id 42 --brokers kafka:9092 --rate 200\n  \
+    outbox replay --topic orders --rebuild-topic orders.rebuild-7 --rebuild-group orders-projection-v2"
 )]
 pub(crate) struct ReplayArgs {
     /// Events created at or after this time.
@@ -49,6 +54,25 @@ pub(crate) struct ReplayArgs {
     /// Send to this topic instead of each event's own.
     #[arg(long, value_name = "TOPIC")]
     target_topic: Option<String>,
+    /// Rebuild a projection in order: send the --topic's events to this topic
+    /// (created beforehand, dedicated to this run) from one database
+    /// snapshot, including events still waiting for the relay, and record
+    /// where a rebuilding consumer group switches to the live topic (printed,
+    /// and kept in outbox_replay_run.handover). The group reads this topic
+    /// to its end, then --topic from those offsets; see docs/cli.md.
+    #[arg(
+        long,
+        value_name = "TOPIC",
+        requires = "topic",
+        conflicts_with = "target_topic"
+    )]
+    rebuild_topic: Option<String>,
+    /// With --rebuild-topic: commit this new consumer group's start offsets
+    /// (the rebuild topic where the run starts, the live topic at the
+    /// hand-over) before sending, so its consumer can start at once. Refused
+    /// if the group has offsets on either topic.
+    #[arg(long, value_name = "GROUP", requires = "rebuild_topic")]
+    rebuild_group: Option<String>,
     #[command(flatten)]
     kafka: crate::kafka::KafkaArgs,
     /// Send at most N events per second on average.
@@ -92,12 +116,31 @@ pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<E
             "no outbox_event row has topic '{topic}' (check the spelling)"
         )));
     }
+    let mut run = Replay::new(filter.clone()).batch_size(args.batch_size as usize);
+    if let Some(topic) = &args.target_topic {
+        run = run.target_topic(topic.clone());
+    }
+    if let Some(topic) = &args.rebuild_topic {
+        run = run.rebuild(topic.clone());
+    }
+    if let Some(rate) = args.rate {
+        run = run.rate(rate as f64);
+    }
+    let mode = if args.rebuild_topic.is_some() {
+        "rebuild"
+    } else {
+        "republish"
+    };
     if args.dry_run {
-        let selected = replay::count(pool, &filter).await?;
+        let selected = run.count(pool).await?;
         if json {
-            output::json(
-                &serde_json::json!({ "dry_run": true, "selected": selected, "filter": filter }),
-            )?;
+            output::json(&serde_json::json!({
+                "dry_run": true, "mode": mode, "selected": selected, "filter": filter,
+            }))?;
+        } else if let Some(topic) = &args.rebuild_topic {
+            println!(
+                "would replay {selected} events (published or waiting for the relay) into {topic}"
+            );
         } else {
             println!("would replay {selected} published events");
         }
@@ -110,15 +153,18 @@ pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<E
             settings.redact(&e.to_string())
         ))
     })?;
-    let mut run = Replay::new(filter.clone()).batch_size(args.batch_size as usize);
-    if let Some(topic) = &args.target_topic {
-        run = run.target_topic(topic.clone());
+    if let Some(group) = &args.rebuild_group {
+        run = run.start_group(group.clone(), settings.client_config());
     }
-    if let Some(rate) = args.rate {
-        run = run.rate(rate as f64);
+    if args.target_topic.is_none() && args.rebuild_topic.is_none() {
+        eprintln!(
+            "note: the replayed events go to their live topics, between the live events: a \
+             consumer rebuilding a projection from them sees a key's old and new events out \
+             of order (use --rebuild-topic for that, see docs/cli.md)"
+        );
     }
     let total = if Progress::interactive(json) {
-        Some(replay::count(pool, &filter).await? as u64)
+        Some(run.count(pool).await? as u64)
     } else {
         None
     };
@@ -128,13 +174,41 @@ pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<E
     let report = outcome?;
     if json {
         output::json(&report)?;
-    } else {
-        println!(
-            "replayed {} of {} selected events (run {}, recorded in outbox_replay_run)",
-            report.published, report.selected, report.run_id
-        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "replayed {} of {} selected events (run {}, recorded in outbox_replay_run)",
+        report.published, report.selected, report.run_id
+    );
+    if let Some(handover) = &report.handover {
+        print_handover(handover);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The hand-over, for the operator who switches the rebuilding group.
+fn print_handover(handover: &replay::Handover) {
+    let offsets = |offsets: &[replay::PartitionOffset]| {
+        offsets
+            .iter()
+            .map(|p| format!("{}:{}", p.partition, p.offset))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let end = handover.replay_end.as_deref().unwrap_or_default();
+    println!(
+        "hand-over: read {} from offsets {} up to {}, then {} from offsets {} \
+         (partition:offset; events committed after the snapshot, id > {} or committed late)",
+        handover.replay_topic,
+        offsets(&handover.replay_start),
+        offsets(end),
+        handover.live_topic,
+        offsets(&handover.live_offsets),
+        handover.snapshot_max_id,
+    );
+    if let Some(group) = &handover.group {
+        println!("consumer group {group} starts at those offsets");
+    }
 }
 
 /// An idempotent producer (`enable.idempotence=true`, `acks=all`, as the

@@ -325,6 +325,113 @@ async fn replay_checks_its_input_before_sending(pool: PgPool) {
     );
 }
 
+/// `--rebuild-topic` and `--rebuild-group`: what they need, what they
+/// conflict with, what a dry run counts (events waiting for the relay too),
+/// and what `--help` says of them.
+#[sqlx::test(migrations = false)]
+async fn replay_rebuild_options_check_their_input_and_explain_themselves(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    OutboxRow::new("orders")
+        .published(600, 500)
+        .insert(&pool)
+        .await;
+    OutboxRow::new("orders").insert(&pool).await; // waiting for the relay
+    OutboxRow::new("orders")
+        .parked(5, "refused")
+        .insert(&pool)
+        .await; // never sent: not rebuilt
+
+    let refused = |args: &[&str], needle: &str| {
+        let output = outbox(Some(&pool), args);
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+        assert!(stderr(&output).contains(needle), "{}", stderr(&output));
+    };
+    refused(
+        &[
+            "replay",
+            "--all",
+            "--rebuild-topic",
+            "orders.rebuild",
+            "--dry-run",
+        ],
+        "--topic <TOPIC>",
+    );
+    refused(
+        &[
+            "replay",
+            "--topic",
+            "orders",
+            "--rebuild-topic",
+            "orders.rebuild",
+            "--target-topic",
+            "elsewhere",
+        ],
+        "cannot be used with",
+    );
+    refused(
+        &[
+            "replay",
+            "--topic",
+            "orders",
+            "--rebuild-group",
+            "g",
+            "--dry-run",
+        ],
+        "--rebuild-topic <TOPIC>",
+    );
+
+    let dry = outbox(
+        Some(&pool),
+        &[
+            "replay",
+            "--topic",
+            "orders",
+            "--rebuild-topic",
+            "orders.rebuild",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let report = json(&dry);
+    assert_eq!(
+        (report["mode"].as_str(), report["selected"].as_i64()),
+        (Some("rebuild"), Some(2))
+    );
+    let text = outbox(
+        Some(&pool),
+        &[
+            "replay",
+            "--topic",
+            "orders",
+            "--rebuild-topic",
+            "orders.rebuild",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(
+        stdout(&text).trim(),
+        "would replay 2 events (published or waiting for the relay) into orders.rebuild"
+    );
+    let republish = outbox(
+        Some(&pool),
+        &["replay", "--topic", "orders", "--dry-run", "--json"],
+    );
+    assert_eq!(json(&republish)["selected"], 1);
+    assert_eq!(json(&republish)["mode"], "republish");
+
+    let help = stdout(&outbox(None, &["replay", "--help"]));
+    for needle in [
+        "--rebuild-topic <TOPIC>",
+        "--rebuild-group <GROUP>",
+        "out of order",
+        "one database snapshot",
+        "outbox replay --topic orders --rebuild-topic orders.rebuild-7 --rebuild-group",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
+    }
+}
+
 #[test]
 fn bad_input_and_unreachable_database_exit_2_with_one_line() {
     let duration = outbox(

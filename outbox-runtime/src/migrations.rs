@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "held_topics",
         sql: include_str!("../migrations/0011_held_topics.sql"),
     },
+    Migration {
+        version: 12,
+        description: "replay_rebuild",
+        sql: include_str!("../migrations/0012_replay_rebuild.sql"),
+    },
 ];
 
 /// Failure to migrate.
