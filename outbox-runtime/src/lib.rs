@@ -16,3 +16,4 @@ mod redact;
 pub mod relay;
 pub mod saga;
 pub mod topics;
+mod txn;

@@ -121,7 +121,7 @@ pub async fn run(pool: &PgPool) -> Result<Vec<i64>, MigrateError> {
     };
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
-        let mut tx = pool.begin().await.map_err(bookkeeping)?;
+        let mut tx = crate::txn::begin(pool).await.map_err(bookkeeping)?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(MIGRATION_LOCK_KEY)
             .execute(&mut *tx)

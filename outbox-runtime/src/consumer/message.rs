@@ -29,9 +29,8 @@ pub enum DeadLetterReason {
     MissingEventId,
     /// `event_id` is not a UUID.
     InvalidEventId,
-    /// The record names no event type (no `event_type` header or payload
-    /// field, or an empty one, or a header that is not UTF-8) and its topic
-    /// has several handlers, so nobody could route it: malformed, whatever
+    /// The record names no event type (no `event_type` header of UTF-8 text
+    /// or payload field, or an empty one) and its topic has several handlers, so nobody could route it: malformed, whatever
     /// the [`UnknownEventPolicy`](super::UnknownEventPolicy).
     MissingEventType,
     /// No handler for the event type (and the policy is to dead-letter).
@@ -117,11 +116,14 @@ fn text_headers(headers: &[RawHeader<'_>]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The value of the first header named `name`: `None` if there is none or
-/// its value is null, `Some(Err(()))` if the value is not UTF-8.
-fn header<'a>(headers: &[RawHeader<'a>], name: &str) -> Option<Result<&'a str, ()>> {
-    let value = headers.iter().find(|h| h.name == name.as_bytes())?.value?;
-    Some(std::str::from_utf8(value).map_err(drop))
+/// The value of the first header `name` that is UTF-8 text: the wire
+/// format's headers are text, so one that is not (or null) is not read as
+/// the header at all.
+fn header<'a>(headers: &[RawHeader<'a>], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .filter(|h| h.name == name.as_bytes())
+        .find_map(|h| std::str::from_utf8(h.value?).ok())
 }
 
 /// Checks a record's size and envelope and resolves its event type:
@@ -150,8 +152,8 @@ pub(crate) fn classify(
         Some(Ok(id)) => (id, scanned.text.to_owned()),
         Some(Err(error)) => return Classified::Bad(DeadLetterReason::InvalidEventId, error),
         None => match header(&headers, wire::HEADER_EVENT_ID) {
-            Some(Ok(text)) => match Uuid::parse_str(text) {
-                Ok(id) => (id, with_event_id(scanned.text, id)),
+            Some(text) => match Uuid::parse_str(text) {
+                Ok(id) => (id, with_event_id(scanned.text, id, scanned.null_event_id)),
                 Err(e) => {
                     return Classified::Bad(
                         DeadLetterReason::InvalidEventId,
@@ -162,12 +164,6 @@ pub(crate) fn classify(
                     );
                 }
             },
-            Some(Err(())) => {
-                return Classified::Bad(
-                    DeadLetterReason::InvalidEventId,
-                    "payload has no `event_id` and the `event_id` header is not UTF-8 text".into(),
-                );
-            }
             None => {
                 return Classified::Bad(
                     DeadLetterReason::MissingEventId,
@@ -177,18 +173,10 @@ pub(crate) fn classify(
         },
     };
     let topic = message.topic();
-    let named = match header(&headers, wire::HEADER_EVENT_TYPE) {
-        Some(Ok(name)) => Some(name.to_owned()),
-        Some(Err(())) if dispatch.sole_event_type(topic).is_none() => {
-            return Classified::Bad(
-                DeadLetterReason::MissingEventType,
-                "the `event_type` header is not UTF-8 text".into(),
-            );
-        }
-        Some(Err(())) => None,
-        None => scanned.event_type,
-    }
-    .filter(|name| !name.is_empty());
+    let named = header(&headers, wire::HEADER_EVENT_TYPE)
+        .map(str::to_owned)
+        .or(scanned.event_type)
+        .filter(|name| !name.is_empty());
     let event_type = match named.or_else(|| dispatch.sole_event_type(topic).map(str::to_owned)) {
         Some(event_type) => event_type,
         None => {
@@ -220,9 +208,7 @@ pub(crate) fn classify(
     } else {
         None
     };
-    let traceparent = header(&headers, wire::HEADER_TRACEPARENT)
-        .and_then(Result::ok)
-        .map(str::to_owned);
+    let traceparent = header(&headers, wire::HEADER_TRACEPARENT).map(str::to_owned);
     let meta = EventMeta {
         event_id,
         event_type,
@@ -241,8 +227,14 @@ pub(crate) fn classify(
     }
 }
 
-/// `object` (JSON object text) with `"event_id": id` as its first field.
-fn with_event_id(object: &str, id: Uuid) -> String {
+/// `object` (JSON object text) with `"event_id": id` as its first field;
+/// `replace_null`: the object has `"event_id": null`, which goes (rare, so
+/// through a JSON tree).
+fn with_event_id(object: &str, id: Uuid, replace_null: bool) -> String {
+    if replace_null && let Ok(serde_json::Value::Object(mut map)) = serde_json::from_str(object) {
+        map.insert(wire::PAYLOAD_EVENT_ID.to_owned(), id.to_string().into());
+        return serde_json::Value::Object(map).to_string();
+    }
     let body = object.trim_start();
     let rest = body[1..].trim_start(); // after the `{`
     let separator = if rest.starts_with('}') { "" } else { "," };
@@ -264,6 +256,8 @@ struct Scanned<'a> {
     text: &'a str,
     /// The payload's `event_id`: `None` if absent or null.
     event_id: Option<Result<Uuid, String>>,
+    /// Whether the payload has `"event_id": null`.
+    null_event_id: bool,
     /// The payload's `event_type`, if it is a string.
     event_type: Option<String>,
     /// Whether a string or a key anywhere in it holds a NUL character.
@@ -301,6 +295,7 @@ fn scan(value: &[u8]) -> Result<Scanned<'_>, (DeadLetterReason, String)> {
     Ok(Scanned {
         text,
         event_id: top.event_id,
+        null_event_id: top.null_event_id,
         event_type: top.event_type,
         nul: top.nul,
     })
@@ -312,6 +307,7 @@ struct TopLevel;
 #[derive(Default)]
 struct Top {
     event_id: Option<Result<Uuid, String>>,
+    null_event_id: bool,
     duplicate_event_id: bool,
     event_type: Option<String>,
     nul: bool,
@@ -330,6 +326,7 @@ impl<'de> Visitor<'de> for TopLevel {
             match key {
                 Key::EventId => {
                     let id = map.next_value::<EventIdValue>()?.0;
+                    top.null_event_id |= id.is_none();
                     if top.event_id.is_some() && id.is_some() {
                         top.duplicate_event_id = true;
                     }
@@ -595,14 +592,20 @@ mod tests {
     fn an_event_id_from_the_header_becomes_the_first_field() {
         let id = Uuid::nil();
         assert_eq!(
-            with_event_id(" { \"a\": 1 }", id),
+            with_event_id(" { \"a\": 1 }", id, false),
             format!("{{\"event_id\":\"{id}\",\"a\": 1 }}")
         );
         assert_eq!(
-            with_event_id("{ }", id),
+            with_event_id("{ }", id, false),
             format!("{{\"event_id\":\"{id}\"}}")
         );
-        let parsed: serde_json::Value = serde_json::from_str(&with_event_id("{}", id)).unwrap();
+        let parsed: serde_json::Value =
+            serde_json::from_str(&with_event_id("{}", id, false)).unwrap();
+        assert_eq!(parsed["event_id"], id.to_string());
+        // A null id is replaced, not repeated.
+        let replaced = with_event_id(r#"{"a": 1, "event_id": null}"#, id, true);
+        assert_eq!(replaced.matches("event_id").count(), 1, "{replaced}");
+        let parsed: serde_json::Value = serde_json::from_str(&replaced).unwrap();
         assert_eq!(parsed["event_id"], id.to_string());
     }
 }

@@ -307,7 +307,7 @@ impl Shared {
 /// COMMITTED` and, unless the timeout is off, a `statement_timeout` of the
 /// handler timeout (`SET LOCAL`: it ends with the transaction).
 fn begin_statement(handler_timeout: Duration) -> String {
-    const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+    const BEGIN: &str = crate::txn::BEGIN;
     match i32::try_from(handler_timeout.as_millis()) {
         Ok(millis) if millis > 0 => format!("{BEGIN}; SET LOCAL statement_timeout = {millis}"),
         _ => BEGIN.to_owned(),

@@ -247,7 +247,13 @@ impl Purge {
             }
             Cursor::Start | Cursor::Done => query,
         };
-        let Some(row) = query.fetch_optional(pool).await? else {
+        // READ COMMITTED whatever the database's default (see `crate::txn`):
+        // under REPEATABLE READ, a row changed after the snapshot would fail
+        // the batch instead of being skipped or re-checked.
+        let mut tx = crate::txn::begin(pool).await?;
+        let row = query.fetch_optional(&mut *tx).await?;
+        tx.commit().await?;
+        let Some(row) = row else {
             self.cursor = Cursor::Done;
             return Ok(0);
         };

@@ -211,7 +211,10 @@ async fn update(
     let condition = selection.condition();
     let sql =
         format!("UPDATE {name} t SET {set} WHERE {parked} AND {condition} RETURNING t.event_id");
-    let rows = selection.bind(table, sql)?.fetch_all(pool).await?;
+    // READ COMMITTED whatever the database's default (see `crate::txn`).
+    let mut tx = crate::txn::begin(pool).await?;
+    let rows = selection.bind(table, sql)?.fetch_all(&mut *tx).await?;
+    tx.commit().await?;
     rows.iter()
         .map(|row| sqlx::Row::try_get(row, 0).map_err(OpsError::from))
         .collect()

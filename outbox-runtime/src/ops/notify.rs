@@ -30,7 +30,7 @@
 //! # Ok(()) }
 //! ```
 
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 
 /// The channel the trigger notifies and relays listen on.
 pub const CHANNEL: &str = "outbox_event";
@@ -42,8 +42,7 @@ pub const TRIGGER: &str = "outbox_event_notify_relays";
 /// un-parked outbox rows. Idempotent; needs the right to create functions and
 /// triggers on `outbox_event` (run it where you run the migrations).
 pub async fn enable(pool: &PgPool) -> sqlx::Result<()> {
-    let mut conn = pool.acquire().await?;
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::txn::begin(pool).await?;
     sqlx::query(
         "CREATE OR REPLACE FUNCTION outbox_event_notify_relays() RETURNS trigger
          LANGUAGE plpgsql AS $$
@@ -73,8 +72,7 @@ pub async fn enable(pool: &PgPool) -> sqlx::Result<()> {
 /// Removes the trigger and its function. Idempotent. Relays that listen keep
 /// running and fall back to polling.
 pub async fn disable(pool: &PgPool) -> sqlx::Result<()> {
-    let mut conn = pool.acquire().await?;
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::txn::begin(pool).await?;
     sqlx::query("DROP TRIGGER IF EXISTS outbox_event_notify_relays ON outbox_event")
         .execute(&mut *tx)
         .await?;

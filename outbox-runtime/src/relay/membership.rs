@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// Advisory lock class of lane locks ("obxl").
@@ -106,7 +106,7 @@ pub(crate) async fn join(
     session: Uuid,
     me: &Identity,
 ) -> Result<(), JoinError> {
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::txn::begin_on(conn).await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(JOIN_LOCK)
         .execute(&mut *tx)

@@ -107,11 +107,18 @@ pub async fn explain_claim(
 /// its rows publish again, which receivers dedup anyway (delivery is
 /// at-least-once). That wait is most of a small statement's cost. Only this
 /// connection is set; the service's transactions keep their own setting.
+///
+/// Its statements (claims, marks, lane locks) also run at `READ COMMITTED`
+/// whatever the database's default (see `crate::txn`): a claim under
+/// `REPEATABLE READ` would fail on rows committed after its snapshot.
 pub(crate) async fn configure_connection(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query("SET synchronous_commit = off")
-        .execute(conn)
-        .await
-        .map(|_| ())
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET synchronous_commit = off; {}",
+        crate::txn::SESSION_DEFAULT
+    )))
+    .execute(conn)
+    .await
+    .map(|_| ())
 }
 
 /// The relay's database work for one batch without the publishing: the same
@@ -350,7 +357,7 @@ const SCHEDULE_LOCK: i32 = 0x6f62_7873;
 /// the backlog gauges, `outbox status` and `outbox replay` then see it as
 /// written when it became due, not as a row waiting since it was recorded.
 pub(crate) async fn move_due(pool: &PgPool, limit: usize) -> sqlx::Result<Moved> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::txn::begin(pool).await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, 0)")
         .bind(SCHEDULE_LOCK)
         .fetch_one(&mut *tx)
