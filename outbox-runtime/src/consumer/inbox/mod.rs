@@ -43,6 +43,17 @@ pub async fn claim_once_for_benchmark(
     Ok(rows.len())
 }
 
+/// Tests only: stores `rows` pending in `conn`'s transaction as a store
+/// does, without committing (see `Consumer::__store_pending`).
+#[cfg(feature = "test-hooks")]
+pub(crate) async fn store_pending(
+    ctx: &Shared,
+    conn: &mut sqlx::PgConnection,
+    rows: &[super::message::Envelope],
+) -> sqlx::Result<u64> {
+    receipt::store_pending(ctx, conn, rows).await
+}
+
 /// Stores a batch in the inbox (handling on receipt what qualifies, see
 /// [`receipt`]); returns which messages are finished.
 pub(crate) async fn store_batch(ctx: &Shared, batch: &[OwnedMessage]) -> Vec<bool> {
