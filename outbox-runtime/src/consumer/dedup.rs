@@ -272,6 +272,7 @@ async fn handle_one(ctx: &Shared, w: &mut Work, failed_before: u32, last_error: 
                 return Ok(false);
             }
             let event = w.event();
+            w.envelope.meta.attempt = attempts + 1;
             ctx.call(&*w.handler, &mut tx, event, &w.envelope.meta)
                 .await
                 .map_err(|e| Step::Handler(e.to_string()))?;

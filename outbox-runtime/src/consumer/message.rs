@@ -201,6 +201,9 @@ pub(crate) fn classify(
             .map(|k| String::from_utf8_lossy(k).into_owned()),
         traceparent: header(wire::HEADER_TRACEPARENT),
         headers,
+        // The route sets the consumer's bound.
+        attempt: 1,
+        max_attempts: 1,
     };
     let envelope = Envelope { payload, meta };
     if known {

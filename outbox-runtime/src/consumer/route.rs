@@ -37,9 +37,14 @@ pub(crate) enum Routed {
 /// it), for an unknown type the [`UnknownEventPolicy`] (whose `Keep` stores
 /// it like a known one).
 pub(crate) fn route(message: &OwnedMessage, dispatch: &Dispatch, settings: &Settings) -> Routed {
+    let bounded = |mut envelope: Envelope| {
+        envelope.meta.max_attempts = settings.max_attempts;
+        envelope
+    };
     match classify(message, dispatch, settings.max_message_bytes) {
         Classified::Bad(reason, error) => Routed::DeadLetter(reason, error),
         Classified::Unknown(envelope) => {
+            let envelope = bounded(envelope);
             let event_type = &envelope.meta.event_type;
             let unknown = || {
                 let error = if event_type.is_empty() {
@@ -57,9 +62,9 @@ pub(crate) fn route(message: &OwnedMessage, dispatch: &Dispatch, settings: &Sett
                 UnknownEventPolicy::Keep => store(envelope),
             }
         }
-        Classified::Known(envelope) => match settings.mode {
-            Mode::Inbox => store(envelope),
-            Mode::Dedup => {
+        Classified::Known(envelope) => match (settings.mode, bounded(envelope)) {
+            (Mode::Inbox, envelope) => store(envelope),
+            (Mode::Dedup, envelope) => {
                 let handler = dispatch
                     .handler(&envelope.meta.topic, &envelope.meta.event_type)
                     .expect("classified as known")
