@@ -187,6 +187,7 @@ async fn a_new_owner_never_handles_a_key_on_receipt_ahead_of_the_old_owners_pend
         1,
         "the new owner's store waits"
     );
+    assert_eq!(waits.0.load(Ordering::SeqCst), 1, "and says so");
 
     old_store.commit().await.unwrap();
     eventually(
