@@ -775,3 +775,23 @@ async fn a_step_of_a_saga_that_never_starts_is_ignored_after_its_retries_holding
     .unwrap();
     assert!(in_order, "its key's next step after it");
 }
+
+/// A saga id `saga_state`'s primary key cannot index is refused by the step,
+/// saying so (instead of PostgreSQL's "index row size" error on the insert).
+#[sqlx::test(migrations = false)]
+async fn a_saga_id_too_long_to_store_is_refused_with_the_reason(pool: PgPool) {
+    prepare(&pool).await;
+    let event = open(Uuid::new_v4());
+    let meta = meta_of(&event);
+    let mut tx = pool.begin().await.unwrap();
+    let mut events = Events::new();
+    let long_id = "s".repeat(txoutbox_core::MAX_PARTITION_KEY_BYTES + 1);
+    let error = Step::<Tally>::load(&mut tx, &mut events, &meta, long_id)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("1025 bytes") && error.contains("shorter id"),
+        "{error}"
+    );
+}
