@@ -321,7 +321,7 @@ async fn inbox_mode_dead_letters_keys_too_long_to_index_and_goes_on(pool: PgPool
     // Of a type handled here, and of a type only a later version handles.
     let known = [("event_type", "LongKeyPaid")];
     produce(
-        &producer,
+        producer,
         LongKeyPaid::TOPIC,
         Some(&long_key),
         &body(100),
@@ -330,7 +330,7 @@ async fn inbox_mode_dead_letters_keys_too_long_to_index_and_goes_on(pool: PgPool
     .await;
     let unknown = [("event_type", "LongKeyRefunded")];
     produce(
-        &producer,
+        producer,
         LongKeyPaid::TOPIC,
         Some(&long_key),
         &body(101),
