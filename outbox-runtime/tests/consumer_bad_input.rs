@@ -250,3 +250,187 @@ async fn inbox_mode_dead_letters_nul_characters_and_goes_on(pool: PgPool) {
     }
     assert_eq!(count(&pool, "SELECT count(*) FROM inbox_event").await, 2);
 }
+
+test_event!(LongKeyPaid, "consumer-test.bad.long-key", "LongKeyPaid");
+
+#[event_handler]
+async fn on_long_key_paid(
+    tx: &mut Transaction<'_, Postgres>,
+    event: LongKeyPaid,
+    meta: &txoutbox_runtime::consumer::EventMeta,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .bind(meta.key.as_deref())
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+}
+
+/// `len` random printable ASCII characters: random so that PostgreSQL cannot
+/// compress them under its b-tree limit (about 2,700 bytes per index entry).
+fn incompressible(len: usize) -> String {
+    std::iter::repeat_with(|| *Uuid::new_v4().as_bytes())
+        .flatten()
+        .take(len)
+        .map(|byte| char::from(b'!' + byte % 94))
+        .collect()
+}
+
+fn long_key_body(amount: i64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "event_id": Uuid::new_v4(), "order_id": Uuid::new_v4(), "amount": amount
+    }))
+    .unwrap()
+}
+
+/// A key longer than PostgreSQL can index used to fail the inbox insert of
+/// its whole batch, retried for ever as a database outage: the partition
+/// stopped for good. Such a record is dead-lettered instead, whichever way the
+/// inbox would store it: handled on receipt, stored pending (no handling on
+/// receipt), or kept for another version (`UnknownEventPolicy::Keep`).
+#[sqlx::test(migrations = false)]
+async fn inbox_mode_dead_letters_keys_too_long_to_index_and_goes_on(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(LongKeyPaid::TOPIC, 1).await;
+    // Two consumers of the same records: one handles on receipt, one only
+    // stores pending rows for its processors.
+    let groups = [unique_group("long-key"), unique_group("long-key-pending")];
+    for group in &groups {
+        start_group_at(group, LongKeyPaid::TOPIC, 1, true).await;
+    }
+    let dlq = format!("{}.dlq", LongKeyPaid::TOPIC);
+    let dlq_start = high_watermarks(&dlq, 1).await[0];
+    let producer = producer();
+    let long_key = incompressible(10 * 1024);
+    let (body, producer) = (&long_key_body, &producer);
+    let healthy = |amount: i64| async move {
+        let key = format!("order-{amount}");
+        let typed = [("event_type", "LongKeyPaid")];
+        produce(
+            producer,
+            LongKeyPaid::TOPIC,
+            Some(&key),
+            &body(amount),
+            &typed,
+        )
+        .await;
+    };
+    healthy(1).await;
+    // Of a type handled here, and of a type only a later version handles.
+    let known = [("event_type", "LongKeyPaid")];
+    produce(
+        producer,
+        LongKeyPaid::TOPIC,
+        Some(&long_key),
+        &body(100),
+        &known,
+    )
+    .await;
+    let unknown = [("event_type", "LongKeyRefunded")];
+    produce(
+        producer,
+        LongKeyPaid::TOPIC,
+        Some(&long_key),
+        &body(101),
+        &unknown,
+    )
+    .await;
+    healthy(2).await;
+    let end = high_watermarks(LongKeyPaid::TOPIC, 1).await;
+
+    let running: Vec<_> = groups
+        .iter()
+        .zip([true, false])
+        .map(|(group, on_receipt)| {
+            Consumer::builder(pool.clone(), kafka_config(), group)
+                .handler(on_long_key_paid)
+                .mode(txoutbox_runtime::consumer::Mode::Inbox)
+                .unknown_events(UnknownEventPolicy::Keep)
+                .handle_on_receipt(on_receipt)
+                .processor_poll_interval(Duration::from_millis(20))
+                .build()
+                .unwrap()
+                .spawn()
+        })
+        .collect();
+    let effects = |amount: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM effect WHERE amount = $1")
+                .bind(amount)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    eventually(
+        "the healthy events handled by both groups and all offsets committed",
+        Duration::from_secs(30),
+        || async {
+            effects(1).await == 2
+                && effects(2).await == 2
+                && committed(&groups[0], LongKeyPaid::TOPIC, 1).await == end
+                && committed(&groups[1], LongKeyPaid::TOPIC, 1).await == end
+        },
+    )
+    .await;
+    let dead = read_until(&dlq, dlq_start, Duration::from_secs(20), |m| m.len() >= 4).await;
+
+    // Still running: a later healthy event goes through both.
+    healthy(3).await;
+    let end = high_watermarks(LongKeyPaid::TOPIC, 1).await;
+    eventually(
+        "a later event handled by both",
+        Duration::from_secs(20),
+        || async {
+            effects(3).await == 2
+                && committed(&groups[0], LongKeyPaid::TOPIC, 1).await == end
+                && committed(&groups[1], LongKeyPaid::TOPIC, 1).await == end
+        },
+    )
+    .await;
+    for consumer in running {
+        let summary = consumer.shutdown().await.unwrap();
+        assert_eq!(summary.dead_lettered, 2, "{summary:?}");
+    }
+
+    assert_eq!(dead.len(), 4);
+    for group in &groups {
+        let ours: Vec<_> = dead
+            .iter()
+            .filter(|m| header(m, "dlq_consumer_group").as_deref() == Some(group.as_str()))
+            .collect();
+        assert_eq!(ours.len(), 2, "{group}");
+        for message in ours {
+            assert_eq!(message.key(), Some(long_key.as_bytes()), "key kept");
+            assert_eq!(header(message, "dlq_reason").as_deref(), Some("unstorable"));
+            let error = header(message, "dlq_error").unwrap();
+            assert!(
+                error.contains("10240 bytes")
+                    && error.contains("1024")
+                    && error.contains("shorter key"),
+                "says what and how to fix it: {error}"
+            );
+        }
+    }
+    assert_eq!(effects(100).await + effects(101).await, 0);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM inbox_event WHERE length(partition_key) > 1024"
+        )
+        .await,
+        0
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox_event").await, 6);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM inbox_event WHERE NOT processed"
+        )
+        .await,
+        0
+    );
+}

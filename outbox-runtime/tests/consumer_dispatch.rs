@@ -173,8 +173,16 @@ async fn registration_mistakes_fail_build(pool: PgPool) {
         duplicates,
         "`on_multi_created` and `on_multi_created_again` both handle `MultiCreated` on topic `consumer-test.dispatch.multi`"
     );
-    let none = Consumer::builder(pool, kafka_config(), "g").build();
+    let none = Consumer::builder(pool.clone(), kafka_config(), "g").build();
     assert!(matches!(none, Err(BuildError::NoHandlers)));
+    // The group id is indexed with every dedup and inbox row.
+    let long_group = Consumer::builder(pool, kafka_config(), "g".repeat(1025))
+        .handler(on_multi_created)
+        .build();
+    let Err(BuildError::InvalidConfig(why)) = long_group else {
+        panic!("a group id PostgreSQL cannot index accepted");
+    };
+    assert!(why.contains("shorter group id"), "{why}");
 }
 
 /// Dropping a consumer's handle stops it, as dropping a relay's does.

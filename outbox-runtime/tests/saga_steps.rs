@@ -2,7 +2,9 @@
 //! with two consumers): a step applies once, concurrent steps of one saga are
 //! applied one after the other (no two on the same version), two starts of
 //! one saga make one saga, compensations go out in reverse order exactly
-//! once, and a finished or unknown saga ignores its messages. The saga is
+//! once, a finished saga ignores its messages, and a message of a saga that
+//! does not exist is retried (its start may not have committed) for the
+//! consumer's retry budget, then ignored. The saga is
 //! declared with `#[saga]`; its generated handlers are also called directly,
 //! as a consumer calls them.
 
@@ -17,12 +19,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use txoutbox_core::{DomainEvent, Events};
-use txoutbox_runtime::consumer::{Consumer, EventMeta, HandlerError};
+use txoutbox_runtime::consumer::{Consumer, EventHandler, EventMeta, HandlerError, Mode};
 use txoutbox_runtime::saga::__private::Step;
 use txoutbox_runtime::saga::{SagaContext, saga};
 use uuid::Uuid;
 
 const TOPIC: &str = "saga-test.tally";
+
+/// The amount whose `Add` step swallows a database error.
+const SWALLOWED: i64 = -13;
 
 /// Starts a tally.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, DomainEvent)]
@@ -104,6 +109,12 @@ impl Tally {
     }
 
     async fn on_add(&mut self, event: Add, ctx: &mut SagaContext<'_>) -> Result<(), HandlerError> {
+        if event.amount == SWALLOWED {
+            // The "already done" idiom gone wrong: the error is dropped,
+            // the transaction is aborted.
+            let _ = sqlx::query("SELECT 1 / 0").execute(&mut **ctx.tx()).await;
+            return Ok(());
+        }
         self.total += event.amount;
         self.adds += 1;
         // A write of the service's own in the step's transaction.
@@ -152,12 +163,26 @@ use __saga_Tally_on_fail as OnFail;
 use __saga_Tally_on_open as OnOpen;
 use __saga_Tally_on_reserve as OnReserve;
 
+/// The retry backoff of the consumers on `TOPIC`. They read each other's
+/// messages there (the tests run at once, each with its own database), and
+/// each is a step of an unknown saga to the others, retried for the retry
+/// budget before it is ignored: keep that short.
+const STRAYS_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(40));
+
 async fn prepare(pool: &PgPool) {
     txoutbox_runtime::migrations::run(pool).await.unwrap();
     sqlx::raw_sql("CREATE TABLE tally_effect (event_id uuid NOT NULL)")
         .execute(pool)
         .await
         .unwrap();
+}
+
+/// A transaction begun as the consumer begins its own (`READ COMMITTED`,
+/// whatever the database's default), for steps run by hand.
+async fn begin(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await
+        .unwrap()
 }
 
 fn meta_of<E: DomainEvent>(event: &E) -> EventMeta {
@@ -172,7 +197,7 @@ async fn apply<H: txoutbox_runtime::consumer::EventHandler>(
     event: H::Event,
 ) -> Result<(), HandlerError> {
     let meta = meta_of(&event);
-    let mut tx = pool.begin().await.unwrap();
+    let mut tx = begin(pool).await;
     let mut events = Events::new();
     handler.handle(&mut tx, event, &meta, &mut events).await?;
     txoutbox_core::insert_records(&mut tx, events.records())
@@ -208,7 +233,7 @@ fn add(saga_id: Uuid, amount: i64) -> Add {
     }
 }
 
-#[sqlx::test(migrations = false)]
+under_every_isolation! {
 async fn compensations_go_out_in_reverse_order_once_and_the_ended_saga_ignores_the_rest(
     pool: PgPool,
 ) {
@@ -278,8 +303,9 @@ async fn compensations_go_out_in_reverse_order_once_and_the_ended_saga_ignores_t
             .unwrap();
     assert!(finished.is_some());
 }
+}
 
-#[sqlx::test(migrations = false)]
+under_every_isolation! {
 async fn a_message_of_an_unknown_saga_changes_nothing(pool: PgPool) {
     prepare(&pool).await;
     apply(&pool, OnAdd, add(Uuid::new_v4(), 5)).await.unwrap();
@@ -287,8 +313,9 @@ async fn a_message_of_an_unknown_saga_changes_nothing(pool: PgPool) {
     assert_eq!(count(&pool, "SELECT count(*) FROM tally_effect").await, 0);
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox_event").await, 0);
 }
+}
 
-#[sqlx::test(migrations = false)]
+under_every_isolation! {
 async fn a_failed_step_leaves_the_saga_as_it_was(pool: PgPool) {
     prepare(&pool).await;
     let saga_id = Uuid::new_v4();
@@ -306,16 +333,42 @@ async fn a_failed_step_leaves_the_saga_as_it_was(pool: PgPool) {
     );
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox_event").await, 0);
 }
+}
 
+under_every_isolation! {
+/// Issue 22 item 1, a saga step: a step handler that swallowed a database
+/// error returned `Ok` on an aborted transaction. The saga's own write after
+/// it is refused, and the step fails saying what happened and how to fix it
+/// (before: "current transaction is aborted" from the saga's write, as if
+/// the framework had failed); the saga is left as it was.
+async fn a_step_that_swallows_a_database_error_fails_and_says_why(pool: PgPool) {
+    prepare(&pool).await;
+    let saga_id = Uuid::new_v4();
+    apply(&pool, OnOpen, open(saga_id)).await.unwrap();
+    let error = apply(&pool, OnAdd, add(saga_id, SWALLOWED))
+        .await
+        .unwrap_err()
+        .to_string();
+    for hint in ["`Add` step of saga tally", "returned Ok, but", "aborted", "savepoint"] {
+        assert!(error.contains(hint), "{error:?} should mention {hint:?}");
+    }
+    let (status, version, state) = saga_row(&pool, saga_id).await;
+    assert_eq!(
+        (status.as_str(), version, state["total"].as_i64()),
+        ("running", 1, Some(0))
+    );
+}
+}
+
+under_every_isolation! {
 /// Two starts of one saga at once: the second waits on the first's row, then
 /// its attempt fails (to be retried) and, retried, is ignored as a second start.
-#[sqlx::test(migrations = false)]
 async fn two_starts_of_one_saga_at_once_make_one_saga(pool: PgPool) {
     prepare(&pool).await;
     let saga_id = Uuid::new_v4();
     let (first, second) = (open(saga_id), open(saga_id));
     let meta1 = meta_of(&first);
-    let mut tx1 = pool.begin().await.unwrap();
+    let mut tx1 = begin(&pool).await;
     let mut events1 = Events::new();
     let mut step1 = Step::<Tally>::load(&mut tx1, &mut events1, &meta1, saga_id.to_string())
         .await
@@ -327,7 +380,7 @@ async fn two_starts_of_one_saga_at_once_make_one_saga(pool: PgPool) {
         let (pool, second) = (pool.clone(), second.clone());
         async move {
             let meta2 = meta_of(&second);
-            let mut tx2 = pool.begin().await.unwrap();
+            let mut tx2 = begin(&pool).await;
             let mut events2 = Events::new();
             let mut step2 =
                 Step::<Tally>::load(&mut tx2, &mut events2, &meta2, saga_id.to_string())
@@ -357,12 +410,13 @@ async fn two_starts_of_one_saga_at_once_make_one_saga(pool: PgPool) {
         ("running", 1, Some(1))
     );
 }
+}
 
+under_every_isolation! {
 /// 300 `Add`s of one saga, keyed over 30 lanes on a 4-partition topic, handled
 /// by two consumers (own pools) at once: every one is applied exactly once,
 /// each on its own version (the `Added` each sends names it), and the total
 /// is the sum. Some are sent twice: redelivery changes nothing.
-#[sqlx::test(migrations = false)]
 async fn concurrent_steps_of_one_saga_never_apply_to_the_same_version(pool: PgPool) {
     prepare(&pool).await;
     create_topic(TOPIC, 4).await;
@@ -390,6 +444,7 @@ async fn concurrent_steps_of_one_saga_never_apply_to_the_same_version(pool: PgPo
         .map(|pool| {
             Consumer::builder(pool, kafka_config(), &group)
                 .saga::<Tally>()
+                .backoff(STRAYS_BACKOFF.0, STRAYS_BACKOFF.1)
                 .build()
                 .unwrap()
                 .spawn()
@@ -427,10 +482,11 @@ async fn concurrent_steps_of_one_saga_never_apply_to_the_same_version(pool: PgPo
         "one step per version"
     );
 }
+}
 
+under_every_isolation! {
 /// The same saga on an inbox-mode consumer: each step commits with its inbox
 /// row marked processed; a redelivered message is stored once and applied once.
-#[sqlx::test(migrations = false)]
 async fn a_saga_runs_on_an_inbox_consumer_too(pool: PgPool) {
     prepare(&pool).await;
     create_topic(TOPIC, 4).await;
@@ -441,6 +497,7 @@ async fn a_saga_runs_on_an_inbox_consumer_too(pool: PgPool) {
     let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
         .mode(txoutbox_runtime::consumer::Mode::Inbox)
         .saga::<Tally>()
+        .backoff(STRAYS_BACKOFF.0, STRAYS_BACKOFF.1)
         .build()
         .unwrap()
         .spawn();
@@ -480,4 +537,313 @@ async fn a_saga_runs_on_an_inbox_consumer_too(pool: PgPool) {
     assert_eq!(state["total"].as_i64(), Some((1..=50).sum::<i64>()));
     assert_eq!(count(&pool, "SELECT count(*) FROM tally_effect").await, 50);
     assert_eq!(ours().await, (50, 50), "stored once, applied once");
+}
+}
+
+const LATE_TOPIC: &str = "saga-test.late";
+
+/// Starts a `Late` saga.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, DomainEvent)]
+#[event(
+    topic = "saga-test.late",
+    event_type = "LateOpened",
+    aggregate = "Late"
+)]
+pub struct LateOpened {
+    pub event_id: Uuid,
+    #[partition_key]
+    pub saga_id: Uuid,
+}
+
+/// A step of a `Late` saga, keyed by `lane`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, DomainEvent)]
+#[event(topic = "saga-test.late", event_type = "LateStep", aggregate = "Late")]
+pub struct LateStep {
+    pub event_id: Uuid,
+    pub saga_id: Uuid,
+    #[partition_key]
+    pub lane: String,
+    pub amount: i64,
+}
+
+/// A saga of its own topic, so that the tests of early and stray messages
+/// do not see the other tests' messages (each one an unknown saga here,
+/// retried before it is ignored).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Late {
+    total: i64,
+}
+
+#[saga(name = "late", id = Uuid, correlate = saga_id, starts_with(LateOpened), handles(LateStep))]
+impl Late {
+    async fn on_opened(_event: LateOpened) -> Result<Self, HandlerError> {
+        Ok(Self { total: 0 })
+    }
+
+    async fn on_step(
+        &mut self,
+        event: LateStep,
+        ctx: &mut SagaContext<'_>,
+    ) -> Result<(), HandlerError> {
+        self.total += event.amount;
+        sqlx::query("INSERT INTO late_effect (event_id, amount) VALUES ($1, $2)")
+            .bind(event.event_id)
+            .bind(event.amount)
+            .execute(&mut **ctx.tx())
+            .await?;
+        Ok(())
+    }
+}
+
+use __saga_Late_on_opened as OnLateOpened;
+
+async fn prepare_late(pool: &PgPool) {
+    prepare(pool).await;
+    sqlx::raw_sql(
+        "CREATE TABLE late_effect (
+             event_id uuid NOT NULL, amount bigint NOT NULL,
+             at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn late_row(pool: &PgPool, id: Uuid) -> Option<(String, i64, i64)> {
+    sqlx::query_as(
+        "SELECT status, version, (state->>'total')::int8 FROM saga_state
+         WHERE saga_type = 'late' AND saga_id = $1",
+    )
+    .bind(id.to_string())
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+fn late_step(saga_id: Uuid, lane: &str, amount: i64) -> LateStep {
+    LateStep {
+        event_id: Uuid::new_v4(),
+        saga_id,
+        lane: lane.to_owned(),
+        amount,
+    }
+}
+
+/// A consumer of the `Late` saga, with a first saga of its own applied, so
+/// that it has joined its group and reads the topic.
+async fn late_consumer(
+    pool: &PgPool,
+    mode: Mode,
+    tune: impl FnOnce(
+        txoutbox_runtime::consumer::ConsumerBuilder,
+    ) -> txoutbox_runtime::consumer::ConsumerBuilder,
+) -> txoutbox_runtime::consumer::ConsumerHandle {
+    create_topic(LATE_TOPIC, 2).await;
+    let group = unique_group("saga-late");
+    start_group_at(&group, LATE_TOPIC, 2, true).await;
+    let builder = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .mode(mode)
+        .processor_poll_interval(Duration::from_millis(20))
+        .saga::<Late>();
+    let running = tune(builder).build().unwrap().spawn();
+    let warm_up = Uuid::new_v4();
+    let producer = producer();
+    produce_event(
+        &producer,
+        &LateOpened {
+            event_id: Uuid::new_v4(),
+            saga_id: warm_up,
+        },
+    )
+    .await;
+    eventually("the consumer runs", Duration::from_secs(30), || async {
+        late_row(pool, warm_up).await.is_some()
+    })
+    .await;
+    running
+}
+
+/// A step whose saga's start is still being committed (its transaction held
+/// open here) when the step is handled: the step's attempt fails and is
+/// retried, and once the start has committed it is applied. It used to be
+/// ignored at once as `unknown_saga`, and the saga ended without it.
+async fn a_step_ahead_of_its_start_is_applied_once_the_start_commits(pool: PgPool, mode: Mode) {
+    prepare_late(&pool).await;
+    let running = late_consumer(&pool, mode, |builder| builder).await;
+    let saga_id = Uuid::new_v4();
+    let start = LateOpened {
+        event_id: Uuid::new_v4(),
+        saga_id,
+    };
+    let meta = meta_of(&start);
+    let mut starting = begin(&pool).await;
+    let mut events = Events::new();
+    OnLateOpened
+        .handle(&mut starting, start, &meta, &mut events)
+        .await
+        .unwrap();
+    let step = late_step(saga_id, &format!("lane-{}", Uuid::new_v4()), 7);
+    produce_event(&producer(), &step).await;
+    // Handled meanwhile (within a fetch of the live consumer), not applied.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    starting.commit().await.unwrap();
+    eventually("the step applied", Duration::from_secs(30), || async {
+        late_row(&pool, saga_id).await == Some(("running".into(), 2, 7))
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let applied: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM late_effect")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(applied, vec![step.event_id], "applied once");
+}
+
+under_every_isolation! {
+async fn a_step_ahead_of_its_start_is_applied_once_the_start_commits_in_dedup_mode(pool: PgPool) {
+    a_step_ahead_of_its_start_is_applied_once_the_start_commits(pool, Mode::Dedup).await;
+}
+}
+
+under_every_isolation! {
+async fn a_step_ahead_of_its_start_is_applied_once_the_start_commits_in_inbox_mode(pool: PgPool) {
+    a_step_ahead_of_its_start_is_applied_once_the_start_commits(pool, Mode::Inbox).await;
+}
+}
+
+under_every_isolation! {
+/// A step of a saga that never starts, on an inbox consumer: it is retried
+/// for the consumer's retry budget (attempts and backoff), holding back only
+/// its own key, then ignored as `unknown_saga`; the other keys' steps go on
+/// meanwhile, and the key's next step follows it.
+async fn a_step_of_a_saga_that_never_starts_is_ignored_after_its_retries_holding_back_its_key_only(
+    pool: PgPool,
+) {
+    prepare_late(&pool).await;
+    // Backoff 400 ms doubling to 1.6 s, with equal jitter: the four retries
+    // of the stray step take at least 0.2 + 0.4 + 0.8 + 0.8 = 2.2 s.
+    let running = late_consumer(&pool, Mode::Inbox, |builder| {
+        builder.backoff(Duration::from_millis(400), Duration::from_millis(1600))
+    })
+    .await;
+    let saga_id = Uuid::new_v4();
+    apply(
+        &pool,
+        OnLateOpened,
+        LateOpened {
+            event_id: Uuid::new_v4(),
+            saga_id,
+        },
+    )
+    .await
+    .unwrap();
+    let lanes = Uuid::new_v4();
+    let lane = |n: &str| format!("lane-{lanes}-{n}");
+    let stray = late_step(Uuid::new_v4(), &lane("stray"), 1000);
+    let producer = producer();
+    produce_event(&producer, &stray).await;
+    for amount in 1..=5 {
+        produce_event(
+            &producer,
+            &late_step(saga_id, &lane(&amount.to_string()), amount),
+        )
+        .await;
+    }
+    let behind = late_step(saga_id, &lane("stray"), 100);
+    produce_event(&producer, &behind).await;
+
+    let applied = |amount: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM late_effect WHERE amount = $1")
+                .bind(amount)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let stray_row = || async {
+        sqlx::query_as::<_, (bool, i32, Option<String>, Option<f64>)>(
+            "SELECT processed, attempts, last_error,
+                    EXTRACT(EPOCH FROM processed_at - received_at)::float8
+             FROM inbox_event WHERE event_id = $1",
+        )
+        .bind(stray.event_id)
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
+    };
+    eventually(
+        "the other keys' steps applied",
+        Duration::from_secs(20),
+        || async {
+            let mut all = true;
+            for amount in 1..=5 {
+                all &= applied(amount).await == 1;
+            }
+            all
+        },
+    )
+    .await;
+    let (processed, ..) = stray_row().await.expect("the stray step is in the inbox");
+    assert!(!processed, "the other keys did not wait for the stray step");
+    assert_eq!(applied(100).await, 0, "its key's next step waits behind it");
+
+    eventually(
+        "the stray step ignored, its key's next step applied",
+        Duration::from_secs(30),
+        || async { stray_row().await.is_some_and(|row| row.0) && applied(100).await == 1 },
+    )
+    .await;
+    running.shutdown().await.unwrap();
+    let (_, attempts, last_error, took) = stray_row().await.unwrap();
+    let (last_error, took) = (last_error.unwrap_or_default(), took.unwrap());
+    println!("the stray step was ignored after {attempts} failed attempts, {took:.2} s");
+    assert_eq!(attempts, 4, "failed on each attempt but the last (of 5)");
+    assert!(last_error.contains("does not exist (yet)"), "{last_error}");
+    assert!(
+        (2.2..20.0).contains(&took),
+        "bounded by the retry budget: {took} s"
+    );
+    assert_eq!(
+        late_row(&pool, stray.saga_id).await,
+        None,
+        "no saga made up"
+    );
+    assert_eq!(applied(1000).await, 0);
+    assert_eq!(
+        late_row(&pool, saga_id).await,
+        Some(("running".into(), 7, 115))
+    );
+    let in_order: bool = sqlx::query_scalar(
+        "SELECT (SELECT processed_at FROM inbox_event WHERE event_id = $1)
+                <= (SELECT at FROM late_effect WHERE amount = 100)",
+    )
+    .bind(stray.event_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(in_order, "its key's next step after it");
+}
+}
+
+under_every_isolation! {
+/// A saga id `saga_state`'s primary key cannot index is refused by the step,
+/// saying so (instead of PostgreSQL's "index row size" error on the insert).
+async fn a_saga_id_too_long_to_store_is_refused_with_the_reason(pool: PgPool) {
+    prepare(&pool).await;
+    let event = open(Uuid::new_v4());
+    let meta = meta_of(&event);
+    let mut tx = begin(&pool).await;
+    let mut events = Events::new();
+    let long_id = "s".repeat(txoutbox_core::MAX_PARTITION_KEY_BYTES + 1);
+    let error = Step::<Tally>::load(&mut tx, &mut events, &meta, long_id)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("1025 bytes") && error.contains("shorter id"),
+        "{error}"
+    );
+}
 }

@@ -241,7 +241,12 @@ fn oracle(message: &RawMessage, mode: Mode) -> Route {
         // Stored as it is; a payload that does not fit is the processor's
         // to park.
         let payload = serde_json::Value::Object(payload);
-        return if holds_nul(message, &payload) {
+        // A key is stored as text (invalid UTF-8 replaced by U+FFFD, three
+        // bytes each), at most `MAX_PARTITION_KEY_BYTES` of it.
+        let key_too_long = message.key.as_deref().is_some_and(|k| {
+            String::from_utf8_lossy(k).len() > txoutbox_core::MAX_PARTITION_KEY_BYTES
+        });
+        return if holds_nul(message, &payload) || key_too_long {
             Route::DeadLetter(DeadLetterReason::Unstorable)
         } else {
             Route::Store { event_id }
@@ -296,6 +301,10 @@ fn fuzz(mode: Mode) {
         if mode == Mode::Inbox && rng.random_bool(0.05) {
             // NUL characters where the inbox must refuse them.
             message.key = Some(b"k\0ey".to_vec());
+        } else if mode == Mode::Inbox && rng.random_bool(0.05) {
+            // Keys around the inbox's bound, as raw bytes: some are longer
+            // only once stored as text.
+            message.key = Some(bytes(&mut rng, 1_100));
         }
         let timestamp = random_timestamp(&mut rng);
         let route = consumer.__route(&to_kafka(&message, case as i64, timestamp));

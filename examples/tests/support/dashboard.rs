@@ -75,6 +75,7 @@ pub(crate) fn framework_constants() -> BTreeSet<&'static str> {
         consumer::DB_ERRORS,
         consumer::INBOX_STORED,
         consumer::INBOX_PARKED,
+        consumer::INBOX_STORE_WAITS,
         consumer::INBOX_BACKLOG,
         consumer::LAG,
         consumer::INBOX_PARKED_ROWS,

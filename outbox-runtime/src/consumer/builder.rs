@@ -14,7 +14,9 @@ impl Consumer {
     /// Starts a builder: the pool for `processed_event` / `inbox_event` and your
     /// handlers' writes, the Kafka client configuration (at least
     /// `bootstrap.servers`), and the consumer group id, which is also the dedup
-    /// scope in `processed_event`.
+    /// scope in `processed_event`; at most 1,024 bytes
+    /// ([`MAX_PARTITION_KEY_BYTES`](txoutbox_core::MAX_PARTITION_KEY_BYTES)), as it is
+    /// indexed with every row (`build` refuses a longer one).
     pub fn builder(
         pool: PgPool,
         kafka_config: ClientConfig,
@@ -295,6 +297,15 @@ impl ConsumerBuilder {
     pub fn build(self) -> Result<Consumer, BuildError> {
         if self.handlers.is_empty() {
             return Err(BuildError::NoHandlers);
+        }
+        if self.settings.group_id.len() > txoutbox_core::MAX_PARTITION_KEY_BYTES {
+            // Indexed with every dedup and inbox row: a group id PostgreSQL
+            // cannot index would fail every insert, retried for ever.
+            return Err(BuildError::InvalidConfig(
+                "the consumer group id is longer than 1024 bytes (txoutbox_core::MAX_PARTITION_KEY_BYTES): \
+                 it is indexed with every processed_event and inbox_event row, and PostgreSQL refuses \
+                 longer index entries; use a shorter group id",
+            ));
         }
         if self.settings.unknown_events == UnknownEventPolicy::Keep
             && self.settings.mode != Mode::Inbox

@@ -356,7 +356,9 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
         Db(sqlx::Error),
         Handler(String),
     }
+    let attempt = retry.attempts + 1;
     let w = &mut retry.work;
+    w.envelope.meta.attempt = attempt;
     let mut db_retry = 0;
     loop {
         let outcome = async {

@@ -40,11 +40,19 @@ pub struct EventMeta {
     pub headers: Vec<(String, String)>,
     /// The W3C `traceparent` header, if any; the handler runs inside this trace.
     pub traceparent: Option<String>,
+    /// Which attempt at handling the event this is: 1 the first time, one
+    /// more after each failed attempt (an attempt cut short by a database
+    /// outage does not count, nor, in inbox mode, a failed call on receipt).
+    pub attempt: u32,
+    /// The consumer's [`max_attempts`](super::ConsumerBuilder::max_attempts):
+    /// if the attempt numbered so fails, the event is dead-lettered (dedup
+    /// mode) or parked (inbox mode). See [`is_last_attempt`](Self::is_last_attempt).
+    pub max_attempts: u32,
 }
 
 impl EventMeta {
     /// Metadata with only the event's identity, for calling a handler directly
-    /// (in a unit test, say) through [`EventHandler::handle`].
+    /// (in a unit test, say) through [`EventHandler::handle`]: attempt 1 of 1.
     ///
     /// ```
     /// let meta = txoutbox_runtime::consumer::EventMeta::new(uuid::Uuid::nil(), "Paid", "payments");
@@ -60,7 +68,24 @@ impl EventMeta {
             key: None,
             headers: Vec::new(),
             traceparent: None,
+            attempt: 1,
+            max_attempts: 1,
         }
+    }
+
+    /// Whether a failure of this attempt is the last: no retry follows it.
+    /// A handler that would rather wait for something (a saga's start, say)
+    /// can fail its earlier attempts, to be retried with backoff, and give up
+    /// gracefully on this one.
+    ///
+    /// ```
+    /// let mut meta = txoutbox_runtime::consumer::EventMeta::new(uuid::Uuid::nil(), "Paid", "payments");
+    /// assert!(meta.is_last_attempt(), "a direct call is one attempt");
+    /// meta.max_attempts = 5;
+    /// assert!(!meta.is_last_attempt());
+    /// ```
+    pub fn is_last_attempt(&self) -> bool {
+        self.attempt >= self.max_attempts
     }
 
     /// The value of the first header named `name`.

@@ -1,6 +1,8 @@
-//! The routing decision as the fuzz test sees it (feature `test-hooks`).
+//! The routing decision as the fuzz test sees it, and the inbox's store in a
+//! transaction a test holds open (feature `test-hooks`).
 
 use rdkafka::message::OwnedMessage;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::message::DeadLetterReason;
@@ -48,5 +50,32 @@ impl Consumer {
             Routed::Skip(_) => Route::Skip,
             Routed::DeadLetter(reason, _) => Route::DeadLetter(reason),
         }
+    }
+}
+
+impl Consumer {
+    /// Inbox mode: stores the messages this consumer would store, pending
+    /// (no handling on receipt), in the caller's transaction, by the store's
+    /// own path (its locks, its insert and the triggers), and leaves the
+    /// transaction open; returns how many rows it inserted. A test holds it
+    /// open to stand in for an evicted owner's store still in flight. Not a
+    /// public API.
+    #[doc(hidden)]
+    pub async fn __store_pending(
+        &self,
+        conn: &mut PgConnection,
+        messages: &[OwnedMessage],
+    ) -> sqlx::Result<u64> {
+        let ctx = &self.ctx;
+        let rows: Vec<_> = messages
+            .iter()
+            .filter_map(
+                |message| match route(message, &ctx.dispatch, &ctx.settings) {
+                    Routed::Store(envelope) => Some(envelope),
+                    _ => None,
+                },
+            )
+            .collect();
+        super::inbox::store_pending(ctx, conn, &rows).await
     }
 }

@@ -41,8 +41,11 @@ pub enum DeadLetterReason {
     Oversized,
     /// The handler kept failing after all retries.
     HandlerFailed,
-    /// Inbox mode: the message holds a NUL character (in its key, a header, or
-    /// a JSON string), which PostgreSQL `text` and `jsonb` cannot store.
+    /// Inbox mode: PostgreSQL cannot store the message in the inbox. It holds
+    /// a NUL character (in its key, a header, or a JSON string), which `text`
+    /// and `jsonb` cannot store, or its key is longer than
+    /// [`MAX_PARTITION_KEY_BYTES`](txoutbox_core::MAX_PARTITION_KEY_BYTES),
+    /// more than the inbox's indexes can hold. `dlq_error` says which.
     Unstorable,
     /// Decoding or routing the record panicked: a bug of the framework or of
     /// a `Deserialize` implementation, caught so that the record is set
@@ -218,6 +221,9 @@ pub(crate) fn classify(
         key,
         traceparent,
         headers: text_headers,
+        // The route sets the consumer's bound.
+        attempt: 1,
+        max_attempts: 1,
     };
     let envelope = Envelope { payload, meta, nul };
     if known {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use rdkafka::message::OwnedMessage;
+use txoutbox_core::MAX_PARTITION_KEY_BYTES;
 
 use super::config::{Mode, Settings, UnknownEventPolicy};
 use super::handler::{Decoded, Dispatch, ErasedHandler};
@@ -55,6 +56,10 @@ pub(crate) fn route(message: &OwnedMessage, dispatch: &Dispatch, settings: &Sett
 }
 
 fn route_unguarded(message: &OwnedMessage, dispatch: &Dispatch, settings: &Settings) -> Routed {
+    let bounded = |mut envelope: Envelope| {
+        envelope.meta.max_attempts = settings.max_attempts;
+        envelope
+    };
     match classify(message, dispatch, settings.max_message_bytes) {
         Classified::Bad(reason, error) => Routed::DeadLetter(reason, error),
         // A record that names no event type at all is `Bad` (malformed)
@@ -66,11 +71,11 @@ fn route_unguarded(message: &OwnedMessage, dispatch: &Dispatch, settings: &Setti
                 format!("no handler for event type `{}`", envelope.meta.event_type),
             ),
             // Build refuses Keep outside inbox mode.
-            UnknownEventPolicy::Keep => store(envelope),
+            UnknownEventPolicy::Keep => store(bounded(envelope)),
         },
-        Classified::Known(envelope) => match settings.mode {
-            Mode::Inbox => store(envelope),
-            Mode::Dedup => {
+        Classified::Known(envelope) => match (settings.mode, bounded(envelope)) {
+            (Mode::Inbox, envelope) => store(envelope),
+            (Mode::Dedup, envelope) => {
                 let handler = dispatch
                     .handler(&envelope.meta.topic, &envelope.meta.event_type)
                     .expect("classified as known")
@@ -94,13 +99,41 @@ fn route_unguarded(message: &OwnedMessage, dispatch: &Dispatch, settings: &Setti
     }
 }
 
-/// Inbox mode: into the inbox, unless PostgreSQL cannot store it.
+/// Inbox mode: into the inbox, unless PostgreSQL cannot store it: a NUL
+/// character anywhere, or a key too long for the inbox's indexes. Checked
+/// here, before any insert, so that such a record is set aside on its own
+/// whichever way the inbox would store it (handled on receipt, pending, or
+/// kept by [`UnknownEventPolicy::Keep`]) instead of failing its whole batch's
+/// insert, which would be retried for ever as a database outage.
 fn store(envelope: Envelope) -> Routed {
-    match nul_character(&envelope) {
-        Some(place) => Routed::DeadLetter(
+    if let Some(place) = nul_character(&envelope) {
+        return Routed::DeadLetter(
             DeadLetterReason::Unstorable,
             format!("{place} contains a NUL character, which PostgreSQL cannot store in the inbox"),
-        ),
-        None => Routed::Store(envelope),
+        );
     }
+    if let Some(error) = key_too_long(&envelope) {
+        return Routed::DeadLetter(DeadLetterReason::Unstorable, error);
+    }
+    Routed::Store(envelope)
+}
+
+/// Why the record's key cannot go into the inbox, if it is too long.
+///
+/// The key is indexed with each pending row (`ix_inbox_event_key_pending`,
+/// `inbox_key`), and a b-tree entry cannot exceed about 2,700 bytes after
+/// compression: a longer key fails the insert. The bound is the relay's,
+/// [`MAX_PARTITION_KEY_BYTES`], so every key an outbox producer sends fits,
+/// and it applies to the key as stored (a key that is not UTF-8 is stored
+/// with each invalid byte replaced by U+FFFD, three bytes), whatever the
+/// group and topic names add to the entry.
+fn key_too_long(envelope: &Envelope) -> Option<String> {
+    let bytes = envelope.meta.key.as_ref()?.len();
+    (bytes > MAX_PARTITION_KEY_BYTES).then(|| {
+        format!(
+            "the key is {bytes} bytes, longer than the {MAX_PARTITION_KEY_BYTES} bytes the inbox \
+             can store (txoutbox_core::MAX_PARTITION_KEY_BYTES; PostgreSQL cannot index longer \
+             keys): have the producer use a shorter key, e.g. an id or a hash of it"
+        )
+    })
 }

@@ -29,6 +29,10 @@ pub const DB_ERRORS: &str = "outbox_consumer_db_errors_total";
 pub const INBOX_STORED: &str = "outbox_inbox_stored_total";
 /// Counter: inbox rows parked after failing (label `reason`).
 pub const INBOX_PARKED: &str = "outbox_inbox_parked_total";
+/// Counter: inbox stores that waited for another transaction storing rows
+/// of the same partitions (their previous owner, still finishing its last
+/// batch after a rebalance), so as not to overtake its rows.
+pub const INBOX_STORE_WAITS: &str = "outbox_inbox_store_waits_total";
 /// Gauge: unprocessed, unparked rows in `inbox_event`.
 pub const INBOX_BACKLOG: &str = "outbox_inbox_backlog";
 /// Gauge: messages between the group's position and the end of a partition

@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 
 use sqlx::{Postgres, Transaction};
-use txoutbox_core::Events;
+use txoutbox_core::{Events, MAX_PARTITION_KEY_BYTES};
 
 use super::context::SagaContext;
 use super::store::{self, Loaded};
@@ -23,6 +23,10 @@ enum Phase<S> {
     Started(S),
     /// A handler ran on the running saga.
     Applied(S),
+    /// No row for a message that is not a start, on an attempt that is not
+    /// the last: the attempt fails, to be retried (the start may not have
+    /// committed yet).
+    NotYet,
     /// Nothing to do, for this reason (a metric label).
     Ignored(&'static str),
 }
@@ -58,6 +62,16 @@ impl<'a, S: Saga> Step<'a, S> {
         meta: &'a EventMeta,
         saga_id: String,
     ) -> Result<Self, HandlerError> {
+        if saga_id.len() > MAX_PARTITION_KEY_BYTES {
+            // `saga_state`'s primary key could not index it.
+            return Err(HandlerError::new(format!(
+                "the saga id of this {} message is {} bytes, longer than the {MAX_PARTITION_KEY_BYTES} \
+                 bytes `saga_state` can store (txoutbox_core::MAX_PARTITION_KEY_BYTES): correlate \
+                 the saga by a shorter id",
+                S::NAME,
+                saga_id.len()
+            )));
+        }
         let loaded = store::load(tx, S::NAME, &saga_id).await?;
         let (phase, version, compensations) = match loaded {
             None => (Phase::Absent, 0, Vec::new()),
@@ -126,13 +140,17 @@ impl<'a, S: Saga> Step<'a, S> {
     }
 
     /// For any other message: the running saga's state and the context.
-    /// `None` when there is no such saga (never started, or removed by
-    /// retention) or it has finished: the message is ignored, logged and
-    /// counted.
+    /// `None` when the saga has finished (the message is ignored, logged and
+    /// counted), or when there is no such saga: then the attempt fails and
+    /// is retried with the consumer's backoff, as the start message may not
+    /// have committed yet, and on the last attempt
+    /// ([`EventMeta::is_last_attempt`]) the message is ignored as an
+    /// unknown saga (never started, or removed by retention).
     pub fn running(&mut self) -> Option<(&mut S, &mut SagaContext<'a>)> {
         let phase = std::mem::replace(&mut self.phase, Phase::Ignored("unknown_saga"));
         self.phase = match phase {
             Phase::Running(state) => Phase::Applied(state),
+            Phase::Absent if !self.ctx.meta.is_last_attempt() => Phase::NotYet,
             Phase::Absent => Phase::Ignored("unknown_saga"),
             Phase::Finished(_) => Phase::Ignored("finished"),
             other => other,
@@ -165,6 +183,15 @@ impl<'a, S: Saga> Step<'a, S> {
             Phase::Finished(_) => {
                 ignored(&ctx, "finished");
                 return Ok(());
+            }
+            Phase::NotYet => {
+                let meta = ctx.meta;
+                return Err(HandlerError::new(format!(
+                    "saga {} `{}` does not exist (yet): its start message may not have committed, \
+                     so the `{}` is retried (attempt {} of {}); on the last attempt it is ignored \
+                     as unknown_saga",
+                    ctx.saga_type, ctx.saga_id, meta.event_type, meta.attempt, meta.max_attempts
+                )));
             }
             Phase::Absent | Phase::Running(_) => {
                 // The generated code always calls `starting` or `running`.

@@ -84,8 +84,22 @@ pub(super) async fn insert(
     .bind(write.message_type)
     .bind(write.event_id)
     .execute(&mut **tx)
-    .await?;
+    .await
+    .map_err(|error| write_failed(write, error))?;
     Ok(done.rows_affected() == 1)
+}
+
+/// A failed write of a step's result: when the transaction could no longer
+/// commit, the step's handler swallowed a database error (the write is the
+/// first statement after it), and the error says so.
+fn write_failed(write: &Write<'_>, error: sqlx::Error) -> HandlerError {
+    match txoutbox_core::not_committable(&error) {
+        Some(unusable) => HandlerError::new(format!(
+            "the `{}` step of saga {} `{}` returned Ok, but {unusable}",
+            write.message_type, write.saga_type, write.saga_id
+        )),
+        None => HandlerError::from(error),
+    }
 }
 
 /// Writes a step's result over version `version` (the row is locked by
@@ -111,7 +125,8 @@ pub(super) async fn update(
     .bind(write.event_id)
     .bind(version)
     .execute(&mut **tx)
-    .await?;
+    .await
+    .map_err(|error| write_failed(write, error))?;
     Ok(done.rows_affected() == 1)
 }
 

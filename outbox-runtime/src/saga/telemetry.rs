@@ -13,7 +13,8 @@ pub const FINISHED: &str = "outbox_saga_finished_total";
 /// Counter: compensation messages sent.
 pub const COMPENSATIONS: &str = "outbox_saga_compensations_sent_total";
 /// Counter: messages that changed nothing (labels `message`, `reason`:
-/// `unknown_saga`, `finished`, `already_started`).
+/// `unknown_saga` (no such saga, on the message's last attempt: the earlier
+/// ones fail, to be retried), `finished`, `already_started`).
 pub const IGNORED: &str = "outbox_saga_messages_ignored_total";
 /// Gauge: running sagas (refreshed by consumers with sagas, every backlog
 /// interval).

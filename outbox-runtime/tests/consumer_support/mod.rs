@@ -259,7 +259,7 @@ pub(crate) async fn defaulting_to(pool: &PgPool, level: &str) -> PgPool {
 /// The three share the test's topics, so they take turns.
 #[allow(unused_macros)]
 macro_rules! under_every_isolation {
-    ($(#[$meta:meta])* async fn $name:ident($pool:ident: PgPool) $body:block) => {
+    ($(#[$meta:meta])* async fn $name:ident($pool:ident: PgPool $(,)?) $body:block) => {
         $(#[$meta])*
         mod $name {
             #[allow(unused_imports)]

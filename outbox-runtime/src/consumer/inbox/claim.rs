@@ -196,6 +196,8 @@ pub(super) fn read(ctx: &Shared, row: &PgRow) -> Result<Claim, sqlx::Error> {
         key,
         headers,
         traceparent,
+        attempt: u32::try_from(attempts).unwrap_or(0).saturating_add(1),
+        max_attempts: ctx.settings.max_attempts,
     };
     Ok(claim(What::Handle(handler.clone(), meta)))
 }

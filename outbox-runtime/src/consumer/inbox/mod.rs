@@ -45,6 +45,17 @@ pub async fn claim_once_for_benchmark(
     Ok(rows.len())
 }
 
+/// Tests only: stores `rows` pending in `conn`'s transaction as a store
+/// does, without committing (see `Consumer::__store_pending`).
+#[cfg(feature = "test-hooks")]
+pub(crate) async fn store_pending(
+    ctx: &Shared,
+    conn: &mut sqlx::PgConnection,
+    rows: &[super::message::Envelope],
+) -> sqlx::Result<u64> {
+    receipt::store_pending(ctx, conn, rows).await
+}
+
 /// Stores a batch in the inbox (handling on receipt what qualifies, see
 /// [`receipt`]); says which messages are finished and which to dead-letter.
 pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {

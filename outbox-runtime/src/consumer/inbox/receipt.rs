@@ -12,6 +12,15 @@
 //! pending behind it. If any handler of the batch fails, the batch's handling
 //! is rolled back and every row is stored pending, so failures are retried,
 //! counted and parked by the processors as before.
+//!
+//! Every store first takes a transaction lock per partition of its batch
+//! (see [`partition_locks`]). While a partition's ownership overlaps after a
+//! rebalance, its evicted owner may still be storing pending rows of a key
+//! that the new owner is about to find without an `inbox_key` entry (the
+//! rows are not committed yet) and handle on receipt, ahead of them. The
+//! lock makes the new owner's store wait for the old owner's to end, and
+//! `inbox_key` is read after that, in a statement of its own (so with a
+//! snapshot that sees the old owner's commit, under READ COMMITTED).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -22,6 +31,7 @@ use uuid::Uuid;
 use super::super::handler::{Decoded, ErasedHandler};
 use super::super::message::Envelope;
 use super::super::shared::Shared;
+use super::super::telemetry as m;
 
 /// What storing a batch did.
 #[derive(Debug, Default)]
@@ -40,7 +50,18 @@ pub(super) async fn store(
     on_receipt: bool,
 ) -> sqlx::Result<Stored> {
     let group = ctx.settings.group_id.as_str();
+    let partitions = partition_locks(ctx, rows);
     let mut tx = ctx.begin().await?;
+    if !try_lock_partitions(&mut tx, &partitions).await? {
+        // Another transaction is storing rows of these partitions: their
+        // previous owner, still finishing its last batch after a rebalance.
+        // Wait for it (holding no lock meanwhile, so two such waits cannot
+        // deadlock), then read `inbox_key` after its commit.
+        tx.rollback().await?;
+        waiting(ctx, &partitions);
+        tx = ctx.begin().await?;
+        lock_partitions(&mut tx, &partitions).await?;
+    }
     let mut stored = Stored::default();
     let mut later: Vec<&Envelope> = rows.iter().collect();
     let mut handled_by_type: HashMap<String, u64> = HashMap::new();
@@ -107,6 +128,91 @@ pub(super) async fn store(
     ctx.committed();
     ctx.count_handled_by_type(handled_by_type);
     Ok(stored)
+}
+
+/// Stores `rows` pending in `conn`'s transaction, as [`store`] does with the
+/// rows it does not handle on receipt; the caller commits.
+#[cfg(feature = "test-hooks")]
+pub(super) async fn store_pending(
+    ctx: &Shared,
+    conn: &mut PgConnection,
+    rows: &[Envelope],
+) -> sqlx::Result<u64> {
+    lock_partitions(conn, &partition_locks(ctx, rows)).await?;
+    let rows: Vec<&Envelope> = rows.iter().collect();
+    Ok(insert(conn, &ctx.settings.group_id, &rows, false)
+        .await?
+        .len() as u64)
+}
+
+/// Advisory lock class of the inbox's store locks ("obxi").
+const STORE_LOCK: i32 = 0x6f62_7869;
+
+/// The store locks of the partitions `rows` came from, one per (group,
+/// topic, partition), as the text PostgreSQL hashes into the lock's key
+/// (`hashtext`, so every process computes the same key). A topic name has
+/// no `:` and a partition is a number, so the text names one partition.
+///
+/// Why per partition: two transactions store rows of one partition at once
+/// only while its ownership overlaps (an evicted owner still committing its
+/// last batch while the new owner stores the records it reads again from
+/// the committed offset), and a key's order is a partition's order. A lock
+/// per key would hold as many locks as a batch has keys (up to
+/// `batch_size` per transaction, from PostgreSQL's shared lock table) for
+/// no more safety.
+fn partition_locks(ctx: &Shared, rows: &[Envelope]) -> Vec<String> {
+    let mut locks: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            let partition = row.meta.partition.unwrap_or(-1);
+            format!("{}:{partition}:{}", row.meta.topic, ctx.settings.group_id)
+        })
+        .collect();
+    locks.sort_unstable();
+    locks.dedup();
+    locks
+}
+
+/// A store found `partitions` being stored by another transaction and waits
+/// for it: counted and logged, as it should only happen around a rebalance.
+fn waiting(ctx: &Shared, partitions: &[String]) {
+    metrics::counter!(m::INBOX_STORE_WAITS, "group" => ctx.group()).increment(1);
+    tracing::warn!(
+        group = %ctx.settings.group_id,
+        ?partitions,
+        "another transaction is storing these partitions in the inbox (their previous owner \
+         finishing its last batch after a rebalance?); waiting for it, so that its rows are \
+         stored and handled first"
+    );
+}
+
+/// Takes every lock of `partitions` that is free, until the transaction
+/// ends; true if it got them all (the usual case: one statement, no wait).
+async fn try_lock_partitions(conn: &mut PgConnection, partitions: &[String]) -> sqlx::Result<bool> {
+    let all: Option<bool> = sqlx::query_scalar(
+        "SELECT bool_and(pg_try_advisory_xact_lock($1, hashtext(p)))
+         FROM unnest($2::text[]) AS p",
+    )
+    .bind(STORE_LOCK)
+    .bind(partitions)
+    .fetch_one(conn)
+    .await?;
+    Ok(all.unwrap_or(true))
+}
+
+/// Takes the locks of `partitions` until the transaction ends, waiting for
+/// whoever holds them, in the order of their keys, as every store does, so
+/// two stores never wait for each other.
+async fn lock_partitions(conn: &mut PgConnection, partitions: &[String]) -> sqlx::Result<()> {
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock($1, h)
+         FROM (SELECT DISTINCT hashtext(p) AS h FROM unnest($2::text[]) AS p ORDER BY 1) AS keys",
+    )
+    .bind(STORE_LOCK)
+    .bind(partitions)
+    .execute(conn)
+    .await
+    .map(drop)
 }
 
 /// A row handled on receipt: its envelope, handler and decoded event.

@@ -1,0 +1,223 @@
+//! Inbox ownership overlap: after a rebalance, the partition's evicted owner
+//! may still be committing its last store (pending rows of a key) while the
+//! new owner receives that key's later events. The new owner must not handle
+//! them on receipt ahead of the old owner's rows: its store waits for the old
+//! owner's (an advisory lock per partition, taken by every store), then sees
+//! the key pending and stores behind it. Needs feature `test-hooks`, for
+//! `Consumer::__store_pending`, the store path of the old owner.
+#![allow(missing_docs)]
+
+mod consumer_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use consumer_support::*;
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
+use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::DomainEvent;
+use txoutbox_runtime::consumer::{Consumer, Mode, event_handler, telemetry as m};
+use uuid::Uuid;
+
+/// Counts `outbox_inbox_store_waits_total` (all other metrics are dropped).
+#[derive(Default, Clone)]
+struct StoreWaits(Arc<AtomicU64>);
+
+impl metrics::Recorder for StoreWaits {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        if key.name() == m::INBOX_STORE_WAITS {
+            metrics::Counter::from_arc(self.0.clone())
+        } else {
+            metrics::Counter::noop()
+        }
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+test_event!(OverlapPaid, "consumer-test.inbox.overlap", "OverlapPaid");
+
+#[event_handler]
+async fn on_overlap_paid(
+    tx: &mut Transaction<'_, Postgres>,
+    event: OverlapPaid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effect (event_id, amount) VALUES ($1, $2)")
+        .bind(event.event_id)
+        .bind(event.amount)
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+}
+
+fn consumer(pool: &PgPool, group: &str) -> txoutbox_runtime::consumer::ConsumerBuilder {
+    Consumer::builder(pool.clone(), kafka_config(), group)
+        .handler(on_overlap_paid)
+        .mode(Mode::Inbox)
+        .processor_poll_interval(Duration::from_millis(20))
+}
+
+/// `event` as the record the relay would have sent, at `offset` of partition 0.
+fn record(event: &OverlapPaid, offset: i64) -> OwnedMessage {
+    let headers = OwnedHeaders::new().insert(Header {
+        key: txoutbox_core::wire::HEADER_EVENT_TYPE,
+        value: Some(OverlapPaid::EVENT_TYPE),
+    });
+    OwnedMessage::new(
+        Some(serde_json::to_vec(event).unwrap()),
+        Some(event.order_id.to_string().into_bytes()),
+        OverlapPaid::TOPIC.to_owned(),
+        Timestamp::NotAvailable,
+        0,
+        offset,
+        Some(headers),
+    )
+}
+
+/// Backends of this database waiting for an advisory lock.
+async fn advisory_waiters(pool: &PgPool) -> i64 {
+    count(
+        pool,
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+         WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()",
+    )
+    .await
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_new_owner_never_handles_a_key_on_receipt_ahead_of_the_old_owners_pending_rows(
+    pool: PgPool,
+) {
+    let waits = StoreWaits::default();
+    metrics::set_global_recorder(waits.clone()).expect("the only recorder of this binary");
+    prepare_db(&pool).await;
+    create_topic(OverlapPaid::TOPIC, 1).await;
+    let group = unique_group("overlap");
+    start_group_at(&group, OverlapPaid::TOPIC, 1, true).await;
+    let producer = producer();
+    let running = consumer(&pool, &group).build().unwrap().spawn();
+    // The new owner is live: a first event of another key is handled.
+    let warm_up = OverlapPaid::new(0);
+    produce_event(&producer, &warm_up).await;
+    eventually(
+        "the consumer handles events",
+        Duration::from_secs(20),
+        || async { count(&pool, "SELECT count(*) FROM effect").await == 1 },
+    )
+    .await;
+
+    // The old owner, still storing: a pending row of key K, not committed.
+    let order_id = Uuid::new_v4();
+    let first = OverlapPaid {
+        event_id: Uuid::new_v4(),
+        order_id,
+        amount: 1,
+    };
+    let old_owner = consumer(&pool, &group).build().unwrap();
+    let mut old_store = pool.begin().await.unwrap();
+    let pending = old_owner
+        .__store_pending(&mut old_store, &[record(&first, 1_000_000)])
+        .await
+        .unwrap();
+    assert_eq!(pending, 1);
+
+    // K's next event reaches the new owner meanwhile.
+    let second = OverlapPaid {
+        event_id: Uuid::new_v4(),
+        order_id,
+        amount: 2,
+    };
+    produce_event(&producer, &second).await;
+    let end = high_watermarks(OverlapPaid::TOPIC, 1).await;
+    let handled = |amount: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM effect WHERE amount = $1")
+                .bind(amount)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    eventually(
+        "K's later event handled, or its store waiting",
+        Duration::from_secs(20),
+        || async { handled(2).await > 0 || advisory_waiters(&pool).await > 0 },
+    )
+    .await;
+    // Give a wrong consumer every chance to overtake.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        handled(2).await,
+        0,
+        "K's later event was handled while K's earlier row was being stored"
+    );
+    assert_eq!(
+        advisory_waiters(&pool).await,
+        1,
+        "the new owner's store waits"
+    );
+    assert_eq!(waits.0.load(Ordering::SeqCst), 1, "and says so");
+
+    old_store.commit().await.unwrap();
+    eventually(
+        "both handled, offsets committed, nothing pending",
+        Duration::from_secs(20),
+        || async {
+            handled(1).await == 1
+                && handled(2).await == 1
+                && committed(&group, OverlapPaid::TOPIC, 1).await == end
+                && count(
+                    &pool,
+                    "SELECT count(*) FROM inbox_event WHERE NOT processed",
+                )
+                .await
+                    == 0
+                && count(&pool, "SELECT count(*) FROM inbox_key").await == 0
+        },
+    )
+    .await;
+    let order: Vec<i64> =
+        sqlx::query_scalar("SELECT amount FROM effect WHERE amount IN (1, 2) ORDER BY at")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        order,
+        vec![1, 2],
+        "K's rows in order: the old owner's first"
+    );
+    let summary = running.shutdown().await.unwrap();
+    assert_eq!(summary.handled, 3, "{summary:?}");
+    assert_eq!(count(&pool, "SELECT count(*) FROM effect").await, 3);
+}
