@@ -90,6 +90,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "replay_rebuild",
         sql: include_str!("../migrations/0012_replay_rebuild.sql"),
     },
+    Migration {
+        version: 13,
+        description: "inbox_payload_bytes",
+        sql: include_str!("../migrations/0013_inbox_payload_bytes.sql"),
+    },
 ];
 
 /// Failure to migrate.

@@ -5,8 +5,9 @@
 //! 32 records of about 1 MB each, every one a JSON array of 500,000 small
 //! numbers: as a `serde_json::Value` such a record is about 16 times its
 //! size. Before the fix every record of a batch of up to 500 was parsed into
-//! one; now a batch stops at `batch_max_bytes` (16 MiB) and values are
-//! decoded straight into the handler's type.
+//! one, and an inbox processor read up to 500 rows as such trees; now a
+//! batch, and a processor's claim, stops at `batch_max_bytes` (16 MiB), and
+//! payloads are decoded straight into the handler's type.
 //!
 //! The records go through a tansu broker of the test's own (memory storage),
 //! stopped at the end, so that their 64 MB do not stay in the shared one.
@@ -226,6 +227,9 @@ async fn large_records_stay_within_a_memory_bound(pool: PgPool) {
             format!("memory-{mode:?}"),
         )
         .mode(mode)
+        // Inbox mode: every row stored pending and claimed by a processor,
+        // the path whose batch is read back from the table.
+        .handle_on_receipt(false)
         .processor_poll_interval(Duration::from_millis(20));
         let builder = match mode {
             Mode::Dedup => builder.handler(on_readings),

@@ -44,7 +44,7 @@ impl Work {
             // Decoding is deterministic and succeeded when the batch was classified.
             None => self
                 .handler
-                .decode_str(&self.envelope.payload)
+                .decode(&self.envelope.payload)
                 .expect("payload decoded before"),
         }
     }

@@ -6,7 +6,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Postgres, Transaction};
 use txoutbox_core::{DbErrorDisplay, DomainEvent, Events};
@@ -203,11 +202,10 @@ pub(crate) type Decoded = Box<dyn Any + Send>;
 /// [`EventHandler`] with the event type erased, so one table holds them all.
 pub(crate) trait ErasedHandler: Send + Sync {
     fn name(&self) -> &'static str;
-    /// Deserializes the payload into the handler's event type; a panic in a
-    /// `Deserialize` implementation is caught and reported as an error.
-    fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, String>;
-    /// The same from the payload's JSON text, without a tree in between.
-    fn decode_str(&self, payload: &str) -> Result<Decoded, String>;
+    /// Deserializes the payload (its JSON text, never a tree in between)
+    /// into the handler's event type; a panic in a `Deserialize`
+    /// implementation is caught and reported as an error.
+    fn decode(&self, payload: &str) -> Result<Decoded, String>;
     fn call<'a>(
         &'a self,
         tx: &'a mut Transaction<'static, Postgres>,
@@ -224,11 +222,7 @@ impl<H: EventHandler> ErasedHandler for Erased<H> {
         H::NAME
     }
 
-    fn decode(&self, payload: &serde_json::Value) -> Result<Decoded, String> {
-        decoded::<H::Event>(std::panic::catch_unwind(|| H::Event::deserialize(payload)))
-    }
-
-    fn decode_str(&self, payload: &str) -> Result<Decoded, String> {
+    fn decode(&self, payload: &str) -> Result<Decoded, String> {
         decoded::<H::Event>(std::panic::catch_unwind(|| {
             serde_json::from_str::<H::Event>(payload)
         }))

@@ -80,7 +80,7 @@ fn route_unguarded(message: &OwnedMessage, dispatch: &Dispatch, settings: &Setti
                     .handler(&envelope.meta.topic, &envelope.meta.event_type)
                     .expect("classified as known")
                     .clone();
-                match handler.decode_str(&envelope.payload) {
+                match handler.decode(&envelope.payload) {
                     Ok(event) => Routed::Handle {
                         envelope,
                         handler,

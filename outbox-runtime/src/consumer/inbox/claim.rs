@@ -15,7 +15,11 @@ use super::super::shared::Shared;
 /// have no order).
 pub(super) type OrderKey = (String, String);
 
-const COLUMNS: &str = "seq, event_id, payload, event_type, topic, partition_key, headers, attempts";
+/// The payload is read as JSON text, which the handler's type is decoded
+/// from: never as a `serde_json::Value`, about 16 times the size of an array
+/// of small numbers.
+const COLUMNS: &str =
+    "seq, event_id, payload::text AS payload, event_type, topic, partition_key, headers, attempts";
 
 /// How many due keys a claim looks at: room for the batch even when the
 /// processors running alongside (in this process and others) hold a batch of
@@ -63,19 +67,23 @@ pub(super) async fn claim(
         &topics,
         &types,
         ctx.settings.processor_batch_size,
+        ctx.settings.batch_max_bytes,
     )
     .await
 }
 
-/// The claim statement (see [`claim`]) with its parameters spelled out.
+/// The claim statement (see [`claim`]) with its parameters spelled out:
+/// at most `batch` rows and, past the first, `max_bytes` of payload.
 pub(crate) async fn claim_rows(
     conn: &mut PgConnection,
     group: &str,
     topics: &[&str],
     types: &[&str],
     batch: usize,
+    max_bytes: usize,
 ) -> Result<Vec<PgRow>, sqlx::Error> {
     let limit = batch as i64;
+    let max_bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH handled AS (
              SELECT * FROM unnest($2::text[], $3::text[]) AS h(topic, event_type)),
@@ -106,7 +114,16 @@ pub(crate) async fn claim_rows(
                    AND NOT i.processed AND i.parked_at IS NULL AND i.seq > h.seq
                  ORDER BY i.seq LIMIT (SELECT ($4 - count(*)) / count(*) FROM owned)) r
              WHERE h.partition_key IS NOT NULL),
-         picked AS (SELECT seq FROM runs ORDER BY rank, seq LIMIT $4)
+         ranked AS (SELECT seq, rank FROM runs ORDER BY rank, seq LIMIT $4),
+         -- The byte budget cuts the same order (so each key keeps a prefix
+         -- of its run): a row is taken if the rows before it hold less than
+         -- the budget, so the first always is.
+         sized AS (
+             SELECT r.seq, sum(coalesce(i.payload_bytes, pg_column_size(i.payload)))
+                        OVER (ORDER BY r.rank, r.seq) AS upto,
+                    coalesce(i.payload_bytes, pg_column_size(i.payload)) AS bytes
+             FROM ranked r JOIN inbox_event i ON i.seq = r.seq),
+         picked AS (SELECT seq FROM sized WHERE upto - bytes < $6)
          SELECT {COLUMNS} FROM inbox_event i
          WHERE i.seq = ANY(ARRAY(SELECT seq FROM picked))
            AND NOT i.processed AND i.parked_at IS NULL
@@ -118,6 +135,7 @@ pub(crate) async fn claim_rows(
     .bind(types)
     .bind(limit)
     .bind(candidate_window(batch))
+    .bind(max_bytes)
     // Planned afresh each time, never as a cached generic plan: a plan made
     // while the inbox was nearly empty (the first claims of a burst) chose
     // an index scan that reads the whole key index once the inbox had filled
@@ -133,7 +151,7 @@ pub(super) struct Claim {
     pub event_id: Uuid,
     pub key: Option<OrderKey>,
     pub attempts: i32,
-    pub payload: serde_json::Value,
+    pub payload: String,
     pub what: What,
 }
 
@@ -151,7 +169,7 @@ pub(super) enum What {
 /// Reads a claimed row.
 pub(super) fn read(ctx: &Shared, row: &PgRow) -> Result<Claim, sqlx::Error> {
     let event_id: Uuid = row.try_get("event_id")?;
-    let payload: serde_json::Value = row.try_get("payload")?;
+    let payload: String = row.try_get("payload")?;
     let event_type: Option<String> = row.try_get("event_type")?;
     let topic: Option<String> = row.try_get("topic")?;
     let key: Option<String> = row.try_get("partition_key")?;

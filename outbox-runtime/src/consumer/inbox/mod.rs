@@ -40,7 +40,7 @@ pub async fn claim_once_for_benchmark(
 ) -> Result<usize, sqlx::Error> {
     let (topics, types): (Vec<&str>, Vec<&str>) = handled.iter().copied().unzip();
     let mut tx = pool.begin().await?;
-    let rows = claim::claim_rows(&mut tx, group, &topics, &types, batch).await?;
+    let rows = claim::claim_rows(&mut tx, group, &topics, &types, batch, usize::MAX).await?;
     tx.rollback().await?;
     Ok(rows.len())
 }

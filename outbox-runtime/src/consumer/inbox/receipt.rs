@@ -264,7 +264,7 @@ async fn qualify<'a>(
         let ready = ctx
             .dispatch
             .handler(&row.meta.topic, &row.meta.event_type)
-            .and_then(|handler| Some((handler.clone(), handler.decode_str(&row.payload).ok()?)));
+            .and_then(|handler| Some((handler.clone(), handler.decode(&row.payload).ok()?)));
         match ready {
             Some((handler, event)) => now.push((row, handler, event)),
             None => {
@@ -306,10 +306,10 @@ async fn insert(
     }
     sqlx::query_scalar(
         "INSERT INTO inbox_event
-             (consumer_group, event_id, payload, event_type, topic, partition_key, headers,
-              processed, processed_at)
-         SELECT $1, r.event_id, r.payload::jsonb, r.event_type, r.topic, r.partition_key,
-                r.headers, $8, CASE WHEN $8 THEN now() END
+             (consumer_group, event_id, payload, payload_bytes, event_type, topic, partition_key,
+              headers, processed, processed_at)
+         SELECT $1, r.event_id, r.payload::jsonb, octet_length(r.payload), r.event_type, r.topic,
+                r.partition_key, r.headers, $8, CASE WHEN $8 THEN now() END
          FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[])
               AS r(event_id, payload, event_type, topic, partition_key, headers)
          ON CONFLICT (consumer_group, event_id) DO NOTHING

@@ -1,0 +1,11 @@
+-- outbox framework, migration 0013: the size of each inbox row's payload.
+-- Safe to run more than once (IF NOT EXISTS everywhere).
+--
+-- A processor claims up to `processor_batch_size` rows, and at most the
+-- consumer's `batch_max_bytes` of payload (always at least one row): a batch
+-- of large payloads must not take the process's memory. The size is the
+-- payload's JSON text as received, recorded when the row is stored; the
+-- stored (possibly compressed) size is no measure of what a row costs once
+-- read. Rows stored before this migration have none, and count with their
+-- stored size.
+ALTER TABLE inbox_event ADD COLUMN IF NOT EXISTS payload_bytes integer;
