@@ -568,6 +568,7 @@ async fn a_dead_letter_the_broker_refuses_is_parked_and_nothing_waits(pool: PgPo
         produce_to(&producer, &event, (i % 2) as i32).await;
         healthy.push(event.event_id);
     }
+    let started = Instant::now();
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_undeliverable)
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
@@ -594,6 +595,7 @@ async fn a_dead_letter_the_broker_refuses_is_parked_and_nothing_waits(pool: PgPo
         || async { effects(&pool).await == 20 },
     )
     .await;
+    let healthy_done = started.elapsed();
     eventually(
         "the bad record parked and every offset committed",
         Duration::from_secs(60),
@@ -603,6 +605,11 @@ async fn a_dead_letter_the_broker_refuses_is_parked_and_nothing_waits(pool: PgPo
         },
     )
     .await;
+    let parked_at = started.elapsed();
+    println!(
+        "[undeliverable] 20 healthy events of both partitions handled {healthy_done:?} after the \
+         start; the refused dead letter parked and every offset committed after {parked_at:?}"
+    );
     assert!(running.is_running());
     running.shutdown().await.unwrap();
     let (reason, publish_error, value, partition): (String, String, Option<Vec<u8>>, i32) =

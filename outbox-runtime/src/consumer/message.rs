@@ -539,9 +539,11 @@ impl<'de> Visitor<'de> for NulVisitor {
 mod tests {
     use super::*;
 
-    fn scanned(
-        value: &str,
-    ) -> Result<(Option<Result<Uuid, String>>, Option<String>, bool), DeadLetterReason> {
+    /// What the scan found: the payload's event id, its event type, whether
+    /// it holds a NUL.
+    type Found = (Option<Result<Uuid, String>>, Option<String>, bool);
+
+    fn scanned(value: &str) -> Result<Found, DeadLetterReason> {
         scan(value.as_bytes())
             .map(|s| (s.event_id, s.event_type, s.nul))
             .map_err(|(reason, _)| reason)

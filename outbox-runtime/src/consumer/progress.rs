@@ -314,7 +314,7 @@ impl Progress {
     /// The offsets to store: per partition, the first unfinished offset (or
     /// the one after the last received), where that moved since the last
     /// store. Marks them stored.
-    pub(crate) fn to_store(&mut self) -> Vec<(PartitionId, i64)> {
+    pub(crate) fn offsets_to_store(&mut self) -> Vec<(PartitionId, i64)> {
         let mut store = Vec::new();
         for (partition, state) in &mut self.partitions {
             let Some(next) = state.unfinished.first().copied().or(state.received_to) else {
@@ -367,7 +367,7 @@ mod tests {
                 progress.finish(message);
             }
         }
-        let mut next = progress.to_store();
+        let mut next = progress.offsets_to_store();
         next.sort();
         // a/0: 10 and 11 done, 12 not: next is 12. a/1: 5 not done, so 6 must
         // not be committed either. b/0: 3 done.
@@ -380,9 +380,9 @@ mod tests {
             ]
         );
         // Nothing moved: nothing to store again. Then a/1's 5 finishes.
-        assert!(progress.to_store().is_empty());
+        assert!(progress.offsets_to_store().is_empty());
         progress.finish(&batch[1]);
-        assert_eq!(progress.to_store(), vec![(("a".to_owned(), 1), 7)]);
+        assert_eq!(progress.offsets_to_store(), vec![(("a".to_owned(), 1), 7)]);
     }
 
     #[test]
@@ -406,7 +406,7 @@ mod tests {
         assert_eq!(unblocked_head.offset(), 1);
         assert_eq!(behind.iter().map(|m| m.offset()).collect::<Vec<_>>(), [2]);
         // The stored offset stays at the first unfinished message.
-        let mut next = progress.to_store();
+        let mut next = progress.offsets_to_store();
         next.sort();
         assert_eq!(
             next,

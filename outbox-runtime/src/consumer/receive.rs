@@ -34,7 +34,7 @@ enum Side {
     Attempted {
         partition: PartitionId,
         epoch: u64,
-        retry: Retry,
+        retry: Box<Retry>,
         outcome: Attempted,
     },
     /// A dead letter published or parked.
@@ -315,7 +315,7 @@ impl Receiver<'_> {
                         retry.last_error = error;
                         let spent = retry.attempts >= settings.max_attempts;
                         let due = Instant::now() + settings.backoff(retry.attempts);
-                        self.progress.retry_later(&partition, epoch, retry, due);
+                        self.progress.retry_later(&partition, epoch, *retry, due);
                         if spent {
                             return self.give_up(&partition, epoch).await;
                         }
@@ -337,7 +337,7 @@ impl Receiver<'_> {
                 Side::Attempted {
                     partition,
                     epoch,
-                    retry,
+                    retry: Box::new(retry),
                     outcome,
                 }
             });
@@ -423,7 +423,7 @@ impl Receiver<'_> {
     /// Stores the offsets that moved: for each partition, up to its first
     /// unfinished message.
     fn store(&mut self) {
-        let offsets = self.progress.to_store();
+        let offsets = self.progress.offsets_to_store();
         if offsets.is_empty() {
             return;
         }

@@ -123,7 +123,7 @@ pub(crate) async fn configure_connection(conn: &mut PgConnection) -> sqlx::Resul
 
 /// The relay's database work for one batch without the publishing: the same
 /// claim and the same settling statement, every claimed row marked. Used by
-/// the benchmark (on a connection set up by [`configure_connection`]) to
+/// the benchmark (on a connection set up by `configure_connection`) to
 /// measure the database's share of the relay's cost.
 #[cfg(feature = "test-hooks")]
 pub async fn claim_and_mark_without_publishing(
