@@ -7,8 +7,10 @@
 
 use syn::ext::IdentExt;
 
+use super::Kind;
 use super::ast::{Field, Input, Shape};
-use super::{Errors, Kind};
+use crate::kernel::Errors;
+use crate::kernel::crate_path::FrameworkCrate;
 
 /// What the expansion needs, as far as it could be established.
 pub(crate) struct Event<'a> {
@@ -33,7 +35,7 @@ fn supported(kind: Kind) -> String {
     )
 }
 
-pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> {
+pub(crate) fn event<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> {
     let kind = input.attrs.kind;
     let (noun, derive, attr) = (kind.noun(), kind.derive(), kind.attr());
     let supported = supported(kind);
@@ -124,11 +126,7 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         }
     });
 
-    let krate = attrs
-        .krate
-        .value
-        .clone()
-        .unwrap_or_else(|| syn::parse_quote!(::txoutbox_core));
+    let krate = FrameworkCrate::Core.path(attrs.krate.value.as_ref());
 
     let mut event = Event {
         krate,
