@@ -44,3 +44,37 @@ pub(crate) fn once(already_set: bool, meta: &ParseNestedMeta<'_>) -> syn::Result
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys `parse_each` read a value of, and the first line of each error.
+    fn run(tokens: TokenStream) -> (Vec<String>, Vec<String>) {
+        let mut errors = Errors::new();
+        let mut read = Vec::new();
+        parse_each(tokens, &mut errors, |meta| {
+            let value: syn::LitInt = meta.value()?.parse()?;
+            read.push(format!("{}={value}", meta.path.get_ident().unwrap()));
+            Ok(())
+        });
+        (read, errors.into_first_lines())
+    }
+
+    #[test]
+    fn a_malformed_value_is_one_error_and_the_next_arguments_are_read() {
+        let (read, errors) = run(quote::quote!(a = "3", b = 1, c = x y z, d = 2));
+        assert_eq!(read, ["b=1", "d=2"]);
+        assert_eq!(
+            errors,
+            ["expected integer literal", "expected integer literal"]
+        );
+    }
+
+    #[test]
+    fn broken_syntax_is_reported_too() {
+        let (read, errors) = run(quote::quote!(a = 1 ; b = 2));
+        assert_eq!(read, ["a=1"]);
+        assert_eq!(errors, ["expected `,`"]);
+    }
+}
