@@ -1,22 +1,29 @@
-//! Compile-time checks of `#[derive(DomainEvent)]`, with trybuild.
+//! Compile-time checks of the macros `txoutbox_core` exports, with trybuild:
+//! `#[derive(DomainEvent)]` / `#[derive(Command)]` in `tests/ui/`, and
+//! `#[outbox_handler]` in `tests/ui_handler/`.
 //!
-//! `tests/ui/fail/<mistake>.rs` holds one mistake each; its `.stderr` is the
-//! exact diagnostic the user sees. After changing a message, regenerate the
-//! snapshots and review every diff by eye (the message must be clear and point
-//! at the offending token):
+//! Each `fail` case holds one mistake (`all_errors_at_once.rs` several, to
+//! show they are reported together); its `.stderr` is the exact diagnostic the
+//! user sees. The `pass` cases must compile and run cleanly (one of them under
+//! `#![deny(warnings)]`). After an intended change of a message, regenerate
+//! the snapshots and review every diff by eye (the message must be clear and
+//! point at the offending token):
 //!
 //! ```text
 //! TRYBUILD=overwrite cargo test -p txoutbox-core --test ui
 //! ```
 //!
-//! `tests/ui/pass/*.rs` must compile and run cleanly (one of them under
-//! `#![deny(warnings)]`). trybuild builds them in its own project under
+//! trybuild builds all cases in one project under
 //! `$CARGO_TARGET_DIR/tests/trybuild/`; the snapshots depend on the rustc
 //! version (`rust-version` in the workspace `Cargo.toml`).
 
 #[test]
 fn ui() {
     let cases = trybuild::TestCases::new();
+    // #[derive(DomainEvent)], #[derive(Command)]
     cases.pass("tests/ui/pass/*.rs");
     cases.compile_fail("tests/ui/fail/*.rs");
+    // #[outbox_handler]
+    cases.pass("tests/ui_handler/pass/*.rs");
+    cases.compile_fail("tests/ui_handler/*.rs");
 }

@@ -1,14 +1,19 @@
 //! Procedural macros of the outbox framework. Use them through `txoutbox_core`
-//! and `txoutbox_runtime` (which re-export them); this crate holds only the thin entry points, the
-//! work happens in one module per macro (parse, validate, expand).
+//! and `txoutbox_runtime` (which re-export them); this crate holds only the
+//! thin entry points, the work happens in one module per macro (parse,
+//! validate, expand) on a shared kernel (`kernel`: the error context, the
+//! entry shape, `crate = ".."`, suggestions, case conversion, respanning).
 
 use proc_macro::TokenStream;
 
 mod consumer_handler;
 mod domain_event;
 mod event_handler;
+mod kernel;
 mod outbox_handler;
 mod saga;
+
+use kernel::entry;
 
 /// Derives `txoutbox_core::DomainEvent` for a struct with named fields.
 ///
@@ -38,8 +43,7 @@ mod saga;
     attributes(event, command, event_id, partition_key, aggregate_id)
 )]
 pub fn derive_domain_event(input: TokenStream) -> TokenStream {
-    let input = syn::parse_macro_input!(input as syn::DeriveInput);
-    domain_event::derive(&input, domain_event::Kind::Event).into()
+    entry::derive(domain_event::Kind::Event, input.into()).into()
 }
 
 /// Derives `txoutbox_core::DomainEvent` for a command: a message addressed to
@@ -77,8 +81,7 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
     attributes(command, event, event_id, partition_key, aggregate_id)
 )]
 pub fn derive_command(input: TokenStream) -> TokenStream {
-    let input = syn::parse_macro_input!(input as syn::DeriveInput);
-    domain_event::derive(&input, domain_event::Kind::Command).into()
+    entry::derive(domain_event::Kind::Command, input.into()).into()
 }
 
 /// Turns an async command handler into a unit of work: one transaction for
@@ -115,7 +118,7 @@ pub fn derive_command(input: TokenStream) -> TokenStream {
 /// including every compile-time check, is `docs/handler.md`.
 #[proc_macro_attribute]
 pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
-    outbox_handler::expand(args.into(), item.into()).into()
+    entry::attribute(outbox_handler::OutboxHandler, args.into(), item.into()).into()
 }
 
 /// Turns an async fn into a consumer-side event handler: a unit struct of the
@@ -151,7 +154,7 @@ pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 /// ```
 #[proc_macro_attribute]
 pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
-    event_handler::event_handler(args.into(), item.into()).into()
+    entry::attribute(event_handler::EventHandler, args.into(), item.into()).into()
 }
 
 /// Turns the impl block of a saga's state type into a saga: one consumer-side
@@ -185,28 +188,5 @@ pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 /// (see the section "Compile-time checks" of `docs/saga.md`).
 #[proc_macro_attribute]
 pub fn saga(args: TokenStream, item: TokenStream) -> TokenStream {
-    saga::saga(args.into(), item.into()).into()
-}
-
-/// `tokens` with every token's span set to `span`, so that a path the user
-/// passed (`crate = "..."`) reports errors where the generated code around it
-/// does.
-pub(crate) fn respanned(
-    tokens: proc_macro2::TokenStream,
-    span: proc_macro2::Span,
-) -> proc_macro2::TokenStream {
-    tokens
-        .into_iter()
-        .map(|mut tree| {
-            if let proc_macro2::TokenTree::Group(group) = &tree {
-                let mut inner =
-                    proc_macro2::Group::new(group.delimiter(), respanned(group.stream(), span));
-                inner.set_span(span);
-                tree = proc_macro2::TokenTree::Group(inner);
-            } else {
-                tree.set_span(span);
-            }
-            tree
-        })
-        .collect()
+    entry::attribute(saga::Saga, args.into(), item.into()).into()
 }

@@ -4,8 +4,9 @@
 use proc_macro2::Span;
 use syn::spanned::Spanned;
 
+use super::Kind;
 use super::attr::{Container, FieldAttrs};
-use super::{Errors, Kind};
+use crate::kernel::Errors;
 
 pub(crate) struct Input<'a> {
     pub ident: &'a syn::Ident,

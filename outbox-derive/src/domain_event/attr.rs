@@ -3,7 +3,7 @@
 //! and the parts of `#[serde(...)]` that change a field's serialized name.
 //!
 //! Parsing is purely syntactic and never stops at the first mistake; semantic
-//! checks (required keys, topic syntax, counts) live in [`super::valid`].
+//! checks (required keys, topic syntax, counts) live in [`super::validate`].
 
 use proc_macro2::Span;
 use quote::quote;
@@ -11,8 +11,11 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, Lit, LitStr, Meta, Token};
 
-use super::case::RenameRule;
-use super::{Errors, Kind};
+use super::Kind;
+use crate::kernel::Errors;
+use crate::kernel::case::RenameRule;
+use crate::kernel::crate_path::FrameworkCrate;
+use crate::kernel::suggest;
 
 /// Field marker attributes, for messages.
 const FIELD_MARKERS: &str = "`#[event_id]`, `#[partition_key]` or `#[aggregate_id]`";
@@ -164,36 +167,23 @@ impl<'a> Container<'a> {
                 set_key(&mut lit, item, &name, kind, errors);
                 self.krate.present = lit.present;
                 if let Some(lit) = lit.value {
-                    match lit.parse::<syn::Path>() {
+                    match FrameworkCrate::Core.parse_path(&lit) {
                         Ok(parsed) => self.krate.value = Some(parsed),
-                        Err(_) => errors.spanned(
-                            &lit,
-                            "`crate` must be a path to the crate that re-exports `txoutbox_core`, \
-                             e.g. `crate = \"my_app::outbox\"`",
-                        ),
+                        Err(error) => errors.push(error),
                     }
                 }
             }
             _ => {
                 let keys = kind.keys();
-                let mut message = format!(
-                    "unknown key `{name}` in `#[{}(...)]`; valid keys are {}",
-                    kind.attr(),
-                    keys.iter()
-                        .map(|k| format!("`{k}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
                 let close = if name == kind.other().type_key() {
                     Some(kind.type_key())
                 } else {
-                    closest(&name, keys)
+                    suggest::closest(&name, keys)
                 };
                 if let Some(close) = close {
-                    message.push_str(&format!("\nhelp: did you mean `{close}`?"));
                     self.misspelt.push(close);
                 }
-                errors.spanned(path, message);
+                errors.spanned(path, suggest::unknown_key(&name, kind.attr(), keys, close));
             }
         }
     }
@@ -363,64 +353,4 @@ fn skip_value(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
         meta.input.parse::<proc_macro2::Group>()?;
     }
     Ok(())
-}
-
-/// The valid key closest to a mistyped one, if it is close enough to be a typo
-/// (or a well-known alias like `aggregate_type`).
-pub(crate) fn closest(name: &str, valid: &[&'static str]) -> Option<&'static str> {
-    if let Some(hit) = valid
-        .iter()
-        .find(|v| name.starts_with(*v) || v.starts_with(name))
-    {
-        return Some(hit);
-    }
-    valid
-        .iter()
-        .map(|v| (edit_distance(name, v), *v))
-        .filter(|(d, _)| *d <= 2)
-        .min()
-        .map(|(_, v)| v)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diag = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let next = (diag + usize::from(ca != *cb))
-                .min(row[j] + 1)
-                .min(row[j + 1] + 1);
-            diag = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn suggests_close_keys() {
-        let keys = Kind::Event.keys();
-        assert_eq!(closest("topc", keys), Some("topic"));
-        assert_eq!(closest("aggregate_type", keys), Some("aggregate"));
-        assert_eq!(closest("eventtype", keys), Some("event_type"));
-        assert_eq!(closest("partition", keys), None);
-        assert_eq!(
-            closest("commandtype", Kind::Command.keys()),
-            Some("command_type")
-        );
-    }
-
-    #[test]
-    fn edit_distance_counts_single_edits() {
-        assert_eq!(edit_distance("topic", "topic"), 0);
-        assert_eq!(edit_distance("topik", "topic"), 1);
-        assert_eq!(edit_distance("", "abc"), 3);
-        assert_eq!(edit_distance("crate", "create"), 1);
-    }
 }

@@ -10,16 +10,16 @@ use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
+use super::Kind;
 use super::ast::{Field, Input};
-use super::valid::Event;
-use super::{Errors, Kind};
+use super::validate::Event;
 
-pub(crate) fn expand(input: &Input<'_>, event: &Event<'_>, errors: Errors) -> TokenStream {
-    let complete = errors.is_empty();
-    let compile_errors = errors.into_compile_errors();
+/// The `DomainEvent` impl, and its registration if the item was `complete`
+/// (without a mistake); with mistakes, a placeholder impl (see below).
+pub(crate) fn event(input: &Input<'_>, event: &Event<'_>, complete: bool) -> TokenStream {
     if !input.can_impl() {
         // Generic items and unions get no placeholder (see `Input::can_impl`).
-        return compile_errors;
+        return TokenStream::new();
     }
     let krate = &event.krate;
     let ident = input.ident;
@@ -83,7 +83,6 @@ pub(crate) fn expand(input: &Input<'_>, event: &Event<'_>, errors: Errors) -> To
         }
 
         #registration
-        #compile_errors
     }
 }
 

@@ -4,9 +4,14 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::parse::{Extra, HandlerFn};
+use super::attr::Args;
+use super::validate::{Extra, HandlerFn};
+use crate::kernel::crate_path::FrameworkCrate;
+use crate::kernel::respan::respanned;
 
-pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
+/// The unit struct named like the function, its registration and its
+/// `EventHandler` impl, which holds the function.
+pub(crate) fn handler(handler: &HandlerFn<'_>, args: &Args) -> TokenStream {
     let mut function = handler.function.clone();
     let name = function.sig.ident.clone();
     let vis = std::mem::replace(&mut function.vis, syn::Visibility::Inherited);
@@ -16,21 +21,18 @@ pub(crate) fn expand(handler: &HandlerFn) -> TokenStream {
         .filter(|a| a.path().is_ident("doc"))
         .cloned()
         .collect();
-    let event = &handler.event_type;
+    let event = handler.event_type;
     let name_str = name.to_string();
     let extra_args = handler.extras.iter().map(|extra| match extra {
         Extra::Meta => quote!(meta),
         Extra::Events => quote!(events),
     });
     let output_span = function.sig.output.span();
-    let runtime = match &handler.krate {
-        Some(path) => quote!(#path),
-        None => quote!(::txoutbox_runtime),
-    };
+    let runtime = FrameworkCrate::Runtime.tokens(args.krate.as_ref());
     let private = quote!(#runtime::consumer::__private);
     // Spanned on the return type, so an error type without `Display` is
     // reported there, once.
-    let call_private = crate::respanned(private.clone(), output_span);
+    let call_private = respanned(private.clone(), output_span);
     let call = quote_spanned! {output_span=>
         ::core::result::Result::map_err(
             #name(tx, event #(, #extra_args)*).await,

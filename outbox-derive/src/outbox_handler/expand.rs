@@ -16,10 +16,12 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Attribute, FnArg, GenericParam, ReturnType};
 
-use super::parse::HandlerArgs;
+use super::attr::Args;
 use super::validate::{Handler, Param};
+use crate::kernel::respan::respanned;
 
-pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
+/// The wrapper running the unit of work, and the user's function renamed.
+pub(crate) fn handler(handler: Handler, args: &Args) -> TokenStream {
     let Handler { item, params } = handler;
     let name = &item.sig.ident;
     let inner_name = format_ident!("{}_in_tx", name, span = name.span());
@@ -109,7 +111,7 @@ pub(crate) fn handler(handler: Handler, args: &HandlerArgs) -> TokenStream {
     } else {
         quote!(async move |#tx, #events| #callee(#(#call_args),*).await)
     };
-    let run_krate = crate::respanned(krate.clone(), output_span);
+    let run_krate = respanned(krate.clone(), output_span);
     let handler_name = name.to_string();
     let run = quote_spanned! {output_span=>
         #run_krate::transaction(#db) #isolation #retries .named(#handler_name) .run(#closure).await

@@ -1,40 +1,44 @@
-//! `#[outbox_handler]`: parse the attribute and the function, validate, expand.
+//! `#[outbox_handler]`: [`attr`] reads the attribute, [`validate`] checks the
+//! function's signature and finds its transaction and collector, [`expand`]
+//! generates the wrapper that runs the unit of work.
 
+mod attr;
 mod expand;
-mod parse;
 mod validate;
 
 use proc_macro2::TokenStream;
 use quote::ToTokens;
 
-pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    let (args, mut errors) = parse::args(args);
-    let item: syn::ItemFn = match syn::parse2(item) {
-        Ok(item) => item,
-        Err(error) => {
-            let mut error = syn::Error::new(
-                error.span(),
-                "#[outbox_handler] applies to an `async fn` (a free function or a method in an `impl` block)",
-            );
-            errors.drain(..).for_each(|e| error.combine(e));
-            return error.to_compile_error();
-        }
-    };
-    let (handler, handler_errors) = validate::handler(item);
-    errors.extend(handler_errors);
-    if let Some((_, span)) = args.retries {
-        errors.extend(validate::with_retries(&handler, span));
-    }
-    if !errors.is_empty() {
-        return with_errors(handler.item.into_token_stream(), errors);
-    }
-    expand::handler(handler, &args)
-}
+use crate::kernel::Errors;
+use crate::kernel::entry::AttributeMacro;
 
-/// The user's function as written plus every error: its body still
-/// type-checks, so its own mistakes show up in the same build, and no error
-/// comes from code the macro generated around a signature it could not use.
-fn with_errors(item: TokenStream, errors: impl IntoIterator<Item = syn::Error>) -> TokenStream {
-    let errors = errors.into_iter().map(|error| error.to_compile_error());
-    quote::quote!(#item #(#errors)*)
+/// `#[outbox_handler(...)]`, run by [`crate::kernel::entry::attribute`].
+pub(crate) struct OutboxHandler;
+
+impl AttributeMacro for OutboxHandler {
+    type Args = attr::Args;
+    type Item = syn::ItemFn;
+
+    fn goes_on(&self) -> &'static str {
+        "#[outbox_handler] applies to an `async fn` (a free function or a method in an `impl` block)"
+    }
+
+    fn parse_args(&self, args: TokenStream, errors: &mut Errors) -> attr::Args {
+        attr::Args::parse(args, errors)
+    }
+
+    fn expand(&self, args: attr::Args, item: syn::ItemFn, errors: &mut Errors) -> TokenStream {
+        let handler = validate::handler(item, errors);
+        if let Some((_, span)) = args.retries {
+            validate::with_retries(&handler, span, errors);
+        }
+        if errors.is_empty() {
+            expand::handler(handler, &args)
+        } else {
+            // The function as written (markers removed): its body still
+            // type-checks, and no error comes from code generated around a
+            // signature the macro could not use.
+            handler.item.into_token_stream()
+        }
+    }
 }

@@ -6,6 +6,8 @@ use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, Type, TypePath};
 
+use crate::kernel::Errors;
+
 /// What a parameter of the user's function is, in order.
 pub(crate) enum Param {
     /// `&self` / `&mut self`.
@@ -25,15 +27,14 @@ pub(crate) struct Handler {
     pub params: Vec<Param>,
 }
 
-/// Validates `item` and returns the handler with every error found; with
-/// errors, `Handler::item` (markers removed) can still be emitted as written.
-pub(crate) fn handler(mut item: ItemFn) -> (Handler, Vec<syn::Error>) {
-    let mut errors = Vec::new();
+/// Validates `item`, recording every mistake; with mistakes, `Handler::item`
+/// (markers removed) can still be emitted as written.
+pub(crate) fn handler(mut item: ItemFn, errors: &mut Errors) -> Handler {
     if item.sig.asyncness.is_none() {
-        errors.push(syn::Error::new(
+        errors.at(
             item.sig.fn_token.span,
             "#[outbox_handler] needs an `async fn`: the handler awaits its database statements inside the transaction; write `async fn`",
-        ));
+        );
     }
     let mut params = Vec::new();
     // The first parameter of each role, for "the first one is here".
@@ -42,10 +43,10 @@ pub(crate) fn handler(mut item: ItemFn) -> (Handler, Vec<syn::Error>) {
         match input {
             FnArg::Receiver(receiver) => {
                 if receiver.reference.is_none() || receiver.colon_token.is_some() {
-                    errors.push(syn::Error::new_spanned(
+                    errors.spanned(
                         &*receiver,
                         "#[outbox_handler] methods take `&self` or `&mut self`: the handler runs inside a unit of work that borrows its receiver (and may run it again on retry), so `self` by value or a typed receiver is not supported",
-                    ));
+                    );
                     continue;
                 }
                 params.push(Param::Receiver {
@@ -67,10 +68,10 @@ pub(crate) fn handler(mut item: ItemFn) -> (Handler, Vec<syn::Error>) {
                         }
                         tx_seen.get_or_insert_with(|| whole.to_token_stream());
                         if !is_mut_reference(&typed.ty) {
-                            errors.push(syn::Error::new_spanned(
+                            errors.spanned(
                                 &typed.ty,
                                 "the transaction parameter must be a mutable reference: `tx: &mut Transaction<'_, Postgres>`",
-                            ));
+                            );
                         }
                         params.push(Param::Transaction { connection });
                     }
@@ -85,22 +86,22 @@ pub(crate) fn handler(mut item: ItemFn) -> (Handler, Vec<syn::Error>) {
                         }
                         events_seen.get_or_insert_with(|| whole.to_token_stream());
                         if !is_mut_reference(&typed.ty) {
-                            errors.push(syn::Error::new_spanned(
+                            errors.spanned(
                                 &typed.ty,
                                 "the event collector parameter must be a mutable reference: `events: &mut Events`",
-                            ));
+                            );
                         }
                         params.push(Param::Events);
                     }
                     None => {
                         if let Some(producer) = producer_in(&typed.ty) {
-                            errors.push(syn::Error::new(
+                            errors.at(
                                 producer.span(),
                                 format!(
                                     "a command handler must not get a Kafka producer (`{}`): sending inside a handler is refused: an event sent before the commit is lost or wrong when the transaction rolls back; record it with `events.record(...)` instead, the relay publishes it from the outbox after the commit",
                                     producer.ident
                                 ),
-                            ));
+                            );
                         }
                         params.push(Param::Forwarded {
                             name: forwarded_name(&typed.pat, index),
@@ -113,33 +114,32 @@ pub(crate) fn handler(mut item: ItemFn) -> (Handler, Vec<syn::Error>) {
     }
     let signature = item.sig.paren_token.span.join();
     if tx_seen.is_none() {
-        errors.push(syn::Error::new(
+        errors.at(
             signature,
             "#[outbox_handler] needs a transaction parameter: add `tx: &mut Transaction<'_, Postgres>` (sqlx); the handler's statements run on it (mark a parameter of an aliased type with `#[tx]`)",
-        ));
+        );
     }
     if events_seen.is_none() {
-        errors.push(syn::Error::new(
+        errors.at(
             signature,
             "#[outbox_handler] needs an event collector parameter: add `events: &mut Events` (txoutbox_core::Events) and call `events.record(...)` (mark a parameter of an aliased type with `#[events]`)",
-        ));
+        );
     }
-    (Handler { item, params }, errors)
+    Handler { item, params }
 }
 
-/// Checks that need the attribute's arguments too.
-pub(crate) fn with_retries(handler: &Handler, retries_span: Span) -> Vec<syn::Error> {
+/// Checks that need the attribute's arguments too: `retries` on a
+/// `&mut self` method.
+pub(crate) fn with_retries(handler: &Handler, retries_span: Span, errors: &mut Errors) {
     let mutable_receiver = handler
         .params
         .iter()
         .any(|param| matches!(param, Param::Receiver { mutable: true }));
     if mutable_receiver {
-        vec![syn::Error::new(
+        errors.at(
             retries_span,
             "`retries` needs a `&self` method: each attempt re-runs the handler, which cannot hold `&mut self` across attempts; take `&self` or drop `retries`",
-        )]
-    } else {
-        Vec::new()
+        );
     }
 }
 

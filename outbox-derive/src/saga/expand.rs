@@ -10,10 +10,12 @@ use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 
-use super::parse::HandlerKind;
+use super::ast::HandlerKind;
 use super::validate::{Checked, Saga};
 
-pub(crate) fn expand(item: &syn::ItemImpl, saga: &Saga<'_>) -> TokenStream {
+/// The impl block as written (minus `#[correlate]`), the handlers and the
+/// `Saga` impl.
+pub(crate) fn saga(item: &syn::ItemImpl, saga: &Saga<'_>) -> TokenStream {
     let runtime = &saga.runtime;
     let self_ty = saga.self_ty;
     let name = &saga.name;
@@ -73,7 +75,7 @@ fn handler(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
     // Spanned on the handler's return type, so an error type without
     // `Display` is reported there, once (as `#[event_handler]` does).
     let output_span = checked.handler.output_span;
-    let call_private = crate::respanned(private.clone(), output_span);
+    let call_private = crate::kernel::respan::respanned(private.clone(), output_span);
     let map_err = |call: TokenStream| {
         quote_spanned! {output_span=>
             ::core::result::Result::map_err(#call.await, #call_private::handler_error)?

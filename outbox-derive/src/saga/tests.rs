@@ -6,21 +6,15 @@ use super::*;
 /// The first line of every error `#[saga(args)]` reports on `item`, and the
 /// expansion if there were none.
 fn run(args: TokenStream, item: TokenStream) -> (Vec<String>, String) {
-    let mut errors = Errors::default();
-    let args = parse::Args::parse(args, &mut errors);
-    let block = parse::Block::parse(syn::parse2(item).unwrap(), &mut errors);
-    let saga = validate::check(&args, &block, &mut errors);
-    let messages: Vec<String> = errors
-        .clone_inner()
-        .into_iter()
-        .flat_map(IntoIterator::into_iter)
-        .map(|e| e.to_string().lines().next().unwrap().to_owned())
-        .collect();
+    let mut errors = Errors::new();
+    let args = attr::Args::parse(args, &mut errors);
+    let block = ast::Block::parse(syn::parse2(item).unwrap(), &mut errors);
+    let saga = validate::saga(&args, &block, &mut errors);
     let expansion = match saga {
-        Some(saga) if messages.is_empty() => expand::expand(&block.item, &saga).to_string(),
+        Some(saga) if errors.is_empty() => expand::saga(&block.item, &saga).to_string(),
         _ => String::new(),
     };
-    (messages, expansion)
+    (errors.into_first_lines(), expansion)
 }
 
 fn valid_args() -> TokenStream {

@@ -8,11 +8,11 @@ use proc_macro2::Span;
 use quote::ToTokens;
 use syn::Type;
 
-use super::parse::{
-    Args, Block, Declared, EXAMPLE, Handler, HandlerKind, START_SHAPE, STEP_SHAPE, snake_case,
-    type_key,
-};
-use crate::domain_event::Errors;
+use super::ast::{Block, Handler, HandlerKind, START_SHAPE, STEP_SHAPE};
+use super::attr::{Args, Declared, EXAMPLE, type_key};
+use crate::kernel::Errors;
+use crate::kernel::case::snake_case;
+use crate::kernel::crate_path::FrameworkCrate;
 
 /// A handler that passed every check, with its correlation field settled.
 pub(crate) struct Checked<'a> {
@@ -34,7 +34,7 @@ pub(crate) struct Saga<'a> {
     pub handlers: Vec<Checked<'a>>,
 }
 
-pub(crate) fn check<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -> Option<Saga<'a>> {
+pub(crate) fn saga<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -> Option<Saga<'a>> {
     let ident = block.ident.as_ref();
     let name = check_name(args, ident, errors);
     if args.id.is_none() && !args.unreadable.contains(&"id") {
@@ -226,10 +226,7 @@ pub(crate) fn check<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -
     if !errors.is_empty() {
         return None;
     }
-    let runtime = match &args.krate {
-        Some(path) => path.to_token_stream(),
-        None => quote::quote!(::txoutbox_runtime),
-    };
+    let runtime = FrameworkCrate::Runtime.tokens(args.krate.as_ref());
     Some(Saga {
         self_ty: &block.item.self_ty,
         ident,

@@ -5,10 +5,14 @@
 //! valid (a missing part becomes `None`), so the expansion can still emit an
 //! implementation that type-checks the parts the user got right.
 
+use proc_macro2::Span;
 use syn::ext::IdentExt;
 
+use super::Kind;
 use super::ast::{Field, Input, Shape};
-use super::{Errors, Kind};
+use super::attr::FieldAttrs;
+use crate::kernel::Errors;
+use crate::kernel::crate_path::FrameworkCrate;
 
 /// What the expansion needs, as far as it could be established.
 pub(crate) struct Event<'a> {
@@ -33,7 +37,7 @@ fn supported(kind: Kind) -> String {
     )
 }
 
-pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> {
+pub(crate) fn event<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> {
     let kind = input.attrs.kind;
     let (noun, derive, attr) = (kind.noun(), kind.derive(), kind.attr());
     let supported = supported(kind);
@@ -124,11 +128,7 @@ pub(crate) fn check<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         }
     });
 
-    let krate = attrs
-        .krate
-        .value
-        .clone()
-        .unwrap_or_else(|| syn::parse_quote!(::txoutbox_core));
+    let krate = FrameworkCrate::Core.path(attrs.krate.value.as_ref());
 
     let mut event = Event {
         krate,
@@ -214,29 +214,22 @@ fn check_fields<'a>(
     };
 
     // #[partition_key]: exactly one.
-    let keys: Vec<_> = fields
-        .iter()
-        .filter(|f| f.attrs.partition_key.is_some())
-        .collect();
-    match keys.split_first() {
+    let key = first_marked(
+        fields,
+        |attrs| attrs.partition_key,
+        "partition_key",
+        "a Kafka record has one key: keep `#[partition_key]` on one field (to key by several \
+         values, implement `txoutbox_core::PartitionKey` on a newtype)",
+        errors,
+    );
+    match key {
         None => errors.spanned(
             input.ident,
             "no `#[partition_key]` field\n\
              help: mark the field whose value decides the Kafka partition (usually the aggregate \
              id) with `#[partition_key]`; events with the same key keep their order",
         ),
-        Some((first, rest)) => {
-            for extra in rest {
-                errors.at(
-                    extra.attrs.partition_key.expect("filtered"),
-                    format!(
-                        "more than one `#[partition_key]` field (the first is `{}`)\n\
-                         help: a Kafka record has one key: keep `#[partition_key]` on one field \
-                         (to key by several values, implement `txoutbox_core::PartitionKey` on a newtype)",
-                        first.ident
-                    ),
-                );
-            }
+        Some(first) => {
             if let Some((span, key)) = &first.attrs.serde_hidden {
                 errors.at(
                     *span,
@@ -252,33 +245,21 @@ fn check_fields<'a>(
     }
 
     // #[event_id]: exactly one, or a field named `event_id`.
-    let ids: Vec<_> = fields
-        .iter()
-        .filter(|f| f.attrs.event_id.is_some())
-        .collect();
-    match ids.split_first() {
-        None => match fields.iter().find(|f| f.ident.unraw() == "event_id") {
-            Some(field) => event.event_id = Some(field),
-            None => errors.spanned(
-                input.ident,
-                "no event id field\n\
-                 help: add a field `event_id: Uuid`, or mark the field holding the event's \
-                 unique UUID with `#[event_id]`",
-            ),
-        },
-        Some((first, rest)) => {
-            for extra in rest {
-                errors.at(
-                    extra.attrs.event_id.expect("filtered"),
-                    format!(
-                        "more than one `#[event_id]` field (the first is `{}`)\n\
-                         help: an event has one id: remove `#[event_id]` from all fields but one",
-                        first.ident
-                    ),
-                );
-            }
-            event.event_id = Some(first);
-        }
+    let id = first_marked(
+        fields,
+        |attrs| attrs.event_id,
+        "event_id",
+        "an event has one id: remove `#[event_id]` from all fields but one",
+        errors,
+    );
+    event.event_id = id.or_else(|| fields.iter().find(|f| f.ident.unraw() == "event_id"));
+    if event.event_id.is_none() {
+        errors.spanned(
+            input.ident,
+            "no event id field\n\
+             help: add a field `event_id: Uuid`, or mark the field holding the event's \
+             unique UUID with `#[event_id]`",
+        );
     }
     // Receivers dedup on payload["event_id"]: it must be the event id, not
     // another field that happens to serialize under that name.
@@ -301,24 +282,39 @@ fn check_fields<'a>(
     }
 
     // #[aggregate_id]: at most one; defaults to the partition key.
-    let aggregate_ids: Vec<_> = fields
+    event.aggregate_id = first_marked(
+        fields,
+        |attrs| attrs.aggregate_id,
+        "aggregate_id",
+        "an event belongs to one aggregate instance: keep `#[aggregate_id]` on one field \
+         (without it, the partition key is the aggregate id)",
+        errors,
+    );
+}
+
+/// The first field carrying the marker `#[name]` (`marker` reads where it was
+/// written); every further one is reported as one too many, with `help`.
+fn first_marked<'a>(
+    fields: &'a [Field<'a>],
+    marker: fn(&FieldAttrs) -> Option<Span>,
+    name: &str,
+    help: &str,
+    errors: &mut Errors,
+) -> Option<&'a Field<'a>> {
+    let mut marked = fields
         .iter()
-        .filter(|f| f.attrs.aggregate_id.is_some())
-        .collect();
-    if let Some((first, rest)) = aggregate_ids.split_first() {
-        for extra in rest {
-            errors.at(
-                extra.attrs.aggregate_id.expect("filtered"),
-                format!(
-                    "more than one `#[aggregate_id]` field (the first is `{}`)\n\
-                     help: an event belongs to one aggregate instance: keep `#[aggregate_id]` on \
-                     one field (without it, the partition key is the aggregate id)",
-                    first.ident
-                ),
-            );
-        }
-        event.aggregate_id = Some(first);
+        .filter_map(|field| Some((field, marker(&field.attrs)?)));
+    let (first, _) = marked.next()?;
+    for (_, span) in marked {
+        errors.at(
+            span,
+            format!(
+                "more than one `#[{name}]` field (the first is `{}`)\nhelp: {help}",
+                first.ident
+            ),
+        );
     }
+    Some(first)
 }
 
 /// Why Kafka would reject `topic`, if it would (the rules of Kafka's `Topic.validate`).

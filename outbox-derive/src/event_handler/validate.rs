@@ -1,0 +1,158 @@
+//! Validation of the function `#[event_handler]` is placed on: its shape,
+//! collecting every mistake with a hint.
+
+use syn::spanned::Spanned;
+use syn::{FnArg, ItemFn, ReturnType, Type};
+
+use crate::kernel::Errors;
+
+/// A function that passed every check.
+pub(crate) struct HandlerFn<'a> {
+    pub(crate) function: &'a ItemFn,
+    pub(crate) event_type: &'a Type,
+    /// The optional parameters after the event, in the user's order.
+    pub(crate) extras: Vec<Extra>,
+}
+
+/// An optional parameter after the event, told apart by its reference kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extra {
+    /// `meta: &EventMeta`.
+    Meta,
+    /// `events: &mut Events`: events recorded here go to the outbox in the
+    /// consumer's transaction.
+    Events,
+}
+
+const SHAPE: &str = "expected `async fn name(tx: &mut Transaction<'_, Postgres>, event: EventType) -> Result<(), E>` \
+                     (optionally followed by `meta: &EventMeta` and/or `events: &mut Events`)";
+
+fn is_mut_ref(ty: &Type) -> bool {
+    matches!(ty, Type::Reference(r) if r.mutability.is_some())
+}
+
+fn is_shared_ref(ty: &Type) -> bool {
+    matches!(ty, Type::Reference(r) if r.mutability.is_none())
+}
+
+/// Checks `function`'s signature; the handler if it passed, with every
+/// mistake recorded otherwise.
+pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<HandlerFn<'a>> {
+    let sig = &function.sig;
+    if sig.asyncness.is_none() {
+        errors.spanned(
+            sig.fn_token,
+            format!(
+                "an event handler must be an `async fn`\nhint: write `async fn {}(..)`",
+                sig.ident
+            ),
+        );
+    }
+    if let Some(constness) = &sig.constness {
+        errors.spanned(constness, "an event handler cannot be a `const fn`");
+    }
+    if let Some(unsafety) = &sig.unsafety {
+        errors.spanned(unsafety, "an event handler cannot be `unsafe`");
+    }
+    if let Some(abi) = &sig.abi {
+        errors.spanned(abi, "an event handler cannot have an `extern` ABI");
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        errors.spanned(
+            &sig.generics,
+            "an event handler cannot be generic: it handles exactly one concrete event type",
+        );
+    }
+    if let Some(variadic) = &sig.variadic {
+        errors.spanned(variadic, "an event handler cannot be variadic");
+    }
+    if let ReturnType::Default = sig.output {
+        errors.spanned(
+            syn::Ident::new("_", sig.paren_token.span.close()),
+            "an event handler must return `Result<(), E>` where `E: Display`\nhint: add `-> Result<(), sqlx::Error>` (or your error type) and return `Ok(())`",
+        );
+    }
+
+    let mut types = Vec::new();
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) => errors.spanned(
+                receiver,
+                "an event handler is a free function and takes no `self`\nhint: move it out of the `impl` block",
+            ),
+            FnArg::Typed(typed) => types.push(&*typed.ty),
+        }
+    }
+    let mut event_type = None;
+    let mut extras = Vec::new();
+    let has_receiver = sig.inputs.iter().any(|i| matches!(i, FnArg::Receiver(_)));
+    match types.as_slice() {
+        [] | [_] if !has_receiver => errors.spanned(
+            &sig.ident,
+            format!("an event handler takes the transaction and the event\n{SHAPE}"),
+        ),
+        [tx, event, rest @ ..] if rest.len() <= 2 => {
+            if !is_mut_ref(tx) {
+                let hint = if is_mut_ref(event) {
+                    "the transaction comes first: swap the two parameters"
+                } else {
+                    "write `tx: &mut Transaction<'_, Postgres>`"
+                };
+                errors.spanned(
+                    tx,
+                    format!("the first parameter must be the transaction, `&mut Transaction<'_, Postgres>`\nhint: {hint}"),
+                );
+            }
+            match event {
+                Type::Path(_) | Type::Group(_) | Type::Paren(_) => {
+                    event_type = Some(*event);
+                }
+                Type::Reference(_) if is_mut_ref(tx) => errors.spanned(
+                    event,
+                    "the event is taken by value, not by reference\nhint: write `event: MyEvent`",
+                ),
+                Type::Reference(_) => {}
+                other => errors.spanned(
+                    other,
+                    "the second parameter must be the event, a type implementing `DomainEvent` and `Deserialize`, taken by value",
+                ),
+            }
+            for extra in rest {
+                let kind = if is_shared_ref(extra) {
+                    Extra::Meta
+                } else if is_mut_ref(extra) {
+                    Extra::Events
+                } else {
+                    errors.spanned(
+                        extra,
+                        "an optional parameter must be `meta: &EventMeta` or `events: &mut Events`\nhint: take it by reference",
+                    );
+                    continue;
+                };
+                if extras.contains(&kind) {
+                    errors.spanned(
+                        extra,
+                        "this optional parameter is already taken\nhint: take at most one `&EventMeta` and one `&mut Events`",
+                    );
+                }
+                extras.push(kind);
+            }
+        }
+        [_, _, _, _, extra, ..] => errors.spanned(extra, format!("too many parameters\n{SHAPE}")),
+        _ => {}
+    }
+    match event_type {
+        Some(event_type) if errors.is_empty() => Some(HandlerFn {
+            function,
+            event_type,
+            extras,
+        }),
+        Some(_) => None,
+        None => {
+            if errors.is_empty() {
+                errors.at(sig.span(), SHAPE);
+            }
+            None
+        }
+    }
+}
