@@ -98,31 +98,32 @@ pub(crate) async fn claim_rows(
                 AND (k.topic || '', k.head_event_type) IN (SELECT topic, event_type FROM handled)
               ORDER BY k.not_before LIMIT $5)),
          owned AS (
-             SELECT i.seq, i.topic, i.partition_key FROM inbox_event i
+             SELECT i.seq, i.topic, i.partition_key,
+                    coalesce(i.payload_bytes, pg_column_size(i.payload)) AS bytes
+             FROM inbox_event i
              WHERE i.seq = ANY(ARRAY(SELECT head_seq FROM candidates))
                AND NOT i.processed AND i.parked_at IS NULL
                AND (i.next_attempt_at IS NULL OR i.next_attempt_at <= now())
              ORDER BY i.seq LIMIT $4
              FOR UPDATE OF i SKIP LOCKED),
          runs AS (
-             SELECT seq, 0::int8 AS rank FROM owned
+             SELECT seq, 0::int8 AS rank, bytes FROM owned
              UNION ALL
-             SELECT r.seq, r.rank FROM owned h CROSS JOIN LATERAL (
-                 SELECT i.seq, row_number() OVER (ORDER BY i.seq) AS rank FROM inbox_event i
+             SELECT r.seq, r.rank, r.bytes FROM owned h CROSS JOIN LATERAL (
+                 SELECT i.seq, row_number() OVER (ORDER BY i.seq) AS rank,
+                        coalesce(i.payload_bytes, pg_column_size(i.payload)) AS bytes
+                 FROM inbox_event i
                  WHERE i.consumer_group = $1 AND i.topic = h.topic
                    AND i.partition_key = h.partition_key
                    AND NOT i.processed AND i.parked_at IS NULL AND i.seq > h.seq
                  ORDER BY i.seq LIMIT (SELECT ($4 - count(*)) / count(*) FROM owned)) r
              WHERE h.partition_key IS NOT NULL),
-         ranked AS (SELECT seq, rank FROM runs ORDER BY rank, seq LIMIT $4),
+         ranked AS (SELECT seq, rank, bytes FROM runs ORDER BY rank, seq LIMIT $4),
          -- The byte budget cuts the same order (so each key keeps a prefix
          -- of its run): a row is taken if the rows before it hold less than
          -- the budget, so the first always is.
          sized AS (
-             SELECT r.seq, sum(coalesce(i.payload_bytes, pg_column_size(i.payload)))
-                        OVER (ORDER BY r.rank, r.seq) AS upto,
-                    coalesce(i.payload_bytes, pg_column_size(i.payload)) AS bytes
-             FROM ranked r JOIN inbox_event i ON i.seq = r.seq),
+             SELECT seq, bytes, sum(bytes) OVER (ORDER BY rank, seq) AS upto FROM ranked),
          picked AS (SELECT seq FROM sized WHERE upto - bytes < $6)
          SELECT {COLUMNS} FROM inbox_event i
          WHERE i.seq = ANY(ARRAY(SELECT seq FROM picked))
