@@ -37,7 +37,7 @@ use crate::events::{
     CancellationReason, ChargePayment, OrderCancelled, OrderCreated, PaymentCompleted,
     PaymentFailed, ReleaseStock, ReserveStock, StockRejected, StockReserved, StockTimedOut,
 };
-use crate::orders::OrdersError;
+use crate::orders_error::OrdersError;
 
 /// The state of one order's fulfilment (`saga_state.state`), keyed by the
 /// order id.

@@ -24,6 +24,7 @@ pub mod http_error;
 pub mod inventory;
 pub mod observability;
 pub mod orders;
+pub mod orders_error;
 pub mod payments;
 pub mod service;
 pub mod setup;

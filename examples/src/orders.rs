@@ -36,17 +36,7 @@ pub struct CreateOrder {
     pub amount: i64,
 }
 
-/// Errors of the orders commands. `From<txoutbox_core::Error>` is all the
-/// framework asks of a handler's error type.
-#[derive(Debug, thiserror::Error)]
-pub enum OrdersError {
-    /// The outbox write path failed (database, serialization).
-    #[error(transparent)]
-    Outbox(#[from] txoutbox_core::Error),
-    /// The handler's own statements failed.
-    #[error("database error: {}", txoutbox_core::DbErrorDisplay(.0))]
-    Database(#[from] sqlx::Error),
-}
+pub use crate::orders_error::OrdersError;
 
 /// Inserts the order and records `OrderCreated`, in one transaction.
 #[outbox_handler]

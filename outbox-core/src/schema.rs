@@ -35,6 +35,8 @@ mod check;
 mod export;
 #[cfg(feature = "schema-export")]
 mod json;
+#[cfg(feature = "schema-export")]
+mod problem;
 #[cfg(all(test, feature = "schema-export"))]
 mod tests;
 

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::export::ExportProblem;
+use super::problem::ExportProblem;
 use super::{EventDescriptor, MessageKind};
 use crate::wire;
 

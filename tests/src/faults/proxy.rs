@@ -360,34 +360,4 @@ mod tests {
         fresh.read_exact(&mut buffer).await.unwrap();
         assert_eq!(&buffer, b"ping");
     }
-
-    /// A Kafka client of a frozen process stays frozen, also through the
-    /// connections it opens afterwards (a new producer after a rebuild).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_frozen_kafka_client_cannot_reach_the_broker_through_new_connections() {
-        use rdkafka::ClientConfig;
-        use rdkafka::producer::{BaseProducer, Producer};
-
-        let broker = super::super::broker::Broker::start_behind_proxy(1).await;
-        let proxy = broker.proxy().expect("behind a proxy");
-        let address = broker.address();
-        let metadata = move |timeout: Duration| {
-            let address = address.clone();
-            tokio::task::spawn_blocking(move || {
-                let producer: BaseProducer = ClientConfig::new()
-                    .set("bootstrap.servers", &address)
-                    .create()
-                    .unwrap();
-                producer.client().fetch_metadata(None, timeout).is_ok()
-            })
-        };
-        assert!(metadata(Duration::from_secs(10)).await.unwrap());
-        proxy.freeze_process(std::process::id());
-        assert!(
-            !metadata(Duration::from_secs(2)).await.unwrap(),
-            "a new client of the frozen process got through"
-        );
-        proxy.thaw();
-        assert!(metadata(Duration::from_secs(10)).await.unwrap());
-    }
 }
