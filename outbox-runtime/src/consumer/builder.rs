@@ -1,11 +1,13 @@
 //! Building a consumer: its handlers, mode and tuning, checked by `build`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
 
-use super::config::{Mode, Settings, UnknownEventPolicy};
+use super::config::{Mode, PeriodicTask, Settings, UnknownEventPolicy};
 use super::error::BuildError;
 use super::handler::{Dispatch, EventHandler, Registration};
 use super::run::{Consumer, ConsumerHandle};
@@ -91,7 +93,7 @@ impl ConsumerBuilder {
                 processor_poll_interval: Duration::from_millis(500),
                 handle_on_receipt: true,
                 backlog_interval: Duration::from_secs(10),
-                sagas: Vec::new(),
+                periodic: Vec::new(),
                 refetch_offset_gaps: false,
                 create_missing_dlq_topics: false,
             },
@@ -105,25 +107,28 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Registers a saga: one handler per message type it handles (see
-    /// [`crate::saga`]). Each message is then one saga step in the
-    /// consumer's transaction, in dedup or inbox mode alike. The consumer
-    /// also refreshes the saga's gauges (`outbox_sagas_open`,
-    /// `outbox_saga_oldest_open_seconds`) every backlog interval.
-    ///
-    /// ```ignore
-    /// Consumer::builder(pool, kafka, "orders").saga::<OrderFulfilment>().build()?;
-    /// ```
-    pub fn saga<S: crate::saga::Saga>(mut self) -> Self {
-        if !self.settings.sagas.contains(&S::NAME) {
-            self.settings.sagas.push(S::NAME);
+    /// Adds work the consumer runs beside its messages every
+    /// [`backlog_interval`](Self::backlog_interval) while it runs, once per
+    /// `name` (a second registration under a name is ignored): the extension
+    /// point through which a saga refreshes its gauges. A failed round is
+    /// logged at debug level; the next one runs as usual.
+    pub(crate) fn periodic<F>(mut self, name: &'static str, task: F) -> Self
+    where
+        F: Fn(PgPool) -> BoxFuture<'static, sqlx::Result<()>> + Send + Sync + 'static,
+    {
+        if !self.settings.periodic.iter().any(|t| t.name == name) {
+            self.settings.periodic.push(PeriodicTask {
+                name,
+                run: Arc::new(task),
+            });
         }
-        S::register(self)
+        self
     }
 
     /// How often the consumer refreshes what it reads from the database: the
     /// inbox backlog and parked-row gauges and the inbox processors'
-    /// heartbeat (inbox mode), and the open-saga gauges of its sagas.
+    /// heartbeat (inbox mode), and its periodic work (the open-saga gauges
+    /// of its sagas).
     /// Default 10 s; at least 100 ms.
     pub fn backlog_interval(mut self, interval: Duration) -> Self {
         self.settings.backlog_interval = interval.max(Duration::from_millis(100));

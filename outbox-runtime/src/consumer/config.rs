@@ -1,7 +1,11 @@
 //! The consumer's settings: the mode, the policy for unknown event types,
 //! and the tuning the builder fills in.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures::future::BoxFuture;
+use sqlx::PgPool;
 
 /// How received events reach their handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,9 +74,28 @@ pub(crate) struct Settings {
     pub(crate) backlog_interval: Duration,
     pub(crate) refetch_offset_gaps: bool,
     pub(crate) create_missing_dlq_topics: bool,
-    /// Names of the sagas registered with [`ConsumerBuilder::saga`](super::ConsumerBuilder::saga)
-    /// (their open-saga gauges are refreshed every `backlog_interval`).
-    pub(crate) sagas: Vec<&'static str>,
+    /// Work run beside the messages every `backlog_interval`, registered by
+    /// extensions of the consumer (a saga refreshes its gauges), one per name.
+    pub(crate) periodic: Vec<PeriodicTask>,
+}
+
+/// A consumer's periodic work (see [`ConsumerBuilder::periodic`]): run every
+/// `backlog_interval` while the consumer runs; a failure is logged and the
+/// next round runs as usual.
+///
+/// [`ConsumerBuilder::periodic`]: super::ConsumerBuilder::periodic
+#[derive(Clone)]
+pub(crate) struct PeriodicTask {
+    pub(crate) name: &'static str,
+    pub(crate) run: Arc<dyn Fn(PgPool) -> BoxFuture<'static, sqlx::Result<()>> + Send + Sync>,
+}
+
+impl std::fmt::Debug for PeriodicTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeriodicTask")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Settings {

@@ -15,11 +15,11 @@ use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 
 use super::dlq::Refusal;
-use super::message::DeadLetterReason;
-use super::raw_headers::raw_headers;
 use super::shared::Shared;
 use super::summary::Totals;
 use super::telemetry as m;
+use crate::wire::dead_letter::DeadLetterReason;
+use crate::wire::raw_headers::raw_headers;
 
 /// Publish tries before a dead letter is parked.
 const PUBLISH_TRIES: u32 = 3;

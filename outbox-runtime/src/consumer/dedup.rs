@@ -23,60 +23,10 @@ use std::sync::Arc;
 use rdkafka::message::OwnedMessage;
 use uuid::Uuid;
 
-use super::handler::{Decoded, ErasedHandler};
-use super::message::Envelope;
 use super::progress::Taken;
 use super::route::{Routed, route};
 use super::shared::Shared;
-
-/// An event on its way to its handler.
-pub(crate) struct Work {
-    index: usize,
-    envelope: Envelope,
-    handler: Arc<dyn ErasedHandler>,
-    decoded: Option<Decoded>,
-}
-
-impl Work {
-    fn event(&mut self) -> Decoded {
-        match self.decoded.take() {
-            Some(event) => event,
-            // Decoding is deterministic and succeeded when the batch was classified.
-            None => self
-                .handler
-                .decode(&self.envelope.payload)
-                .expect("payload decoded before"),
-        }
-    }
-
-    fn partition(&self) -> (String, i32) {
-        (
-            self.envelope.meta.topic.clone(),
-            self.envelope.meta.partition.unwrap_or_default(),
-        )
-    }
-}
-
-/// An event whose handler failed, to be attempted again later.
-pub(crate) struct Retry {
-    work: Work,
-    /// Failed attempts so far.
-    pub(crate) attempts: u32,
-    /// The last attempt's error.
-    pub(crate) last_error: String,
-}
-
-impl Retry {
-    /// The dead-letter error once the attempts are spent.
-    pub(crate) fn give_up_error(&self) -> String {
-        format!(
-            "handler `{}` failed {} times; last error: {}",
-            self.work.handler.name(),
-            self.attempts,
-            self.last_error
-        )
-    }
-}
+use super::work::{Retry, Work};
 
 enum Fast {
     Committed,

@@ -5,27 +5,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedMessage};
+use rdkafka::message::OwnedMessage;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::{ClientConfig, Message};
 
-use super::message::DeadLetterReason;
-
-/// Header with the [`DeadLetterReason`] code, e.g. `not_json`.
-pub const HEADER_DLQ_REASON: &str = "dlq_reason";
-/// Header with the human-readable error.
-pub const HEADER_DLQ_ERROR: &str = "dlq_error";
-/// Header with the topic the message was read from.
-pub const HEADER_DLQ_TOPIC: &str = "dlq_original_topic";
-/// Header with the partition the message was read from.
-pub const HEADER_DLQ_PARTITION: &str = "dlq_original_partition";
-/// Header with the offset the message had.
-pub const HEADER_DLQ_OFFSET: &str = "dlq_original_offset";
-/// Header with the consumer group that gave up on the message.
-pub const HEADER_DLQ_GROUP: &str = "dlq_consumer_group";
-/// Header set to `true` when the value was too large even for the dead-letter
-/// topic and was left out (key and headers are kept).
-pub const HEADER_DLQ_VALUE_DROPPED: &str = "dlq_value_dropped";
+use crate::topic_admin::{TopicRole, TopicSpec, TopicsError};
+use crate::wire::dead_letter::{DeadLetterHeaders, DeadLetterReason, dead_letter_headers};
 
 pub(crate) struct DeadLetters {
     producer: FutureProducer,
@@ -165,23 +150,19 @@ impl DeadLetters {
 
     /// Creates the dead-letter topics `names` (1 partition, replication 1:
     /// provision production topics with `outbox topics apply`).
-    pub(crate) async fn create(&self, names: &[String]) -> Result<(), crate::topics::TopicsError> {
-        let plan = crate::topics::Plan {
-            entries: names
-                .iter()
-                .map(|name| crate::topics::PlanEntry {
-                    spec: crate::topics::TopicSpec {
-                        name: name.clone(),
-                        role: crate::topics::TopicRole::DeadLetters,
-                        partitions: 1,
-                        replication: 1,
-                        configs: Default::default(),
-                    },
-                    existing_partitions: None,
-                })
-                .collect(),
-        };
-        crate::topics::apply(&self.connection, &plan)
+    pub(crate) async fn create(&self, names: &[String]) -> Result<(), TopicsError> {
+        let specs: Vec<TopicSpec> = names
+            .iter()
+            .map(|name| TopicSpec {
+                name: name.clone(),
+                role: TopicRole::DeadLetters,
+                partitions: 1,
+                replication: 1,
+                configs: Default::default(),
+            })
+            .collect();
+        let specs: Vec<&TopicSpec> = specs.iter().collect();
+        crate::topic_admin::create(&self.connection, &specs)
             .await
             .map(drop)
     }
@@ -215,31 +196,15 @@ impl DeadLetters {
         error: &str,
         with_value: bool,
     ) -> Result<(), KafkaError> {
-        // A copy of the original list, made by librdkafka: its names may be
-        // any bytes, which rdkafka's `Headers::iter` would panic on.
-        let mut headers = message.headers().cloned().unwrap_or_default();
-        let partition = message.partition().to_string();
-        let offset = message.offset().to_string();
-        let extra: [(&str, &str); 6] = [
-            (HEADER_DLQ_REASON, reason.as_str()),
-            (HEADER_DLQ_ERROR, error),
-            (HEADER_DLQ_TOPIC, message.topic()),
-            (HEADER_DLQ_PARTITION, &partition),
-            (HEADER_DLQ_OFFSET, &offset),
-            (HEADER_DLQ_GROUP, &self.group),
-        ];
-        for (key, value) in extra {
-            headers = headers.insert(Header {
-                key,
-                value: Some(value),
-            });
-        }
-        if !with_value {
-            headers = headers.insert(Header {
-                key: HEADER_DLQ_VALUE_DROPPED,
-                value: Some("true"),
-            });
-        }
+        let headers = dead_letter_headers(
+            message,
+            &DeadLetterHeaders {
+                reason,
+                error,
+                group: &self.group,
+                value_dropped: !with_value,
+            },
+        );
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
         if let Some(key) = message.key() {
             record = record.key(key);

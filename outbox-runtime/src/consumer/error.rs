@@ -46,7 +46,7 @@ pub enum ConsumerError {
     },
     /// Creating the missing dead-letter topics failed.
     #[error("could not create the dead-letter topics: {0}")]
-    CreateDeadLetterTopics(#[from] crate::topics::TopicsError),
+    CreateDeadLetterTopics(#[from] crate::topic_admin::TopicsError),
     /// An inbox processor ended on its own (a panic outside a handler, or
     /// any end that was not a shutdown); the consumer stopped with it.
     #[error("{0}")]

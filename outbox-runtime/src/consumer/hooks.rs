@@ -5,9 +5,9 @@ use rdkafka::message::OwnedMessage;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::message::DeadLetterReason;
 use super::route::{Routed, route};
 use super::run::Consumer;
+use crate::wire::dead_letter::DeadLetterReason;
 
 /// Where a record goes, as [`Consumer::__route`] reports it. Not a public API.
 #[doc(hidden)]

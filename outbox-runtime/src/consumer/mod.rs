@@ -51,23 +51,27 @@ mod error;
 mod handler;
 #[cfg(feature = "test-hooks")]
 mod hooks;
-mod inbox;
+pub(crate) mod inbox;
 mod message;
 mod offsets;
 mod progress;
-mod raw_headers;
 mod receive;
 mod route;
 mod run;
 mod shared;
 mod summary;
+mod work;
 
+pub use crate::registry::{HandlerDescriptor, registered_handlers};
+pub use crate::wire::dead_letter::{
+    DeadLetterReason, HEADER_DLQ_ERROR, HEADER_DLQ_GROUP, HEADER_DLQ_OFFSET, HEADER_DLQ_PARTITION,
+    HEADER_DLQ_REASON, HEADER_DLQ_TOPIC, HEADER_DLQ_VALUE_DROPPED,
+};
+#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
+pub use crate::wire::raw_headers::{headers_as_bytes, headers_from_bytes};
 pub use builder::ConsumerBuilder;
 pub use config::{Mode, UnknownEventPolicy};
-pub use dlq::{
-    HEADER_DLQ_ERROR, HEADER_DLQ_GROUP, HEADER_DLQ_OFFSET, HEADER_DLQ_PARTITION, HEADER_DLQ_REASON,
-    HEADER_DLQ_TOPIC, HEADER_DLQ_VALUE_DROPPED,
-};
 pub use error::{BuildError, ConsumerError};
 pub use handler::{EventHandler, EventMeta, HandlerError};
 #[doc(hidden)]
@@ -76,54 +80,11 @@ pub use hooks::Route;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use inbox::claim_once_for_benchmark;
-pub use message::DeadLetterReason;
-#[doc(hidden)]
-#[cfg(feature = "test-hooks")]
-pub use raw_headers::{headers_as_bytes, headers_from_bytes};
 pub use run::{Consumer, ConsumerHandle};
 pub use summary::ConsumerSummary;
 pub use txoutbox_derive::event_handler;
 
 pub mod telemetry;
-
-/// An `#[event_handler]` linked into this binary: which (topic, event type)
-/// it handles. Every `#[event_handler]` registers one; see
-/// [`registered_handlers`].
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub struct HandlerDescriptor {
-    /// The topic of its event.
-    pub topic: &'static str,
-    /// Its event type.
-    pub event_type: &'static str,
-    /// The handler's name.
-    pub name: &'static str,
-}
-
-impl HandlerDescriptor {
-    /// For code `#[event_handler]` generates. Not a public API.
-    #[doc(hidden)]
-    pub const fn __new(topic: &'static str, event_type: &'static str, name: &'static str) -> Self {
-        Self {
-            topic,
-            event_type,
-            name,
-        }
-    }
-}
-
-txoutbox_core::__private::inventory::collect!(HandlerDescriptor);
-
-/// Every `#[event_handler]` linked into this binary, sorted by topic, event
-/// type and name: what `txoutbox_runtime::topics` derives the dead-letter
-/// topics a service needs from.
-pub fn registered_handlers() -> Vec<&'static HandlerDescriptor> {
-    let mut handlers: Vec<_> = txoutbox_core::__private::inventory::iter::<HandlerDescriptor>
-        .into_iter()
-        .collect();
-    handlers.sort_by_key(|h| (h.topic, h.event_type, h.name));
-    handlers
-}
 
 /// Re-exports used by code that `#[event_handler]` generates. Not a public API.
 #[doc(hidden)]

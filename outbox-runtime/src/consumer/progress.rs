@@ -15,8 +15,8 @@ use std::time::Instant;
 use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 
-use super::dedup::Retry;
-use super::message::DeadLetterReason;
+use super::work::Retry;
+use crate::wire::dead_letter::DeadLetterReason;
 
 /// A topic and partition.
 pub(crate) type PartitionId = (String, i32);

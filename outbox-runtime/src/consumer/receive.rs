@@ -20,13 +20,14 @@ use tracing::Instrument;
 
 use super::config::Mode;
 use super::dead_letter::{Settled, dead_letter};
-use super::dedup::{Attempted, Retry};
+use super::dedup::Attempted;
 use super::error::ConsumerError;
-use super::message::DeadLetterReason;
 use super::offsets::{Positions, Seen};
 use super::progress::{DeadLetter, PartitionId, Progress, Taken};
 use super::run::Consumer;
+use super::work::Retry;
 use super::{dedup, inbox, telemetry as m};
+use crate::wire::dead_letter::DeadLetterReason;
 
 /// What a task beside the batches reports when it ends.
 enum Side {

@@ -10,7 +10,8 @@ use txoutbox_core::MAX_PARTITION_KEY_BYTES;
 
 use super::config::{Mode, Settings, UnknownEventPolicy};
 use super::handler::{Decoded, Dispatch, ErasedHandler};
-use super::message::{Classified, DeadLetterReason, Envelope, classify, nul_character};
+use super::message::{Classified, Envelope, classify, nul_character};
+use crate::wire::dead_letter::DeadLetterReason;
 
 /// Where a record goes.
 pub(crate) enum Routed {

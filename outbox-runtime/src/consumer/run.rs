@@ -255,14 +255,14 @@ impl Consumer {
                 });
             }
         }
-        let gauges = (!ctx.settings.sagas.is_empty()).then(|| {
+        let gauges = (!ctx.settings.periodic.is_empty()).then(|| {
             let ctx = ctx.clone();
             tokio::spawn(async move {
                 loop {
-                    if let Err(error) =
-                        crate::saga::telemetry::refresh(&ctx.pool, &ctx.settings.sagas).await
-                    {
-                        tracing::debug!(error = %txoutbox_core::DbErrorDisplay(&error), "saga gauges not refreshed");
+                    for task in &ctx.settings.periodic {
+                        if let Err(error) = (task.run)(ctx.pool.clone()).await {
+                            tracing::debug!(task = task.name, error = %txoutbox_core::DbErrorDisplay(&error), "periodic consumer work failed");
+                        }
                     }
                     tokio::select! {
                         _ = ctx.token.cancelled() => break,

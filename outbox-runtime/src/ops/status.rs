@@ -86,52 +86,7 @@ pub struct ConsumerDeadLetterRow {
     pub parked_at: DateTime<Utc>,
 }
 
-/// A relay running against the database, from its membership row
-/// (`outbox_relay_member`) and its locks.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct RelayMember {
-    /// The relay's machine.
-    pub host: String,
-    /// The relay's process id on that machine.
-    pub process_id: i64,
-    /// PostgreSQL backend of its own connection.
-    pub backend_pid: i32,
-    /// Its configured lane count (the same for every relay).
-    pub lanes: i32,
-    /// Lanes it owns right now.
-    pub lanes_owned: i64,
-    /// Seconds since it last renewed its lease.
-    pub renewed_secs_ago: f64,
-    /// Its lease: after that long without renewal another relay ends its
-    /// session and takes its lanes.
-    pub lease_secs: f64,
-    /// Whether the lease has expired (frozen or vanished; another relay ends
-    /// its session at its next rebalance, if it may).
-    pub lease_expired: bool,
-    /// Since when its batches fail because it cannot reach the broker (it
-    /// then hands its lanes to relays that can).
-    pub broker_failing_since: Option<DateTime<Utc>>,
-    /// Topics it holds because the broker refuses them as a whole (unknown
-    /// topic, not authorized): their events wait in the outbox, no attempt
-    /// counted, until the broker accepts the topic (empty before migration
-    /// 10). As of the relay's last renewal.
-    #[sqlx(json)]
-    pub held_topics: Vec<HeldTopic>,
-}
-
-/// A topic a relay holds (see [`RelayMember::held_topics`]).
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct HeldTopic {
-    /// The topic.
-    pub topic: String,
-    /// What the broker answered, e.g. `UnknownTopicOrPartition (Broker:
-    /// Unknown topic or partition), in the topic's metadata`.
-    pub reason: String,
-    /// Since when the relay holds it.
-    pub since: DateTime<Utc>,
-    /// Records of it the broker refused since then.
-    pub refusals: u64,
-}
+pub use crate::relay::membership::{HeldTopic, RelayMember};
 
 /// Counts of one queue table (`outbox_event` or `inbox_event`).
 ///
@@ -193,25 +148,7 @@ pub struct ProblemRow {
     pub next_attempt_at: Option<DateTime<Utc>>,
 }
 
-/// Inbox keys that no running processor claims, by group and event type (see
-/// [`Status::inbox_unclaimed`]).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct UnclaimedKeys {
-    /// The consumer group (`""` for rows stored before inboxes had groups and
-    /// not adopted by a consumer yet).
-    pub consumer_group: String,
-    /// The topic of the keys' waiting rows.
-    pub topic: String,
-    /// The event type of the keys' oldest pending rows (`None`: rows stored
-    /// without an event type, which no processor can handle).
-    pub event_type: Option<String>,
-    /// Keys waiting.
-    pub keys: i64,
-    /// Pending rows of those keys.
-    pub rows: i64,
-    /// When the oldest of those rows was received.
-    pub oldest_received_at: Option<DateTime<Utc>>,
-}
+pub use crate::consumer::inbox::unclaimed::UnclaimedKeys;
 
 /// Inbox keys that no running processor claims (see
 /// [`Status::inbox_unclaimed`]), of one group or (`None`) of every group.
@@ -222,31 +159,7 @@ pub async fn inbox_unclaimed(
     pool: &PgPool,
     group: Option<&str>,
 ) -> Result<Vec<UnclaimedKeys>, OpsError> {
-    let rows = sqlx::query_as(
-        "WITH waiting AS (
-             SELECT k.* FROM inbox_key k
-             WHERE ($1::text IS NULL OR k.consumer_group = $1)
-               AND NOT EXISTS (
-                   SELECT 1 FROM inbox_processor p,
-                        unnest(p.topics, p.event_types) AS h(topic, event_type)
-                   WHERE p.consumer_group = k.consumer_group
-                     AND p.seen_at > now() - 3 * p.heartbeat_ms * interval '1 millisecond'
-                     AND h.topic = k.topic AND h.event_type = k.head_event_type))
-         SELECT w.consumer_group, w.topic, w.head_event_type AS event_type,
-                count(*)::int8 AS keys, sum(r.rows)::int8 AS rows,
-                min(r.oldest) AS oldest_received_at
-         FROM waiting w CROSS JOIN LATERAL (
-             SELECT count(*) AS rows, min(i.received_at) AS oldest FROM inbox_event i
-             WHERE i.consumer_group = w.consumer_group AND i.topic = w.topic
-               AND (i.partition_key = w.partition_key
-                    OR (w.partition_key IS NULL AND i.seq = w.head_seq))
-               AND NOT i.processed AND i.parked_at IS NULL) r
-         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
-    )
-    .bind(group)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
+    Ok(crate::consumer::inbox::unclaimed::inbox_unclaimed(pool, group).await?)
 }
 
 /// Size of one table.

@@ -298,6 +298,53 @@ pub(crate) async fn evict_expired(
     Ok(ended)
 }
 
+/// A relay running against the database, from its membership row
+/// (`outbox_relay_member`) and its locks.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct RelayMember {
+    /// The relay's machine.
+    pub host: String,
+    /// The relay's process id on that machine.
+    pub process_id: i64,
+    /// PostgreSQL backend of its own connection.
+    pub backend_pid: i32,
+    /// Its configured lane count (the same for every relay).
+    pub lanes: i32,
+    /// Lanes it owns right now.
+    pub lanes_owned: i64,
+    /// Seconds since it last renewed its lease.
+    pub renewed_secs_ago: f64,
+    /// Its lease: after that long without renewal another relay ends its
+    /// session and takes its lanes.
+    pub lease_secs: f64,
+    /// Whether the lease has expired (frozen or vanished; another relay ends
+    /// its session at its next rebalance, if it may).
+    pub lease_expired: bool,
+    /// Since when its batches fail because it cannot reach the broker (it
+    /// then hands its lanes to relays that can).
+    pub broker_failing_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Topics it holds because the broker refuses them as a whole (unknown
+    /// topic, not authorized): their events wait in the outbox, no attempt
+    /// counted, until the broker accepts the topic (empty before migration
+    /// 10). As of the relay's last renewal.
+    #[sqlx(json)]
+    pub held_topics: Vec<HeldTopic>,
+}
+
+/// A topic a relay holds (see [`RelayMember::held_topics`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HeldTopic {
+    /// The topic.
+    pub topic: String,
+    /// What the broker answered, e.g. `UnknownTopicOrPartition (Broker:
+    /// Unknown topic or partition), in the topic's metadata`.
+    pub reason: String,
+    /// Since when the relay holds it.
+    pub since: chrono::DateTime<chrono::Utc>,
+    /// Records of it the broker refused since then.
+    pub refusals: u64,
+}
+
 /// Live members, and those of them that can reach their broker, as counted
 /// for the fair share. Members of older versions (no row) count as able.
 pub(crate) async fn census(conn: &mut PgConnection) -> sqlx::Result<(u32, u32)> {
@@ -311,9 +358,7 @@ pub(crate) async fn census(conn: &mut PgConnection) -> sqlx::Result<(u32, u32)> 
 }
 
 /// The live members, for `outbox status`; empty before migration 0006.
-pub(crate) async fn members(
-    pool: &sqlx::PgPool,
-) -> sqlx::Result<Vec<crate::ops::status::RelayMember>> {
+pub(crate) async fn members(pool: &sqlx::PgPool) -> sqlx::Result<Vec<RelayMember>> {
     let migrated: bool =
         sqlx::query_scalar("SELECT to_regclass('outbox_relay_member') IS NOT NULL")
             .fetch_one(pool)

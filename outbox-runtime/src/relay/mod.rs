@@ -41,7 +41,8 @@ mod flight;
 mod held_topics;
 mod keys;
 mod lanes;
-mod membership;
+pub(crate) mod membership;
+pub(crate) mod notify;
 mod partitioner;
 mod partitions;
 mod pipeline;
@@ -74,4 +75,3 @@ pub async fn configure_connection(conn: &mut sqlx::PgConnection) -> sqlx::Result
 }
 
 pub(crate) use membership::members;
-pub(crate) use publish::{WireRow, wire_headers};

@@ -5,14 +5,15 @@ use std::time::{Duration, Instant};
 use futures::channel::oneshot::Canceled;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use tracing::Instrument;
-use txoutbox_core::{trace, wire};
+use txoutbox_core::trace;
 
 use super::partitioner::Partitioner;
 use super::store::ClaimedRow;
+use crate::wire::encode::{WireRow, record_headers};
 
 /// What became of one row of a batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,47 +183,13 @@ pub(crate) fn report_outcome(
 }
 
 fn headers(row: &ClaimedRow, traceparent: Option<&str>) -> OwnedHeaders {
-    wire_headers(&WireRow {
+    record_headers(&WireRow {
         event_id: &row.event_id.to_string(),
         event_type: &row.event_type,
         aggregate_type: &row.aggregate_type,
         aggregate_id: &row.aggregate_id,
         traceparent,
     })
-}
-
-/// What the wire-format headers of an outbox row are made of.
-pub(crate) struct WireRow<'a> {
-    pub(crate) event_id: &'a str,
-    pub(crate) event_type: &'a str,
-    pub(crate) aggregate_type: &'a str,
-    pub(crate) aggregate_id: &'a str,
-    pub(crate) traceparent: Option<&'a str>,
-}
-
-/// The headers `docs/wire-format.md` specifies for an outbox row. The one
-/// place they are built: the relay and `outbox replay` send the same record.
-pub(crate) fn wire_headers(row: &WireRow<'_>) -> OwnedHeaders {
-    let mut headers = OwnedHeaders::new_with_capacity(7);
-    for (key, value) in [
-        (wire::HEADER_EVENT_ID, row.event_id),
-        (wire::HEADER_EVENT_TYPE, row.event_type),
-        (wire::HEADER_AGGREGATE_TYPE, row.aggregate_type),
-        (wire::HEADER_AGGREGATE_ID, row.aggregate_id),
-        (wire::HEADER_CONTENT_TYPE, wire::CONTENT_TYPE_JSON),
-    ] {
-        headers = headers.insert(Header {
-            key,
-            value: Some(value),
-        });
-    }
-    if let Some(traceparent) = row.traceparent {
-        headers = headers.insert(Header {
-            key: wire::HEADER_TRACEPARENT,
-            value: Some(traceparent),
-        });
-    }
-    headers
 }
 
 /// What a failure says about the record: refused for itself (counted),

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use txoutbox_core::wakeup::CommitListener;
 
 use super::backoff::jittered_exponential;
-use crate::ops::notify::{CHANNEL, is_enabled};
+use super::notify::{CHANNEL, is_enabled};
 
 /// The relay's wake-up sources.
 pub(crate) struct Wakeups {

@@ -55,6 +55,24 @@ use serde::de::DeserializeOwned;
 
 use crate::consumer::ConsumerBuilder;
 
+impl ConsumerBuilder {
+    /// Registers a saga: one handler per message type it handles (see
+    /// [`crate::saga`]). Each message is then one saga step in the
+    /// consumer's transaction, in dedup or inbox mode alike. The consumer
+    /// also refreshes the saga's gauges (`outbox_sagas_open`,
+    /// `outbox_saga_oldest_open_seconds`) every backlog interval.
+    ///
+    /// ```ignore
+    /// Consumer::builder(pool, kafka, "orders").saga::<OrderFulfilment>().build()?;
+    /// ```
+    pub fn saga<S: Saga>(self) -> Self {
+        let gauges = |pool: sqlx::PgPool| -> futures::future::BoxFuture<'static, sqlx::Result<()>> {
+            Box::pin(async move { telemetry::refresh(&pool, &[S::NAME]).await })
+        };
+        S::register(self.periodic(S::NAME, gauges))
+    }
+}
+
 /// A saga type. Implemented by [`#[saga]`](saga) on the type's `impl` block;
 /// not meant to be implemented by hand.
 pub trait Saga: Serialize + DeserializeOwned + Send + Sync + 'static {

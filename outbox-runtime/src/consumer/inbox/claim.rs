@@ -7,9 +7,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use super::super::handler::{ErasedHandler, EventMeta};
-use super::super::message::DeadLetterReason;
-use super::super::shared::Shared;
+use crate::consumer::handler::{ErasedHandler, EventMeta};
+use crate::consumer::shared::Shared;
+use crate::wire::dead_letter::DeadLetterReason;
 
 /// What orders inbox rows: their topic and partition key (rows without a key
 /// have no order).

@@ -5,8 +5,8 @@
 
 use uuid::Uuid;
 
-use super::super::shared::Shared;
-use super::super::telemetry as m;
+use crate::consumer::shared::Shared;
+use crate::consumer::telemetry as m;
 
 /// This consumer's entry in `inbox_processor`.
 pub(crate) struct Membership {
@@ -148,7 +148,7 @@ async fn report_backlog(ctx: &Shared) {
         metrics::gauge!(m::INBOX_BACKLOG, "group" => ctx.group()).set(backlog as f64);
         metrics::gauge!(m::INBOX_PARKED_ROWS, "group" => ctx.group()).set(parked as f64);
     }
-    match crate::ops::status::inbox_unclaimed(&ctx.pool, Some(&ctx.settings.group_id)).await {
+    match super::unclaimed::inbox_unclaimed(&ctx.pool, Some(&ctx.settings.group_id)).await {
         Ok(waiting) => {
             let keys: i64 = waiting.iter().map(|w| w.keys).sum();
             metrics::gauge!(m::INBOX_UNCLAIMED_KEYS, "group" => ctx.group()).set(keys as f64);

@@ -6,12 +6,12 @@ use std::collections::{HashMap, HashSet};
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::super::handler::HandlerError;
-use super::super::message::DeadLetterReason;
-use super::super::shared::{HandlerFailure, Shared};
-use super::super::summary::Totals;
-use super::super::telemetry as m;
 use super::claim::{Claim, OrderKey, What, claim, read};
+use crate::consumer::handler::HandlerError;
+use crate::consumer::shared::{HandlerFailure, Shared};
+use crate::consumer::summary::Totals;
+use crate::consumer::telemetry as m;
+use crate::wire::dead_letter::DeadLetterReason;
 
 /// How a unit of work ended.
 pub(super) enum Claimed {

@@ -14,6 +14,7 @@ mod claim;
 mod group;
 mod handle;
 mod receipt;
+pub(crate) mod unclaimed;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -28,10 +28,10 @@ use std::sync::Arc;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::super::handler::{Decoded, ErasedHandler};
-use super::super::message::Envelope;
-use super::super::shared::Shared;
-use super::super::telemetry as m;
+use crate::consumer::handler::{Decoded, ErasedHandler};
+use crate::consumer::message::Envelope;
+use crate::consumer::shared::Shared;
+use crate::consumer::telemetry as m;
 
 /// What storing a batch did.
 #[derive(Debug, Default)]

@@ -18,7 +18,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use super::super::OpsError;
+use crate::ops::OpsError;
 
 /// How long one metadata, watermark or offset request may take.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);

@@ -674,7 +674,7 @@ impl Sent {
 
 /// The relay's headers (see `txoutbox_core::wire`) plus [`HEADER_REPLAY`].
 fn headers(row: &Row, event_id: &str, run: &str) -> OwnedHeaders {
-    crate::relay::wire_headers(&crate::relay::WireRow {
+    crate::wire::encode::record_headers(&crate::wire::encode::WireRow {
         event_id,
         event_type: &row.event_type,
         aggregate_type: &row.aggregate_type,

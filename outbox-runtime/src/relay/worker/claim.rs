@@ -6,14 +6,14 @@ use std::time::Instant;
 
 use tracing::{Instrument, Span, field};
 
-use super::super::batch::Enqueued;
-use super::super::keys::TopicKeys;
-use super::super::partitions::Route;
-use super::super::prediction::TopicMetadata;
-use super::super::publish::Outcome;
-use super::super::session;
-use super::super::store::{self, ClaimedRow};
 use super::{BatchError, Worker};
+use crate::relay::batch::Enqueued;
+use crate::relay::keys::TopicKeys;
+use crate::relay::partitions::Route;
+use crate::relay::prediction::TopicMetadata;
+use crate::relay::publish::Outcome;
+use crate::relay::session;
+use crate::relay::store::{self, ClaimedRow};
 
 impl Worker {
     /// Gets the partitions' state up to date (partition counts, probes due,

@@ -5,15 +5,15 @@ use std::time::Instant;
 
 use tracing::Instrument;
 
-use super::super::backoff::retry_delay;
-use super::super::batch::{Batch, Resolved};
-use super::super::partitions::Tp;
-use super::super::publish::Outcome;
-use super::super::session;
-use super::super::store::{self, ClaimedRow, Retry};
-use super::super::summary::Totals;
-use super::super::telemetry as metric;
 use super::{BatchError, Progress, Worker};
+use crate::relay::backoff::retry_delay;
+use crate::relay::batch::{Batch, Resolved};
+use crate::relay::partitions::Tp;
+use crate::relay::publish::Outcome;
+use crate::relay::session;
+use crate::relay::store::{self, ClaimedRow, Retry};
+use crate::relay::summary::Totals;
+use crate::relay::telemetry as metric;
 
 impl Worker {
     /// Settles what is complete: batches whose reports are all in (in any

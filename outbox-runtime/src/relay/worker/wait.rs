@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::backoff::error_delay;
-use super::super::summary::Totals;
 use super::{BatchError, Cadence, IDLE_WAIT_FIRST, Progress, REBUILD_AFTER_OUTAGES, Worker};
+use crate::relay::backoff::error_delay;
+use crate::relay::summary::Totals;
 
 impl Worker {
     /// After a claim of `claimed` rows: idles if nothing is in flight, claims
