@@ -32,7 +32,8 @@
 //!
 //! Write them with a command handler: `#[outbox_handler]` (or the plain
 //! [`transaction`] API) runs your statements and inserts the events you
-//! [record](Events::record) in one transaction; see `docs/handler.md`.
+//! [record](Events::record) in one transaction; see `docs/handler.md`. Code
+//! that manages its own transaction writes a collector with [`Events::write`].
 //! Events recorded with [`Events::record_after`] or [`Events::record_at`] are
 //! delivered not before a given time ([`cancel_scheduled`] calls one back
 //! while it is not due); see `docs/relay.md`, *Scheduled delivery*.
@@ -55,7 +56,7 @@ pub mod wire;
 pub use committable::{check_committable, not_committable};
 pub use domain_event::{DomainEvent, PartitionKey};
 pub use error::{DbErrorDisplay, Error};
-pub use events::{Events, ScheduledRecord};
+pub use events::{AfterCommit, Events, ScheduledRecord};
 pub use insert::{cancel_scheduled, insert_events, insert_records};
 pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
 pub use retry::Backoff;
