@@ -71,6 +71,13 @@ pub async fn check_committable(conn: &mut PgConnection) -> Result<(), Error> {
         .await
     {
         Ok(_) => Ok(()),
-        Err(error) => Err(not_committable(&error).unwrap_or(Error::Database(error))),
+        Err(error) => Err(statement_error(error)),
     }
+}
+
+/// The framework's error for a failed statement of its own after code it
+/// does not control: [`not_committable`]'s when the transaction could no
+/// longer commit, the statement's own ([`Error::Database`]) otherwise.
+pub(crate) fn statement_error(error: sqlx::Error) -> Error {
+    not_committable(&error).unwrap_or(Error::Database(error))
 }

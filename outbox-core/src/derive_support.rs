@@ -3,6 +3,8 @@
 
 use uuid::Uuid;
 
+use crate::schema::json_schema_for;
+
 /// Generated code names `String` through this path, so that a user's own type
 /// called `String` cannot capture it.
 pub use std::string::String;
@@ -28,7 +30,9 @@ impl EventIdField for Uuid {
 }
 
 /// The event's JSON Schema, for the schema registration. A separate trait so
-/// that a missing `#[derive(JsonSchema)]` is reported with the message below.
+/// that a missing `#[derive(JsonSchema)]` is reported with the message below;
+/// the schema itself is [`json_schema_for`]'s, so what the derive registers is
+/// what the docs, the tests and hand-written descriptors use.
 #[diagnostic::on_unimplemented(
     message = "event `{Self}` needs a JSON Schema: add `#[derive(schemars::JsonSchema)]`",
     label = "`{Self}` does not implement `schemars::JsonSchema`",
@@ -41,6 +45,6 @@ pub trait EventSchema {
 
 impl<T: schemars::JsonSchema> EventSchema for T {
     fn event_schema() -> schemars::Schema {
-        schemars::SchemaGenerator::default().into_root_schema_for::<T>()
+        json_schema_for::<T>()
     }
 }

@@ -30,33 +30,30 @@ SELECT * FROM UNNEST(
 const CANCEL_SCHEDULED: &str = "DELETE FROM outbox_scheduled WHERE event_id = $1";
 
 /// Inserts everything `events` recorded, on `conn` (use `&mut *tx` inside a
-/// transaction): the immediate records into `outbox_event`
-/// ([`insert_records`]) and the scheduled ones into `outbox_scheduled`, one
-/// statement each (none for a kind with no event). Returns the number of
-/// rows inserted, both kinds together.
+/// transaction): the immediate records into `outbox_event` and the scheduled
+/// ones into `outbox_scheduled`, one statement each (none for a kind with no
+/// event). Returns the number of rows inserted, both kinds together. A
+/// record whose partition key is longer than [`MAX_PARTITION_KEY_BYTES`]
+/// (one built by hand and [prepared](Events::record_prepared)) fails the
+/// call with `sqlx::Error::InvalidArgument` before anything is sent.
 ///
-/// The unit of work calls this for you; it is public for code that manages
-/// its own transaction. The relay is woken after the commit as for
-/// [`insert_records`] (a scheduled event is published by the relay's
-/// scheduler when due, whether or not it is woken).
+/// This is the insert of [`Events::write`], which the unit of work, the
+/// test helper and the consumers call; use that one in code that manages
+/// its own transaction: it also refuses the events whose deferred
+/// serialization failed, and its [`AfterCommit`](crate::AfterCommit) wakes
+/// the relay of this process after your commit. Rows written here alone are
+/// published at the relay's next poll.
 ///
 /// ```no_run
-/// # #[derive(serde::Serialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
-/// # #[event(topic = "orders", aggregate = "Order")]
-/// # struct PaymentTimedOut { event_id: uuid::Uuid, #[partition_key] order_id: i64 }
-/// # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-///
+/// # async fn f(pool: sqlx::PgPool, records: Vec<txoutbox_core::OutboxRecord>) -> Result<(), sqlx::Error> {
 /// let mut events = txoutbox_core::Events::new();
-/// events.try_record_after(
-///     PaymentTimedOut { event_id: uuid::Uuid::now_v7(), order_id: 7 },
-///     Duration::from_secs(900),
-/// )?;
+/// for record in records {
+///     events.record_prepared(record);
+/// }
 /// let mut tx = pool.begin().await?;
-/// // ... your own statements on &mut *tx ...
-/// txoutbox_core::insert_events(&mut tx, &events).await?;
+/// let inserted = txoutbox_core::insert_events(&mut tx, &events).await?;
+/// assert_eq!(inserted, events.len() as u64);
 /// tx.commit().await?;
-/// txoutbox_core::wakeup::notify_committed();
 /// # Ok(()) }
 /// ```
 pub async fn insert_events(conn: &mut PgConnection, events: &Events) -> Result<u64, sqlx::Error> {
@@ -122,33 +119,15 @@ pub async fn cancel_scheduled(
     Ok(done.rows_affected() > 0)
 }
 
-/// Inserts `records` into `outbox_event` in one round trip, on `conn` (use
-/// `&mut *tx` to run it inside a transaction). Returns the number of rows
-/// inserted; an empty slice sends nothing. A record whose partition key is
-/// longer than [`MAX_PARTITION_KEY_BYTES`] fails the call with
-/// `sqlx::Error::InvalidArgument` before anything is sent.
-///
-/// The unit of work calls this for you. It is public for code that manages
-/// its own transaction (and for tests that need outbox rows).
-///
-/// ```no_run
-/// # async fn f(pool: sqlx::PgPool, records: Vec<txoutbox_core::OutboxRecord>) -> Result<(), sqlx::Error> {
-/// let mut tx = pool.begin().await?;
-/// // ... your own statements on &mut *tx ...
-/// txoutbox_core::insert_records(&mut tx, &records).await?;
-/// tx.commit().await?;
-/// txoutbox_core::wakeup::notify_committed();
-/// # Ok(()) }
-/// ```
-pub async fn insert_records(
+/// Inserts `records` into `outbox_event` in one round trip, on `conn`.
+/// Returns the number of rows inserted; an empty slice sends nothing.
+async fn insert_records(
     conn: &mut PgConnection,
     records: &[OutboxRecord],
 ) -> Result<u64, sqlx::Error> {
     if records.is_empty() {
         return Ok(0);
     }
-    // Records built by hand skip `OutboxRecord::from_event`'s check.
-    check_keys(records.iter())?;
     let done = Columns::of(records.iter())
         .bind(sqlx::query(INSERT_OUTBOX))
         .execute(conn)

@@ -32,7 +32,8 @@
 //!
 //! Write them with a command handler: `#[outbox_handler]` (or the plain
 //! [`transaction`] API) runs your statements and inserts the events you
-//! [record](Events::record) in one transaction; see `docs/handler.md`.
+//! [record](Events::record) in one transaction; see `docs/handler.md`. Code
+//! that manages its own transaction writes a collector with [`Events::write`].
 //! Events recorded with [`Events::record_after`] or [`Events::record_at`] are
 //! delivered not before a given time ([`cancel_scheduled`] calls one back
 //! while it is not due); see `docs/relay.md`, *Scheduled delivery*.
@@ -49,14 +50,14 @@ pub mod schema;
 pub mod testing;
 pub mod trace;
 mod unit_of_work;
-pub mod wakeup;
+mod wakeup;
 pub mod wire;
 
 pub use committable::{check_committable, not_committable};
 pub use domain_event::{DomainEvent, PartitionKey};
 pub use error::{DbErrorDisplay, Error};
-pub use events::{Events, ScheduledRecord};
-pub use insert::{cancel_scheduled, insert_events, insert_records};
+pub use events::{AfterCommit, Events, ScheduledRecord};
+pub use insert::{cancel_scheduled, insert_events};
 pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
 pub use retry::Backoff;
 pub use unit_of_work::{
@@ -74,4 +75,11 @@ pub mod __private {
     pub use schemars;
     pub use serde_json;
     pub use uuid;
+
+    /// The in-process wake-up behind [`AfterCommit`](crate::AfterCommit), for
+    /// the runtime: its relay listens, and its writers that insert outbox
+    /// rows without a collector (the scheduler, dead-letter replays) signal.
+    pub mod wakeup {
+        pub use crate::wakeup::{CommitListener, listener, notify_committed};
+    }
 }

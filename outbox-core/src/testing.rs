@@ -4,8 +4,7 @@
 use sqlx::{Postgres, Transaction};
 
 use crate::{
-    DomainEvent, Error, Events, OutboxRecord, ScheduledRecord, TransactionSource,
-    check_committable, insert_events, not_committable,
+    AfterCommit, DomainEvent, Error, Events, OutboxRecord, ScheduledRecord, TransactionSource,
 };
 
 /// Runs `handler` in a transaction that is always rolled back, and returns
@@ -56,22 +55,13 @@ where
     let mut tx = source.begin_transaction(None).await?;
     let mut events = Events::new();
     let output = handler(&mut tx, &mut events).await;
-    if let Err(error) = events.take_failure() {
-        tx.rollback().await?;
-        return Err(error);
-    }
-    // As the unit of work does: a handler that swallowed a database error
-    // left the transaction aborted, and would commit nothing.
-    let stored = if events.is_empty() {
-        check_committable(&mut tx).await
-    } else {
-        insert_events(&mut tx, &events)
-            .await
-            .map(drop)
-            .map_err(|error| not_committable(&error).unwrap_or(Error::Database(error)))
-    };
+    // As the unit of work does: a deferred serialization failure, or a
+    // handler that swallowed a database error and left the transaction
+    // aborted (which would commit nothing), fails the run.
+    let stored = events.write_last(&mut tx).await;
     tx.rollback().await?;
-    stored?;
+    // Rolled back: there is nothing to wake a relay for.
+    let _rolled_back: AfterCommit = stored?;
     Ok(Recorded { output, events })
 }
 

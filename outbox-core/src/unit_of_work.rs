@@ -6,7 +6,8 @@ use std::future::Future;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 
-use crate::{Error, Events, check_committable, insert_events, not_committable, retry, wakeup};
+use crate::committable::statement_error;
+use crate::{Error, Events, retry};
 
 /// Transaction isolation level of a unit of work.
 ///
@@ -92,10 +93,11 @@ impl TransactionSource for &mut PgConnection {
 ///
 /// `run` opens a transaction, runs your code with it and a fresh [`Events`]
 /// collector, then inserts the recorded events into `outbox_event` (one
-/// statement, after your writes), commits, and wakes an in-process relay
-/// ([`wakeup::notify_committed`]). If your code returns `Err` (including a `?`
-/// early return), panics, or the insert or commit fails, the transaction is
-/// rolled back and nothing of it is written.
+/// statement, after your writes: [`Events::write`]), commits, and wakes an
+/// in-process relay ([`AfterCommit::committed`](crate::AfterCommit::committed)).
+/// If your code returns `Err` (including a `?` early return), panics, or the
+/// insert or commit fails, the transaction is rolled back and nothing of it
+/// is written.
 ///
 /// Your error type needs only `From<txoutbox_core::Error>` (framework failures:
 /// begin, serialization, outbox insert, commit, are converted into it).
@@ -309,42 +311,25 @@ async fn finish<T, E>(
             return Err(Failure::Handler(error));
         }
     };
-    if let Err(error) = events.take_failure() {
-        rollback(tx).await;
-        return Err(Failure::Framework(error));
-    }
-    // The insert is the first statement after the handler's: if the handler
-    // left the transaction aborted, it fails with 25P02, which says so. With
-    // nothing to insert, one statement asks (see `check_committable`).
-    let statement = if events.is_empty() {
-        check_committable(&mut tx).await.map(|()| 0)
-    } else {
-        insert_events(&mut tx, &events)
-            .await
-            .map_err(framework_error)
-    };
-    let inserted = match statement {
-        Ok(inserted) => inserted,
+    // A deferred serialization failure fails the attempt before anything is
+    // sent. The insert is the first statement after the handler's: if the
+    // handler left the transaction aborted, it fails with 25P02, which says
+    // so. With nothing to insert, one statement asks (see `check_committable`).
+    let after_commit = match events.write_last(&mut tx).await {
+        Ok(after_commit) => after_commit,
         Err(error) => {
             rollback(tx).await;
             return Err(Failure::Framework(error));
         }
     };
     // A failed commit (deferred constraint, serialization failure) has rolled
-    // the transaction back on the server; nothing to undo here.
+    // the transaction back on the server; nothing to undo here. An aborted or
+    // ended transaction is the handler's doing and says so.
     tx.commit()
         .await
-        .map_err(|error| Failure::Framework(framework_error(error)))?;
-    if inserted > 0 {
-        wakeup::notify_committed();
-    }
+        .map_err(|error| Failure::Framework(statement_error(error)))?;
+    after_commit.committed();
     Ok(output)
-}
-
-/// A statement's error as the framework reports it: an aborted or ended
-/// transaction is the handler's doing and says so.
-fn framework_error(error: sqlx::Error) -> Error {
-    not_committable(&error).unwrap_or(Error::Database(error))
 }
 
 /// Rolls back eagerly so the connection is clean when the error reaches the

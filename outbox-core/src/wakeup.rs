@@ -1,7 +1,8 @@
 //! In-process wake-up after a commit that wrote outbox rows.
 //!
 //! The write path calls [`notify_committed`] after every successful commit that
-//! inserted events; a relay in the same process holds a [`CommitListener`] and
+//! inserted events ([`AfterCommit::committed`](crate::AfterCommit::committed));
+//! a relay in the same process holds a [`CommitListener`] and
 //! publishes at once instead of waiting for its next poll. Wake-ups are never
 //! lost (a commit between two waits is seen by the next wait) and never
 //! required for correctness: the relay still polls.
@@ -25,14 +26,6 @@ pub fn listener() -> CommitListener {
 }
 
 /// Awaits commits signalled with [`notify_committed`].
-///
-/// ```
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let mut listener = txoutbox_core::wakeup::listener();
-/// txoutbox_core::wakeup::notify_committed();
-/// listener.committed().await; // returns at once: a commit happened since the last wait
-/// # });
-/// ```
 #[derive(Debug, Clone)]
 pub struct CommitListener {
     receiver: watch::Receiver<u64>,
@@ -44,5 +37,17 @@ impl CommitListener {
     pub async fn committed(&mut self) {
         // The sender is a static and never dropped, so `changed` cannot fail.
         let _ = self.receiver.changed().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_commit_since_the_last_wait_returns_at_once() {
+        let mut listener = listener();
+        notify_committed();
+        listener.committed().await;
     }
 }

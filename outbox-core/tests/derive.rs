@@ -2,7 +2,7 @@
 
 use schemars::JsonSchema;
 use serde::Serialize;
-use txoutbox_core::schema::registered_events;
+use txoutbox_core::schema::{EventDescriptor, json_schema_for, registered_events};
 use txoutbox_core::{DomainEvent, OutboxRecord, PartitionKey};
 use uuid::Uuid;
 
@@ -95,6 +95,20 @@ struct Audited {
     event_id: Uuid,
     #[partition_key]
     r#type: String,
+}
+
+/// Fields whose schema depends on the contract: required when serialized
+/// although `#[serde(default)]`, optional when skipped if empty.
+#[derive(DomainEvent, Serialize, JsonSchema)]
+#[event(topic = "reminders", aggregate = "Reminder")]
+struct ReminderSet {
+    event_id: Uuid,
+    #[partition_key]
+    reminder_id: u64,
+    #[serde(default)]
+    repeat: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 fn uuid(n: u128) -> Uuid {
@@ -259,4 +273,33 @@ fn every_event_is_registered_for_the_schema_export() {
             1
         );
     }
+}
+
+#[test]
+fn the_derive_registers_the_schema_of_json_schema_for() {
+    let events = registered_events();
+    let registered = |event_type: &str| -> &EventDescriptor {
+        events
+            .iter()
+            .find(|e| e.event_type == event_type)
+            .unwrap_or_else(|| panic!("{event_type} not registered"))
+    };
+    let pairs = [
+        ("OrderCreated", json_schema_for::<OrderCreated>()),
+        ("CustomerRenamed", json_schema_for::<CustomerRenamed>()),
+        ("ledger.entry.posted.v2", json_schema_for::<EntryPosted>()),
+        ("StockAdjusted", json_schema_for::<StockAdjusted>()),
+        ("StockCounted", json_schema_for::<StockCounted>()),
+        ("Audited", json_schema_for::<Audited>()),
+        ("ReminderSet", json_schema_for::<ReminderSet>()),
+    ];
+    for (event_type, expected) in pairs {
+        assert_eq!((registered(event_type).schema)(), expected, "{event_type}");
+    }
+    // The serialize contract: what consumers receive.
+    let reminder = (registered("ReminderSet").schema)();
+    assert_eq!(
+        reminder.get("required").unwrap(),
+        &serde_json::json!(["event_id", "reminder_id", "repeat"])
+    );
 }

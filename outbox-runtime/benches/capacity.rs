@@ -69,8 +69,10 @@ async fn write(pool: &PgPool, topic: &str, n: usize) -> f64 {
             let (pool, topic) = (pool.clone(), topic.to_owned());
             tokio::spawn(async move {
                 for i in (w..n).step_by(WRITERS) {
+                    let mut events = txoutbox_core::Events::new();
+                    events.record_prepared(record(&topic, i));
                     let mut tx = pool.begin().await.unwrap();
-                    txoutbox_core::insert_records(&mut tx, &[record(&topic, i)])
+                    txoutbox_core::insert_events(&mut tx, &events)
                         .await
                         .unwrap();
                     tx.commit().await.unwrap();

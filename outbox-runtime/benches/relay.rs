@@ -836,7 +836,7 @@ impl Bench {
                         .await
                         .unwrap();
                         committed.lock().unwrap()[seq] = Some((Instant::now(), SystemTime::now()));
-                        txoutbox_core::wakeup::notify_committed();
+                        txoutbox_core::__private::wakeup::notify_committed();
                     }
                 })
             })

@@ -150,10 +150,9 @@ async fn framework_step(pool: &PgPool, reply: Reply) {
         .handle(&mut tx, reply, &meta, &mut events)
         .await
         .unwrap();
-    txoutbox_core::insert_records(&mut tx, events.records())
-        .await
-        .unwrap();
+    let after_commit = events.write(&mut tx).await.unwrap();
     tx.commit().await.unwrap();
+    after_commit.committed();
 }
 
 /// The same step written by hand with sqlx: the same reads and writes.
@@ -185,7 +184,9 @@ async fn hand_step(pool: &PgPool, reply: Reply) {
     .execute(&mut *tx)
     .await
     .unwrap();
-    txoutbox_core::insert_records(&mut tx, std::slice::from_ref(&record))
+    let mut events = Events::new();
+    events.record_prepared(record);
+    txoutbox_core::insert_events(&mut tx, &events)
         .await
         .unwrap();
     tx.commit().await.unwrap();

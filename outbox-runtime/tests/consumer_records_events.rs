@@ -98,7 +98,7 @@ async fn dedup_mode_stores_recorded_events_once_and_wakes_the_relay(pool: &PgPoo
     produce_event(&producer, &poison).await;
     let end = high_watermarks(ReactPaid::TOPIC, 1).await;
 
-    let mut wakeup = txoutbox_core::wakeup::listener();
+    let mut wakeup = txoutbox_core::__private::wakeup::listener();
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_react_paid)
         .max_attempts(2)

@@ -354,7 +354,7 @@ async fn write_versions(pool: &PgPool, keys: &[uuid::Uuid], version: i64) {
     .execute(pool)
     .await
     .unwrap();
-    txoutbox_core::wakeup::notify_committed();
+    txoutbox_core::__private::wakeup::notify_committed();
 }
 
 fn consumer(pool: &PgPool, group: &str, handler: impl EventHandler) -> ConsumerHandle {

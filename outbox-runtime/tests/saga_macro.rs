@@ -121,10 +121,9 @@ async fn apply<H: EventHandler>(
     let mut tx = pool.begin().await.unwrap();
     let mut events = Events::new();
     handler.handle(&mut tx, event, &meta, &mut events).await?;
-    txoutbox_core::insert_records(&mut tx, events.records())
-        .await
-        .unwrap();
+    let after_commit = events.write(&mut tx).await.unwrap();
     tx.commit().await.unwrap();
+    after_commit.committed();
     Ok(())
 }
 

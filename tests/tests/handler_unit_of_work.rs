@@ -220,7 +220,7 @@ async fn an_over_long_partition_key_fails_the_unit_of_work_and_writes_nothing(po
     assert_eq!(count(&pool, "orders").await, 0);
     assert_eq!(count(&pool, "outbox_event").await, 0);
 
-    // At the limit it is accepted; `insert_records` refuses a longer one
+    // At the limit it is accepted; `insert_events` refuses a longer one
     // built by hand, before sending anything.
     let at_limit = "s".repeat(txoutbox_core::MAX_PARTITION_KEY_BYTES);
     transaction(&pool)
@@ -232,8 +232,10 @@ async fn an_over_long_partition_key_fails_the_unit_of_work_and_writes_nothing(po
         .unwrap();
     let mut record = txoutbox_core::OutboxRecord::from_event(&stock_reserved("sku", 1)).unwrap();
     record.partition_key = too_long.clone();
+    let mut prepared = txoutbox_core::Events::new();
+    prepared.record_prepared(record);
     let mut conn = pool.acquire().await.unwrap();
-    let refused = txoutbox_core::insert_records(&mut conn, &[record]).await;
+    let refused = txoutbox_core::insert_events(&mut conn, &prepared).await;
     assert!(
         matches!(&refused, Err(sqlx::Error::InvalidArgument(message)) if message.contains("partition key")),
         "{refused:?}"
@@ -361,20 +363,22 @@ async fn runs_on_a_borrowed_connection(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
-async fn insert_records_is_one_statement_for_many_rows(pool: PgPool) {
+async fn insert_events_is_one_statement_for_many_rows(pool: PgPool) {
     setup(&pool).await;
     let events: Vec<_> = (0..100).map(|i| order_created(i, i)).collect();
-    let records: Vec<_> = events
-        .iter()
-        .map(|e| txoutbox_core::OutboxRecord::from_event(e).unwrap())
-        .collect();
+    let mut records = txoutbox_core::Events::new();
+    for event in &events {
+        records.record_prepared(txoutbox_core::OutboxRecord::from_event(event).unwrap());
+    }
     let mut conn = pool.acquire().await.unwrap();
     assert_eq!(
-        txoutbox_core::insert_records(&mut conn, &[]).await.unwrap(),
+        txoutbox_core::insert_events(&mut conn, &txoutbox_core::Events::new())
+            .await
+            .unwrap(),
         0
     );
     assert_eq!(
-        txoutbox_core::insert_records(&mut conn, &records)
+        txoutbox_core::insert_events(&mut conn, &records)
             .await
             .unwrap(),
         100

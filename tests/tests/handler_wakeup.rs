@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use handler_support::*;
 use sqlx::PgPool;
-use txoutbox_core::{transaction, wakeup};
+use txoutbox_core::__private::wakeup;
+use txoutbox_core::transaction;
 
 /// Long enough for a wake-up already sent to be seen; nothing else commits here.
 const QUIET: Duration = Duration::from_millis(100);

@@ -4,8 +4,7 @@
 //! off, counting).
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -13,7 +12,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-use txoutbox_core::Events;
+use txoutbox_core::{AfterCommit, Events};
 
 use super::config::Settings;
 use super::dlq::DeadLetters;
@@ -31,8 +30,9 @@ pub(crate) struct Shared {
     /// Wakes idle inbox processors when rows were stored.
     pub(crate) stored: Notify,
     pub(crate) token: CancellationToken,
-    /// Set when a handler recorded outbox events that are not committed yet.
-    pub(crate) events_recorded: AtomicBool,
+    /// What the events handlers wrote and not committed yet leave to do
+    /// after the commit (see [`Shared::committed`]).
+    after_commit: Mutex<AfterCommit>,
     /// What the consumer did so far, for its summary (shared with its handle).
     pub(crate) totals: Arc<Totals>,
     /// How every transaction of the consumer begins (see [`Shared::begin`]).
@@ -68,7 +68,7 @@ impl Shared {
             dlq,
             stored: Notify::new(),
             token: CancellationToken::new(),
-            events_recorded: AtomicBool::new(false),
+            after_commit: Mutex::default(),
             totals: Arc::default(),
             begin_statement,
         }
@@ -146,11 +146,19 @@ impl Shared {
 
     /// After a commit of a handler's transaction: wakes the relay of this
     /// process if handlers recorded events. Best effort (processors share the
-    /// flag, so one commit may take another's wake-up); the relay polls anyway.
+    /// pending wake-up, so one commit may take another's); the relay polls
+    /// anyway.
     pub(crate) fn committed(&self) {
-        if self.events_recorded.swap(false, Ordering::Relaxed) {
-            txoutbox_core::wakeup::notify_committed();
-        }
+        let pending = std::mem::take(&mut *self.pending_after_commit());
+        pending.committed();
+    }
+
+    fn pending_after_commit(&self) -> std::sync::MutexGuard<'_, AfterCommit> {
+        // Nothing panics while holding the lock; a poisoned one is still a
+        // number of rows.
+        self.after_commit
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether the database answers; a handler error while it does not is an
@@ -198,8 +206,8 @@ impl Shared {
     }
 
     /// Runs the handler inside the producer's trace (from `traceparent`), at
-    /// most for the handler timeout, then inserts the events it recorded
-    /// into `outbox_event` in the same transaction. Callers call
+    /// most for the handler timeout, then writes the events it recorded in
+    /// the same transaction ([`Events::write`]). Callers call
     /// [`Shared::committed`] after committing `tx`.
     ///
     /// A handler that returns `Ok` on a transaction it left aborted is found
@@ -272,27 +280,28 @@ impl Shared {
                 error,
                 timed_out: false,
             };
-            if let Some(failure) = events.failure() {
-                return Err(failed(HandlerError::new(format!(
-                    "an event the handler recorded cannot be stored: {failure}"
-                ))));
-            }
-            if !events.is_empty() {
-                if let Err(error) = txoutbox_core::insert_events(tx, &events).await {
-                    return Err(failed(match txoutbox_core::not_committable(&error) {
-                        Some(unusable) => HandlerError::new(format!(
-                            "handler `{}` returned Ok, but {unusable}",
-                            handler.name()
-                        )),
-                        None => HandlerError::new(format!(
-                            "storing recorded events: {}",
-                            txoutbox_core::DbErrorDisplay(&error)
-                        )),
-                    }));
+            match events.write(tx).await {
+                Ok(after_commit) => {
+                    let mut pending = self.pending_after_commit();
+                    *pending = pending.and(after_commit);
+                    Ok(())
                 }
-                self.events_recorded.store(true, Ordering::Relaxed);
+                Err(error) => Err(failed(match error {
+                    unusable @ (txoutbox_core::Error::TransactionAborted
+                    | txoutbox_core::Error::TransactionEnded) => HandlerError::new(format!(
+                        "handler `{}` returned Ok, but {unusable}",
+                        handler.name()
+                    )),
+                    txoutbox_core::Error::Database(error) => HandlerError::new(format!(
+                        "storing recorded events: {}",
+                        txoutbox_core::DbErrorDisplay(&error)
+                    )),
+                    // The deferred failure of `Events::record`.
+                    failure => HandlerError::new(format!(
+                        "an event the handler recorded cannot be stored: {failure}"
+                    )),
+                })),
             }
-            Ok(())
         })
         .instrument(span)
         .await;

@@ -187,7 +187,7 @@ pub async fn retry(
     )
     .await?;
     if table == Table::Outbox && !retried.is_empty() {
-        txoutbox_core::wakeup::notify_committed();
+        txoutbox_core::__private::wakeup::notify_committed();
     }
     Ok(retried)
 }

@@ -78,7 +78,7 @@ impl Relay {
             self.partitions,
             totals,
             cancel,
-            Wakeups::new(txoutbox_core::wakeup::listener(), remote),
+            Wakeups::new(txoutbox_core::__private::wakeup::listener(), remote),
         )
     }
 

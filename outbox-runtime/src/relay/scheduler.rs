@@ -121,7 +121,7 @@ impl Scheduler {
                 metrics::counter!(metric::SCHEDULED_MOVED).increment(moved.inserted as u64);
                 Totals::add(&self.totals.scheduled_moved, moved.inserted as u64);
                 // The worker publishes them now rather than at its next poll.
-                txoutbox_core::wakeup::notify_committed();
+                txoutbox_core::__private::wakeup::notify_committed();
             }
             if moved.taken < MOVE_BATCH as i64 {
                 break;

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use txoutbox_core::wakeup::CommitListener;
+use txoutbox_core::__private::wakeup::CommitListener;
 
 use super::backoff::jittered_exponential;
 use super::notify::{CHANNEL, is_enabled};

@@ -85,7 +85,7 @@ pub(crate) async fn insert(pool: &PgPool, events: &[NewEvent]) -> Vec<Uuid> {
     .execute(pool)
     .await
     .unwrap();
-    txoutbox_core::wakeup::notify_committed();
+    txoutbox_core::__private::wakeup::notify_committed();
     ids
 }
 

@@ -649,6 +649,8 @@ pub async fn begin(
         .bind(behaviour.as_str())
         .execute(&mut *tx)
         .await?;
-    txoutbox_core::insert_records(&mut tx, &[record]).await?;
+    let mut events = txoutbox_core::Events::new();
+    events.record_prepared(record);
+    txoutbox_core::insert_events(&mut tx, &events).await?;
     tx.commit().await
 }
