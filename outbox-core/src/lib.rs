@@ -47,6 +47,7 @@ mod insert;
 mod record;
 mod retry;
 pub mod schema;
+mod sink;
 pub mod testing;
 pub mod trace;
 mod unit_of_work;
@@ -56,10 +57,11 @@ pub mod wire;
 pub use committable::{check_committable, not_committable};
 pub use domain_event::{DomainEvent, PartitionKey};
 pub use error::{DbErrorDisplay, Error};
-pub use events::{AfterCommit, Events, ScheduledRecord};
+pub use events::{Events, ScheduledRecord};
 pub use insert::{cancel_scheduled, insert_events};
 pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
 pub use retry::Backoff;
+pub use sink::AfterCommit;
 pub use unit_of_work::{
     IsolationLevel, RetryingUnitOfWork, TransactionSource, UnitOfWork, transaction,
 };

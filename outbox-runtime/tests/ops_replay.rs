@@ -9,6 +9,8 @@
 mod consumer_support;
 mod ops_support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
@@ -224,8 +226,10 @@ txoutbox_testkit::test_event!(
 const KEYS: usize = 8;
 /// Versions of each key written (and published) before the rebuild starts.
 const HISTORY: i64 = 25;
-/// Versions of each key written while the rebuild runs.
+/// Versions of each key written while the rebuild runs, at least.
 const LIVE: i64 = 15;
+/// Rounds of new versions written after the rebuilding group runs on its own.
+const AFTER_REBUILD: i64 = 3;
 
 /// The projection's tables: the state (last version per key) and the log of
 /// every call in handling order, with the version the fold found before.
@@ -463,23 +467,35 @@ async fn rebuild_while_live_traffic_flows(pool: PgPool, how: HowRebuilt) -> Rebu
 
     // The rebuild, while new versions keep coming (one round every 60 ms).
     let rebuild_group = consumer_support::unique_group("ops-replay-rebuilt");
+    // At least LIVE rounds, and at least AFTER_REBUILD of them after the
+    // rebuilding group is on its own (however slow the machine), so that
+    // both sources carry events.
+    let started = Arc::new(AtomicBool::new(false));
     let writer = {
-        let (pool, keys) = (pool.clone(), keys.clone());
+        let (pool, keys, started) = (pool.clone(), keys.clone(), Arc::clone(&started));
         tokio::spawn(async move {
-            for version in HISTORY + 1..=HISTORY + LIVE {
+            let mut version = HISTORY;
+            let mut after_rebuild = 0;
+            while version < HISTORY + LIVE || after_rebuild < AFTER_REBUILD {
                 tokio::time::sleep(Duration::from_millis(60)).await;
+                let rebuilding = started.load(Ordering::SeqCst);
+                version += 1;
                 write_versions(&pool, &keys, version).await;
+                if rebuilding {
+                    after_rebuild += 1;
+                }
             }
+            version
         })
     };
     let rebuilt = match how {
         HowRebuilt::IntoTheLiveTopic => republish(&pool, live_topic, &rebuild_group).await,
         HowRebuilt::WithAHandover => rebuild(&pool, live_topic, &rebuild_group).await,
     };
-    writer.await.unwrap();
+    started.store(true, Ordering::SeqCst);
+    let last = writer.await.unwrap();
 
     // Everything converges: both projections handled every event once.
-    let last = HISTORY + LIVE;
     let total = KEYS as i64 * last;
     for projection in ["live", "rebuilt"] {
         txoutbox_testkit::eventually(projection, Duration::from_secs(30), || async {

@@ -1,0 +1,116 @@
+//! The event sink: the one operation that writes what a collector recorded
+//! ([`Events::write`]), used by the unit of work, the test helper and the
+//! runtime's consumers, and what it leaves to do after the commit.
+
+use sqlx::PgConnection;
+
+use crate::{Error, Events, check_committable, committable, insert, wakeup};
+
+impl Events {
+    /// Writes what was recorded, on `conn` (use `&mut *tx`, or `&mut tx`,
+    /// inside your transaction): the one way recorded events reach the
+    /// database, used by the unit of work, the test helper and the consumers.
+    ///
+    /// In order, before anything is sent: the deferred failure of
+    /// [`record`](Events::record) and its siblings (taken out, and returned
+    /// as it is: [`Error::Serialize`], [`Error::PayloadNotObject`] or
+    /// [`Error::PartitionKeyTooLong`]); then every partition key, including
+    /// those of [prepared](Events::record_prepared) records. Then the
+    /// immediate records go into `outbox_event` and the scheduled ones into
+    /// `outbox_scheduled`, one statement each ([`insert_events`](crate::insert_events));
+    /// a collector with no event sends nothing. A failed statement is
+    /// [`Error::TransactionAborted`] or [`Error::TransactionEnded`] when the
+    /// transaction could no longer commit (the code before left it so), or
+    /// [`Error::Database`].
+    ///
+    /// Returns what to do once the transaction commits: call
+    /// [`AfterCommit::committed`] then, so that a relay in this process
+    /// publishes at once instead of at its next poll.
+    ///
+    /// ```no_run
+    /// # #[derive(serde::Serialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
+    /// # #[event(topic = "orders", aggregate = "Order")]
+    /// # struct PaymentTimedOut { event_id: uuid::Uuid, #[partition_key] order_id: i64 }
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), txoutbox_core::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let mut events = txoutbox_core::Events::new();
+    /// events.record_after(
+    ///     PaymentTimedOut { event_id: uuid::Uuid::now_v7(), order_id: 7 },
+    ///     Duration::from_secs(900),
+    /// );
+    /// let mut tx = pool.begin().await?;
+    /// // ... your own statements on &mut *tx ...
+    /// let after_commit = events.write(&mut tx).await?;
+    /// assert_eq!(after_commit.rows(), 1);
+    /// tx.commit().await?;
+    /// after_commit.committed();
+    /// # Ok(()) }
+    /// ```
+    pub async fn write(&mut self, conn: &mut PgConnection) -> Result<AfterCommit, Error> {
+        self.take_failure()?;
+        let rows = insert::insert_events(conn, self)
+            .await
+            .map_err(committable::statement_error)?;
+        Ok(AfterCommit { rows })
+    }
+
+    /// [`write`](Events::write) at the end of a transaction the framework
+    /// commits after the handler's code: with nothing to write, one
+    /// statement checks that the transaction can still commit
+    /// ([`check_committable`]), since no insert proves it.
+    pub(crate) async fn write_last(
+        &mut self,
+        conn: &mut PgConnection,
+    ) -> Result<AfterCommit, Error> {
+        let after_commit = self.write(&mut *conn).await?;
+        if self.is_empty() {
+            check_committable(conn).await?;
+        }
+        Ok(after_commit)
+    }
+}
+
+/// What [`Events::write`] leaves to do once its transaction commits: wake a
+/// relay running in this process if rows were written.
+///
+/// The wake-up is an optimisation, never needed for correctness (the relay
+/// polls), but without it an event waits for the relay's next poll. Call
+/// [`committed`](AfterCommit::committed) only after a successful commit:
+/// after a rollback there is nothing to publish, so drop the value.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[must_use = "call `committed()` after the transaction commits, so that a relay in this process publishes the events at once"]
+pub struct AfterCommit {
+    rows: u64,
+}
+
+impl AfterCommit {
+    /// The rows written, immediate and scheduled together.
+    pub fn rows(self) -> u64 {
+        self.rows
+    }
+
+    /// Both writes, for one transaction that wrote several collectors: the
+    /// relay is woken if either wrote rows.
+    ///
+    /// ```
+    /// use txoutbox_core::AfterCommit;
+    ///
+    /// let nothing = AfterCommit::default();
+    /// assert_eq!(nothing.and(AfterCommit::default()).rows(), 0);
+    /// ```
+    pub fn and(self, other: AfterCommit) -> AfterCommit {
+        AfterCommit {
+            rows: self.rows.saturating_add(other.rows),
+        }
+    }
+
+    /// The transaction committed: wakes the relay of this process if rows
+    /// were written (a scheduled event is moved by the relay's scheduler
+    /// when due, whether or not it is woken).
+    pub fn committed(self) {
+        if self.rows > 0 {
+            wakeup::notify_committed();
+        }
+    }
+}
