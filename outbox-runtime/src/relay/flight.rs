@@ -8,6 +8,15 @@
 //! decided when sending), or split once it stalls: its reported rows are
 //! settled and the late ones wait on as stragglers, holding their keys, no
 //! longer holding a pipeline slot.
+//!
+//! Claims overlap deliveries: while batches are being delivered, the next one
+//! is claimed and enqueued, and each batch is settled (marked) once its
+//! deliveries are in, in whatever order they complete, so the database work
+//! overlaps the broker's. Under a backlog two full batches are in flight; at
+//! low rates a commit signal claims at once even while small batches are in
+//! flight (up to [`MAX_IN_FLIGHT`]), so an event does not wait for the
+//! previous batch's round trip. [`Flight::has_room`] decides when another
+//! claim may join.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -22,6 +31,9 @@ use super::keys::TopicKeys;
 use super::partitions::Partitions;
 use super::publish::{Outcome, report_outcome};
 
+/// Most batches in flight at once.
+pub(super) const MAX_IN_FLIGHT: usize = 4;
+
 /// librdkafka fails every message after `message.timeout.ms`; this margin
 /// only guards against a lost report.
 const REPORT_GUARD: Duration = Duration::from_secs(5);
@@ -35,6 +47,10 @@ pub(crate) struct Flight {
     resolved: Vec<Resolved>,
     next_seq: u64,
     last_delivery: Option<Instant>,
+    /// Set when every row of a claimed batch was held (see
+    /// [`held_keys`](Self::held_keys)): no further claim until a batch
+    /// settles.
+    claim_blocked: bool,
 }
 
 impl Flight {
@@ -122,6 +138,40 @@ impl Flight {
     /// Whether any delivery report came in since `since`.
     pub(crate) fn delivered_since(&self, since: Instant) -> bool {
         self.last_delivery.is_some_and(|at| at >= since)
+    }
+
+    /// Whether another batch may be claimed: not while a claim found only
+    /// rows held back (until a batch settles); otherwise always up to two
+    /// batches (claim overlapping delivery), more only while they are small.
+    /// Late rows (stragglers) take no room.
+    pub(crate) fn has_room(&self, batch_size: usize) -> bool {
+        if self.claim_blocked {
+            return false;
+        }
+        let batches = self.batch_count();
+        batches < 2 || (batches < MAX_IN_FLIGHT && self.batch_rows() < batch_size)
+    }
+
+    /// Lifts the claim pause once nothing is in flight (also after batches
+    /// were dropped on errors: nothing is left to wait for).
+    pub(crate) fn unpause_if_empty(&mut self) {
+        if self.is_empty() {
+            self.claim_blocked = false;
+        }
+    }
+
+    /// Takes a claimed batch in, as the publisher built it; returns its rows.
+    /// A batch whose every row was held behind rows in flight is not taken:
+    /// claiming again before something settles would find the same rows, so
+    /// claims pause until a settle (and 0 is returned).
+    pub(crate) fn admit(&mut self, batch: Enqueued, delivery_timeout: Duration) -> usize {
+        self.claim_blocked = !batch.needs_settling();
+        if self.claim_blocked {
+            return 0;
+        }
+        let claimed = batch.rows.len();
+        self.add(batch, delivery_timeout);
+        claimed
     }
 
     /// Takes a batch in.
@@ -264,12 +314,16 @@ impl Flight {
         }
     }
 
-    /// Batches whose every report is in, in claim order.
+    /// Batches whose every report is in, in claim order. Settling frees
+    /// what a claim was paused for.
     pub(crate) fn take_complete(&mut self) -> Vec<Batch> {
-        let (complete, pending) = std::mem::take(&mut self.batches)
+        let (complete, pending): (Vec<Batch>, Vec<Batch>) = std::mem::take(&mut self.batches)
             .into_iter()
             .partition(|b| b.outstanding == 0);
         self.batches = pending;
+        if !complete.is_empty() {
+            self.claim_blocked = false;
+        }
         complete
     }
 
@@ -292,10 +346,12 @@ impl Flight {
     }
 
     /// Takes batch `seq` out to be settled now; its rows still awaiting a
-    /// report stay in flight as stragglers.
+    /// report stay in flight as stragglers. Settling frees what a claim was
+    /// paused for.
     pub(crate) fn split(&mut self, seq: u64) -> Option<Batch> {
         let position = self.batches.iter().position(|b| b.seq == seq)?;
         let mut batch = self.batches.remove(position);
+        self.claim_blocked = false;
         for index in 0..batch.rows.len() {
             if batch.outcomes[index].is_none() {
                 batch.outcomes[index] = Some(Outcome::Straggling);
@@ -313,9 +369,14 @@ impl Flight {
         Some(batch)
     }
 
-    /// Stragglers whose report is in (or lost), to settle.
+    /// Stragglers whose report is in (or lost), to settle. Settling frees
+    /// what a claim was paused for.
     pub(crate) fn take_resolved(&mut self) -> Vec<Resolved> {
-        std::mem::take(&mut self.resolved)
+        let resolved = std::mem::take(&mut self.resolved);
+        if !resolved.is_empty() {
+            self.claim_blocked = false;
+        }
+        resolved
     }
 
     /// Forgets everything (the connection that could mark it is gone: the
@@ -323,6 +384,7 @@ impl Flight {
     pub(crate) fn clear(&mut self) {
         *self = Self {
             next_seq: self.next_seq,
+            claim_blocked: self.claim_blocked,
             ..Self::default()
         };
     }

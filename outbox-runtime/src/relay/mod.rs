@@ -45,7 +45,6 @@ pub(crate) mod membership;
 pub(crate) mod notify;
 mod partitioner;
 mod partitions;
-mod pipeline;
 mod prediction;
 mod publish;
 mod run;

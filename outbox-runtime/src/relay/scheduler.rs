@@ -19,7 +19,6 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::error_delay;
 use super::config::RelayConfig;
 use super::session;
-use super::store;
 use super::summary::Totals;
 use super::telemetry as metric;
 
@@ -109,7 +108,7 @@ impl Scheduler {
             let moved = match session::bounded(
                 limit,
                 "moving due scheduled events",
-                store::move_due(&self.pool, MOVE_BATCH),
+                move_due(&self.pool, MOVE_BATCH),
             )
             .await
             {
@@ -130,7 +129,7 @@ impl Scheduler {
         let next = session::bounded(
             limit,
             "finding the next due scheduled event",
-            store::next_due_in(&self.pool),
+            next_due_in(&self.pool),
         )
         .await;
         match next {
@@ -148,7 +147,7 @@ impl Scheduler {
         let pending = session::bounded(
             limit,
             "counting scheduled events",
-            store::scheduled_pending(&self.pool),
+            scheduled_pending(&self.pool),
         )
         .await;
         match pending {
@@ -181,6 +180,96 @@ fn sleep_for(next_due_in: Option<f64>, moved_any: bool, poll: Duration) -> Durat
         Some(_) if moved_any => Duration::ZERO,
         Some(_) => CONTENDED_WAIT.min(poll),
     }
+}
+
+// The scheduler's statements.
+
+/// What one move of due scheduled rows did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Moved {
+    /// Due rows taken out of `outbox_scheduled` (at most the limit).
+    taken: i64,
+    /// Rows inserted into `outbox_event` (fewer than `taken` only when an
+    /// event id was in `outbox_event` already: that copy wins).
+    inserted: i64,
+}
+
+/// Advisory lock class of the scheduler's moves: "obxs".
+const SCHEDULE_LOCK: i32 = 0x6f62_7873;
+
+/// Moves up to `limit` due rows from `outbox_scheduled` into `outbox_event`,
+/// in due order (`deliver_after`, then recording order), in one transaction.
+///
+/// The moves of all relays are serialized by a transaction-level advisory
+/// lock, taken without waiting: a relay that does not get it moves nothing
+/// (the holder is moving the same rows). Without it, two relays moving
+/// overlapping batches at once could interleave their `outbox_event` ids
+/// and publish two due messages of one key out of order. `SKIP LOCKED`
+/// keeps a move from waiting on a row a `cancel_scheduled` is deleting.
+/// Rows are never lost or doubled: they leave `outbox_scheduled` in the
+/// same transaction that inserts them (a crash rolls both back).
+///
+/// A moved row's `created_at` is the time of the move (its column default):
+/// the backlog gauges, `outbox status` and `outbox replay` then see it as
+/// written when it became due, not as a row waiting since it was recorded.
+async fn move_due(pool: &PgPool, limit: usize) -> sqlx::Result<Moved> {
+    let mut tx = crate::txn::begin(pool).await?;
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, 0)")
+        .bind(SCHEDULE_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !locked {
+        tx.rollback().await?;
+        return Ok(Moved {
+            taken: 0,
+            inserted: 0,
+        });
+    }
+    let (taken, inserted): (i64, i64) = sqlx::query_as(
+        "WITH due AS (
+             DELETE FROM outbox_scheduled
+             WHERE id IN (SELECT id FROM outbox_scheduled
+                          WHERE deliver_after <= now()
+                          ORDER BY deliver_after, id
+                          LIMIT $1
+                          FOR UPDATE SKIP LOCKED)
+             RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload, topic,
+                       partition_key, traceparent, deliver_after),
+         moved AS (
+             INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
+                                       topic, partition_key, traceparent, deliver_after)
+             SELECT event_id, aggregate_type, aggregate_id, event_type, payload, topic,
+                    partition_key, traceparent, deliver_after
+             FROM due
+             ORDER BY deliver_after, id
+             ON CONFLICT (event_id) DO NOTHING
+             RETURNING 1)
+         SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM moved)",
+    )
+    .bind(limit as i64)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Moved { taken, inserted })
+}
+
+/// Seconds from now until the earliest due time of `outbox_scheduled`
+/// (negative if a row is due already); `None` if nothing is scheduled. One
+/// step of the `(deliver_after, id)` index.
+async fn next_due_in(pool: &PgPool) -> sqlx::Result<Option<f64>> {
+    sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM min(deliver_after) - clock_timestamp())::float8
+         FROM outbox_scheduled",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Scheduled events not moved yet, due or not.
+async fn scheduled_pending(pool: &PgPool) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM outbox_scheduled")
+        .fetch_one(pool)
+        .await
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The relay loop: rebalance lanes, claim, publish, settle, wait.
 //!
-//! [`Worker::run`] turns these steps over the [`Pipeline`] of batches in
+//! [`Worker::run`] turns these steps over the [`Flight`] of batches in
 //! flight until shutdown, then drains it. The steps beyond the lanes live
 //! in child modules: `claim.rs` (claim, then publish), `settle.rs` (mark what
 //! the broker answered) and `wait.rs` (for reports, commits or timers).
@@ -18,10 +18,10 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::error_delay;
 use super::config::RelayConfig;
 use super::error::RelayError;
+use super::flight::Flight;
 use super::held_topics::HeldTopics;
 use super::lanes::{Lanes, Rebalanced};
 use super::partitions::Partitions;
-use super::pipeline::Pipeline;
 use super::publish::Publisher;
 use super::session;
 use super::store;
@@ -48,7 +48,7 @@ pub(crate) struct Worker {
     wakeup: Wakeups,
     /// Batches and stragglers handed to the producer, not settled yet, and
     /// the claim pause.
-    pipeline: Pipeline,
+    flight: Flight,
     /// Partition prediction and the partitions held back as unavailable.
     partitions: Partitions,
     /// Topics the broker refuses as a whole, left out of claims.
@@ -116,13 +116,13 @@ impl Worker {
             totals,
             cancel,
             wakeup,
-            pipeline: Pipeline::default(),
+            flight: Flight::default(),
             partitions,
         }
     }
 
     /// The loop. Each turn rebalances lanes (when due), claims a batch and
-    /// publishes it (while room is left in the [`Pipeline`]), then settles
+    /// publishes it (while room is left in the [`Flight`]), then settles
     /// what the broker answered while waiting for reports, a commit signal or
     /// a timer. A batch whose last reports are late while other rows got
     /// through (a partition whose leader is down) is settled without them
@@ -196,7 +196,7 @@ impl Worker {
         self.probe_broker_if_failing().await;
         let mut result = self
             .lanes
-            .rebalance(&self.pool, self.pipeline.is_empty())
+            .rebalance(&self.pool, self.flight.is_empty())
             .await;
         if let Ok(Rebalanced::MustRelease) = result {
             // Lanes are released only while nothing of ours is in flight, so
@@ -245,7 +245,7 @@ impl Worker {
     /// Drops everything in flight (its connection is gone: it is published
     /// again later) and the partitions' state with the probes it held.
     fn forget_in_flight(&mut self) {
-        self.pipeline.clear();
+        self.flight.clear();
         self.partitions.reset();
     }
 

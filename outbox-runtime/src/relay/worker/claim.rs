@@ -26,8 +26,8 @@ impl Worker {
         self.update_held_topics();
         self.partitions.request_probes();
         self.release_held_back().await?;
-        self.pipeline.unpause_if_empty();
-        if !self.pipeline.has_room(self.config.batch_size) {
+        self.flight.unpause_if_empty();
+        if !self.flight.has_room(self.config.batch_size) {
             return Ok(0);
         }
         let started = Instant::now();
@@ -46,7 +46,7 @@ impl Worker {
             topic_refused = field::Empty,
             unavailable = field::Empty,
         );
-        let held_keys = self.pipeline.held_keys(self.publisher.generation());
+        let held_keys = self.flight.held_keys(self.publisher.generation());
         let batch = self
             .publish(rows, &held_keys, started, span.clone())
             .instrument(span)
@@ -54,7 +54,7 @@ impl Worker {
         // Rows of held keys are not sent. If that was all of them, claiming
         // again before something settles would find the same rows, so the
         // pipeline pauses claims until a settle.
-        Ok(self.pipeline.admit(batch, self.config.delivery_timeout))
+        Ok(self.flight.admit(batch, self.config.delivery_timeout))
     }
 
     /// Hands the topics' metadata answers to the held topics (a refused
@@ -101,7 +101,7 @@ impl Worker {
     async fn claim(&mut self) -> Result<Vec<ClaimedRow>, BatchError> {
         let lanes = self.lanes.owned();
         let lane_count = self.lanes.lane_count();
-        let exclude = self.pipeline.ids();
+        let exclude = self.flight.ids();
         let held_topics = self.held_topics.topics();
         let conn = self
             .lanes
@@ -151,7 +151,7 @@ impl Worker {
         let any_down = self.partitions.unavailable() > 0;
         // Only needed to hold back rows of unavailable partitions.
         let in_flight_keys = if any_down {
-            self.pipeline.keys()
+            self.flight.keys()
         } else {
             TopicKeys::default()
         };

@@ -23,13 +23,13 @@ impl Worker {
         let mut progress = Progress::default();
         self.partitions.refresh_metadata(self.publisher.producer());
         self.update_held_topics();
-        self.pipeline.expire(Instant::now());
-        for batch in self.pipeline.take_complete() {
+        self.flight.expire(Instant::now());
+        for batch in self.flight.take_complete() {
             progress.merge(self.settle(batch).await?);
         }
-        for seq in self.pipeline.stalled(self.config.partition_stall_timeout) {
+        for seq in self.flight.stalled(self.config.partition_stall_timeout) {
             self.suspect_stalled(seq);
-            if let Some(batch) = self.pipeline.split(seq) {
+            if let Some(batch) = self.flight.split(seq) {
                 progress.merge(self.settle(batch).await?);
             }
         }
@@ -38,17 +38,17 @@ impl Worker {
         // batch's other rows are settled now, without them.
         if self.held_topics.watching() {
             let held = &self.held_topics;
-            for seq in self.pipeline.waiting_only_on(|topic| held.is_held(topic)) {
-                if let Some(batch) = self.pipeline.split(seq) {
+            for seq in self.flight.waiting_only_on(|topic| held.is_held(topic)) {
+                if let Some(batch) = self.flight.split(seq) {
                     progress.merge(self.settle(batch).await?);
                 }
             }
         }
-        let resolved = self.pipeline.take_resolved();
+        let resolved = self.flight.take_resolved();
         if !resolved.is_empty() {
             progress.merge(self.settle_stragglers(resolved).await?);
         }
-        metrics::gauge!(metric::STRAGGLING).set(self.pipeline.straggler_count() as f64);
+        metrics::gauge!(metric::STRAGGLING).set(self.flight.straggler_count() as f64);
         Ok(progress)
     }
 
@@ -56,7 +56,7 @@ impl Worker {
     /// since the batch was claimed, while others did: those partitions are
     /// unavailable.
     fn suspect_stalled(&mut self, seq: u64) {
-        let Some(batch) = self.pipeline.batch(seq) else {
+        let Some(batch) = self.flight.batch(seq) else {
             return;
         };
         let started = batch.started;
@@ -81,17 +81,15 @@ impl Worker {
     /// Settles everything in flight, late rows included (they take at most
     /// `delivery_timeout`).
     pub(super) async fn settle_all(&mut self) -> Result<(), BatchError> {
-        while !self.pipeline.is_empty() {
-            let timer = self
-                .pipeline
-                .next_timer(self.config.partition_stall_timeout);
-            let awaits_reports = self.pipeline.awaits_reports();
+        while !self.flight.is_empty() {
+            let timer = self.flight.next_timer(self.config.partition_stall_timeout);
+            let awaits_reports = self.flight.awaits_reports();
             let renew_at = self.lanes.renew_at();
             // Renew the lease while waiting: late rows take up to
             // `delivery_timeout`.
             let renew = tokio::select! {
                 biased;
-                () = self.pipeline.next_reports(&mut self.partitions), if awaits_reports => false,
+                () = self.flight.next_reports(&mut self.partitions), if awaits_reports => false,
                 () = tokio::time::sleep_until(timer.unwrap_or_else(Instant::now).into()), if timer.is_some() => false,
                 () = tokio::time::sleep_until(renew_at.into()), if awaits_reports || timer.is_some() => true,
                 else => false,
@@ -138,7 +136,7 @@ impl Worker {
             .collect();
         // Other rows got through since this batch was claimed: what did not
         // is the fault of its partitions, not of the broker as a whole.
-        let others_delivered = self.pipeline.delivered_since(started);
+        let others_delivered = self.flight.delivered_since(started);
         let mut retries = Vec::new();
         let (mut rejected, mut unavailable, mut held, mut held_back, mut straggling) =
             (0usize, 0usize, 0usize, 0usize, 0usize);

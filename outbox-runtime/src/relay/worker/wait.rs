@@ -14,7 +14,7 @@ impl Worker {
     /// otherwise waits and settles, backing off if the broker is out of
     /// reach.
     pub(super) async fn settle_or_wait(&mut self, claimed: usize, cadence: &mut Cadence) {
-        if self.pipeline.is_empty() {
+        if self.flight.is_empty() {
             cadence.idle_wait = (cadence.idle_wait * 2).min(self.config.poll_interval);
             let until_rebalance = cadence
                 .next_rebalance
@@ -24,14 +24,14 @@ impl Worker {
         }
         // Only late rows in flight: poll as when idle (commits of other
         // processes are seen by polling), while awaiting their reports.
-        let poll = if self.pipeline.batch_count() == 0 {
+        let poll = if self.flight.batch_count() == 0 {
             cadence.idle_wait = (cadence.idle_wait * 2).min(self.config.poll_interval);
             Some(cadence.idle_wait)
         } else {
             cadence.idle_wait = IDLE_WAIT_FIRST;
             None
         };
-        if claimed >= self.config.batch_size && self.pipeline.batch_count() < 2 {
+        if claimed >= self.config.batch_size && self.flight.batch_count() < 2 {
             return; // a backlog: fill the pipeline first
         }
         match self
@@ -91,12 +91,12 @@ impl Worker {
     ) -> Result<Progress, BatchError> {
         let poll_at = poll.map(|poll| Instant::now() + poll);
         loop {
-            let room = self.pipeline.has_room(self.config.batch_size);
+            let room = self.flight.has_room(self.config.batch_size);
             let timer = self
-                .pipeline
+                .flight
                 .next_timer(self.config.partition_stall_timeout)
                 .map_or(until, |at| at.min(until));
-            let awaits_reports = self.pipeline.awaits_reports();
+            let awaits_reports = self.flight.awaits_reports();
             // A topic's metadata may hold it, and free the batches that
             // wait only for its rows (see `process_flight`): its answer is
             // awaited too.
@@ -107,7 +107,7 @@ impl Worker {
                 // Settle delivered rows first: they are published only once
                 // marked, and settling unblocks the keys they hold.
                 biased;
-                () = self.pipeline.next_reports(&mut self.partitions), if awaits_reports => (false, false),
+                () = self.flight.next_reports(&mut self.partitions), if awaits_reports => (false, false),
                 () = async { metadata.as_mut().expect("guarded").answered().await }, if metadata_pending => (false, false),
                 () = tokio::time::sleep_until(timer.into()) => (false, false),
                 // A slow broker must not let the lease expire.
@@ -124,7 +124,7 @@ impl Worker {
             if woken
                 || progress.settled
                 || progress.outage
-                || self.pipeline.is_empty()
+                || self.flight.is_empty()
                 || Instant::now() >= until
             {
                 return Ok(progress);
