@@ -23,10 +23,46 @@ use std::sync::Arc;
 use rdkafka::message::OwnedMessage;
 use uuid::Uuid;
 
+use super::handler::{Decoded, ErasedHandler};
+use super::message::Envelope;
 use super::progress::Taken;
-use super::route::{Routed, route};
+use super::route::{Admit, Routed, route};
 use super::shared::Shared;
 use super::work::{Retry, Work};
+use crate::wire::dead_letter::DeadLetterReason;
+
+/// Dedup mode's [`Admit`]: a known event is decoded for its handler now
+/// (a payload that does not fit the handler's type is a dead letter).
+pub(crate) struct ToHandler;
+
+impl Admit for ToHandler {
+    type Taken = (Envelope, Arc<dyn ErasedHandler>, Decoded);
+
+    fn known(&self, envelope: Envelope, handler: &Arc<dyn ErasedHandler>) -> Routed<Self::Taken> {
+        match handler.decode(&envelope.payload) {
+            Ok(event) => Routed::Take((envelope, Arc::clone(handler), event)),
+            Err(error) => Routed::DeadLetter(
+                DeadLetterReason::PayloadMismatch,
+                format!(
+                    "payload does not match `{}`: {error}",
+                    envelope.meta.event_type
+                ),
+            ),
+        }
+    }
+
+    /// Dedup mode has nowhere to keep an event without a handler (building
+    /// a dedup consumer with [`UnknownEventPolicy::Keep`] fails), so such an
+    /// event could only be a dead letter.
+    ///
+    /// [`UnknownEventPolicy::Keep`]: super::UnknownEventPolicy::Keep
+    fn kept(&self, envelope: Envelope) -> Routed<Self::Taken> {
+        Routed::DeadLetter(
+            DeadLetterReason::UnknownEventType,
+            format!("no handler for event type `{}`", envelope.meta.event_type),
+        )
+    }
+}
 
 enum Fast {
     Committed,
@@ -44,12 +80,8 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
     let mut taken = Taken::default();
     let mut work = Vec::new();
     for (index, message) in batch.iter().enumerate() {
-        match route(message, &ctx.dispatch, &ctx.settings) {
-            Routed::Handle {
-                envelope,
-                handler,
-                event,
-            } => work.push(Work {
+        match route(message, &ctx.dispatch, &ctx.settings, &ToHandler) {
+            Routed::Take((envelope, handler, event)) => work.push(Work {
                 index,
                 envelope,
                 handler,
@@ -60,7 +92,6 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
                 taken.done.push(index);
             }
             Routed::DeadLetter(reason, error) => taken.dead.push((index, reason, error)),
-            Routed::Store(_) => unreachable!("only inbox mode stores"),
         }
     }
     if work.is_empty() {

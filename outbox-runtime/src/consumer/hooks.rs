@@ -5,6 +5,9 @@ use rdkafka::message::OwnedMessage;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::config::Mode;
+use super::dedup::ToHandler;
+use super::inbox::IntoInbox;
 use super::route::{Routed, route};
 use super::run::Consumer;
 use crate::wire::dead_letter::DeadLetterReason;
@@ -37,19 +40,30 @@ impl Consumer {
     #[doc(hidden)]
     pub fn __route(&self, message: &OwnedMessage) -> Route {
         let ctx = &self.ctx;
-        match route(message, &ctx.dispatch, &ctx.settings) {
-            Routed::Handle {
-                envelope, handler, ..
-            } => Route::Handle {
-                event_id: envelope.meta.event_id,
-                handler: handler.name(),
-            },
-            Routed::Store(envelope) => Route::Store {
-                event_id: envelope.meta.event_id,
-            },
-            Routed::Skip(_) => Route::Skip,
-            Routed::DeadLetter(reason, _) => Route::DeadLetter(reason),
+        match ctx.settings.mode {
+            Mode::Dedup => report(
+                route(message, &ctx.dispatch, &ctx.settings, &ToHandler),
+                |(envelope, handler, _)| Route::Handle {
+                    event_id: envelope.meta.event_id,
+                    handler: handler.name(),
+                },
+            ),
+            Mode::Inbox => report(
+                route(message, &ctx.dispatch, &ctx.settings, &IntoInbox),
+                |envelope| Route::Store {
+                    event_id: envelope.meta.event_id,
+                },
+            ),
         }
+    }
+}
+
+/// `routed` as [`Route`] says it, with `take` for what the step took.
+fn report<T>(routed: Routed<T>, take: impl FnOnce(T) -> Route) -> Route {
+    match routed {
+        Routed::Take(taken) => take(taken),
+        Routed::Skip(_) => Route::Skip,
+        Routed::DeadLetter(reason, _) => Route::DeadLetter(reason),
     }
 }
 
@@ -70,8 +84,8 @@ impl Consumer {
         let rows: Vec<_> = messages
             .iter()
             .filter_map(
-                |message| match route(message, &ctx.dispatch, &ctx.settings) {
-                    Routed::Store(envelope) => Some(envelope),
+                |message| match route(message, &ctx.dispatch, &ctx.settings, &IntoInbox) {
+                    Routed::Take(envelope) => Some(envelope),
                     _ => None,
                 },
             )

@@ -10,6 +10,7 @@
 //! keys have pending rows, where their head is and until when it waits, so a
 //! claim never reads the rows of keys that cannot go.
 
+mod admit;
 mod claim;
 mod group;
 mod handle;
@@ -25,6 +26,7 @@ use rdkafka::message::OwnedMessage;
 use super::progress::Taken;
 use super::route::{Routed, route};
 use super::shared::Shared;
+pub(crate) use admit::IntoInbox;
 
 pub(crate) use group::Membership;
 
@@ -64,8 +66,8 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
     let mut stored = Vec::new();
     let mut rows = Vec::new();
     for (index, message) in batch.iter().enumerate() {
-        match route(message, &ctx.dispatch, &ctx.settings) {
-            Routed::Store(envelope) => {
+        match route(message, &ctx.dispatch, &ctx.settings, &IntoInbox) {
+            Routed::Take(envelope) => {
                 stored.push(index);
                 rows.push(envelope);
             }
@@ -74,7 +76,6 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
                 taken.done.push(index);
             }
             Routed::DeadLetter(reason, error) => taken.dead.push((index, reason, error)),
-            Routed::Handle { .. } => unreachable!("inbox mode stores, processors handle"),
         }
     }
     if !rows.is_empty() {
