@@ -29,7 +29,10 @@ pub enum ServiceError {
     /// A domain migration failed.
     #[error("database error: {}", txoutbox_core::DbErrorDisplay(.0))]
     Database(#[source] sqlx::Error),
-    /// The relay refused its configuration, or stopped on its own.
+    /// The relay refused its configuration.
+    #[error(transparent)]
+    RelayBuild(#[from] txoutbox_runtime::relay::BuildError),
+    /// The relay stopped on its own.
     #[error(transparent)]
     Relay(#[from] txoutbox_runtime::relay::RelayError),
     /// The consumer could not be built.

@@ -32,7 +32,15 @@ impl From<OpsError> for CliError {
     fn from(error: OpsError) -> Self {
         match error {
             OpsError::Database(e) => database(e),
-            OpsError::InvalidRequest(message) => CliError::Usage(message),
+            OpsError::InboxRowsHaveNoId
+            | OpsError::RebuildWithoutTopic
+            | OpsError::RebuildIntoLiveTopic { .. }
+            | OpsError::TopicMissing { .. }
+            | OpsError::GroupHasOffsets { .. }
+            | OpsError::ReplayNotFinished { .. }
+            | OpsError::UnreadableHandover { .. }
+            | OpsError::UnknownSagaStatus { .. }
+            | OpsError::InvalidCompensation { .. } => CliError::Usage(error.to_string()),
             OpsError::ReplayFailed { ref source, .. } if matches!(&**source, OpsError::Database(e) if schema_missing(e)) => {
                 CliError::Usage(format!("{error}; run `outbox migrate` first"))
             }

@@ -38,13 +38,16 @@ pub(crate) fn is_serialization_failure(error: &(dyn std::error::Error + 'static)
 /// (1-based) is `d = initial * 2^(n-1)`, capped at `max`, of which half is
 /// fixed and half random, so that parties that failed together do not retry
 /// in lockstep. The framework's one backoff: transaction retries, handler
-/// retries, the relay's outages and per-row retries use it.
+/// retries (`ConsumerBuilder::backoff`), the relay's outages and per-row
+/// retries (`RelayBuilder::error_backoff`, `retry_backoff`) use it.
 ///
 /// ```
 /// use std::time::Duration;
 /// use txoutbox_core::Backoff;
 ///
 /// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+/// assert_eq!(backoff.initial(), Duration::from_millis(100));
+/// assert_eq!(backoff.max(), Duration::from_secs(10));
 /// let third = backoff.delay(3); // between 200 and 400 ms
 /// assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
 /// assert!(backoff.delay(100) <= Duration::from_secs(10));
@@ -65,6 +68,16 @@ impl Backoff {
             max
         };
         Self { initial, max }
+    }
+
+    /// The delay before the first retry.
+    pub const fn initial(&self) -> Duration {
+        self.initial
+    }
+
+    /// The longest delay.
+    pub const fn max(&self) -> Duration {
+        self.max
     }
 
     /// The delay before retry number `retry` (1-based; 0 counts as 1).

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use consumer_support::*;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::Backoff;
 use txoutbox_core::DomainEvent;
 use txoutbox_runtime::consumer::{Consumer, EventMeta, event_handler};
 
@@ -214,7 +215,10 @@ async fn a_failing_handler_is_retried_then_dead_lettered_and_the_partition_moves
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_flaky_paid)
         .max_attempts(3)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap()
         .spawn();
@@ -286,7 +290,10 @@ async fn a_database_outage_pauses_the_consumer_without_skipping(pool: PgPool) {
         .unwrap();
     let running = Consumer::builder(consumer_pool.clone(), kafka_config(), &group)
         .handler(on_outage_paid)
-        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(200),
+        ))
         .build()
         .unwrap()
         .spawn();
@@ -396,7 +403,10 @@ async fn shutdown_during_retries_commits_only_what_was_handled(pool: PgPool) {
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_stuck_paid)
         .max_attempts(1000)
-        .backoff(Duration::from_millis(200), Duration::from_secs(1))
+        .backoff(Backoff::new(
+            Duration::from_millis(200),
+            Duration::from_secs(1),
+        ))
         // One message per batch, so the skipped one finishes on its own.
         .batch_size(1)
         .build()

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use consumer_support::*;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::Backoff;
 use txoutbox_core::DomainEvent;
 use txoutbox_runtime::consumer::{Consumer, EventMeta, Mode, event_handler};
 
@@ -142,7 +143,7 @@ async fn a_failing_handler_backs_off_and_its_row_is_parked(pool: PgPool) {
         .handler(on_inbox_flaky)
         .mode(Mode::Inbox)
         .max_attempts(3)
-        .backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .backoff(Backoff::new(Duration::from_millis(20), Duration::from_millis(100)))
         .processor_poll_interval(Duration::from_millis(20))
         .build()
         .unwrap()
@@ -230,7 +231,7 @@ async fn idle_keys_are_handled_on_receipt_and_a_key_with_pending_rows_waits_its_
         .handler(on_inbox_receipt)
         .mode(Mode::Inbox)
         .max_attempts(1_000)
-        .backoff(Duration::from_millis(20), Duration::from_millis(50))
+        .backoff(Backoff::new(Duration::from_millis(20), Duration::from_millis(50)))
         .processor_poll_interval(Duration::from_millis(20))
         .build()
         .unwrap()
@@ -480,7 +481,7 @@ async fn hot_keys_are_drained_in_runs_and_a_failure_holds_back_the_rest_of_its_r
         // above runs processors side by side.
         .processors(1)
         .processor_batch_size(50)
-        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .backoff(Backoff::new(Duration::from_millis(50), Duration::from_millis(200)))
         .processor_poll_interval(Duration::from_millis(5))
         .build()
         .unwrap()

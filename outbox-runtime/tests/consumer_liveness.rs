@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use consumer_support::*;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::Backoff;
 use txoutbox_core::DomainEvent;
 use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
 use uuid::Uuid;
@@ -121,7 +122,10 @@ async fn inbox_a_key_that_keeps_failing_does_not_hold_back_other_keys(pool: PgPo
         .processors(2)
         .processor_batch_size(100)
         .max_attempts(1_000)
-        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(500),
+        ))
         .processor_poll_interval(Duration::from_millis(20))
         .build()
         .unwrap()
@@ -210,7 +214,10 @@ async fn dedup_a_panicking_handler_counts_as_failed_attempts_and_the_consumer_go
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_panicky)
         .max_attempts(3)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap()
         .spawn();
@@ -286,7 +293,10 @@ async fn inbox_a_panicking_handler_is_parked_after_its_attempts_and_processing_g
         .mode(Mode::Inbox)
         .processors(1)
         .max_attempts(3)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .processor_poll_interval(Duration::from_millis(20))
         .build()
         .unwrap()
@@ -738,7 +748,10 @@ async fn dedup_a_failing_event_costs_its_batch_one_more_pass(pool: PgPool) {
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_transient)
         .batch_size(500)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap()
         .spawn();

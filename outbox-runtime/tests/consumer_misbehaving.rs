@@ -139,7 +139,10 @@ async fn dedup_a_handler_that_swallows_a_database_error_is_charged_alone(pool: P
         let running = Consumer::builder(pool.clone(), kafka_config(), &group)
             .handler(on_swallowed)
             .max_attempts(2)
-            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .backoff(txoutbox_core::Backoff::new(
+                Duration::from_millis(10),
+                Duration::from_millis(50),
+            ))
             .build()
             .unwrap()
             .spawn();
@@ -208,7 +211,10 @@ async fn inbox_a_handler_that_swallows_a_database_error_is_parked_alone(pool: Pg
             .processors(1)
             .handle_on_receipt(on_receipt)
             .max_attempts(2)
-            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .backoff(txoutbox_core::Backoff::new(
+                Duration::from_millis(10),
+                Duration::from_millis(50),
+            ))
             .processor_poll_interval(Duration::from_millis(20))
             .build()
             .unwrap()
@@ -315,7 +321,10 @@ async fn dedup_a_backing_off_event_delays_only_its_own_partition(pool: PgPool) {
         .max_attempts(4)
         // 1 s, 2 s, 2 s between the attempts, each with jitter of up to
         // half: 2.5 to 5 s of backing off.
-        .backoff(Duration::from_secs(1), Duration::from_secs(2))
+        .backoff(txoutbox_core::Backoff::new(
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        ))
         .build()
         .unwrap()
         .spawn();
@@ -441,7 +450,10 @@ async fn dedup_a_handler_that_never_returns_times_out_and_is_dead_lettered(pool:
         .handler(on_hanging)
         .handler_timeout(Duration::from_millis(500))
         .max_attempts(2)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(txoutbox_core::Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap()
         .spawn();
@@ -486,7 +498,10 @@ async fn inbox_a_handler_that_never_returns_times_out_and_is_parked(pool: PgPool
         .processors(1)
         .handler_timeout(Duration::from_millis(500))
         .max_attempts(2)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(txoutbox_core::Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .processor_poll_interval(Duration::from_millis(20))
         .build()
         .unwrap()
@@ -571,7 +586,10 @@ async fn a_dead_letter_the_broker_refuses_is_parked_and_nothing_waits(pool: PgPo
     let started = Instant::now();
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_undeliverable)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(txoutbox_core::Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap()
         .spawn();

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use consumer_support::*;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::Backoff;
 use txoutbox_core::{DomainEvent, Events};
 use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
 
@@ -102,7 +103,10 @@ async fn dedup_mode_stores_recorded_events_once_and_wakes_the_relay(pool: &PgPoo
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_react_paid)
         .max_attempts(2)
-        .backoff(Duration::from_millis(20), Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap()
         .spawn();
@@ -145,7 +149,10 @@ async fn inbox_mode_stores_recorded_events_with_the_processed_mark(pool: &PgPool
         .handler(on_react_inbox)
         .mode(Mode::Inbox)
         .max_attempts(2)
-        .backoff(Duration::from_millis(20), Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(50),
+        ))
         .processor_poll_interval(Duration::from_millis(20))
         .build()
         .unwrap()

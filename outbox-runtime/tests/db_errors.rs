@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use consumer_support::*;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::Backoff;
 use txoutbox_core::{DbErrorDisplay, DomainEvent};
 use txoutbox_runtime::consumer::{Consumer, HandlerError, Mode, event_handler};
 use txoutbox_runtime::ops::OpsError;
@@ -181,7 +182,10 @@ async fn an_inbox_row_records_the_database_error_without_source_lines(pool: PgPo
         .handler(on_dup_inbox)
         .mode(Mode::Inbox)
         .max_attempts(2)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .processor_poll_interval(Duration::from_millis(20))
         .build()
         .unwrap()
@@ -224,7 +228,10 @@ async fn a_dead_letter_carries_the_database_error_without_source_lines(pool: PgP
     let running = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_dup_dedup)
         .max_attempts(2)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap()
         .spawn();

@@ -869,7 +869,12 @@ async fn a_rebuild_refuses_a_missing_or_live_target_before_it_starts(pool: PgPoo
     ] {
         let error = replay.run(&pool, &producer, |_| {}).await.unwrap_err();
         assert!(
-            matches!(error, OpsError::InvalidRequest(_)) && error.to_string().contains(expected),
+            matches!(
+                error,
+                OpsError::RebuildWithoutTopic
+                    | OpsError::RebuildIntoLiveTopic { .. }
+                    | OpsError::TopicMissing { .. }
+            ) && error.to_string().contains(expected),
             "{error}"
         );
     }

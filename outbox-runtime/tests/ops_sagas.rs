@@ -178,7 +178,10 @@ async fn show_returns_the_state_and_the_compensations_in_registration_order(pool
         .await
         .unwrap_err();
     assert!(
-        matches!(&broken, OpsError::InvalidRequest(m) if m.contains("`o-8`: stored compensation 1 has no valid event_id")),
+        matches!(&broken, OpsError::InvalidCompensation { saga_id, position: 1, field: "event_id", .. } if saga_id == "o-8")
+            && broken
+                .to_string()
+                .contains("`o-8`: stored compensation 1 has no valid event_id"),
         "{broken}"
     );
 }

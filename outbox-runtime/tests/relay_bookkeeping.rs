@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
 use txoutbox_runtime::relay::Relay;
 
@@ -46,8 +47,14 @@ async fn a_row_whose_failure_cannot_be_recorded_is_parked_and_its_batch_marked_o
     kafka.set("message.max.bytes", "20000");
     let relay = Relay::builder(pool.clone(), kafka)
         .max_attempts(3)
-        .retry_backoff_initial(Duration::from_millis(100))
-        .error_backoff_max(Duration::from_millis(200))
+        .retry_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+        ))
         .spawn()
         .unwrap();
     eventually(

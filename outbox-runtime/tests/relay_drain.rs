@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use relay_support::*;
 use sqlx::PgPool;
-use txoutbox_runtime::relay::{Relay, RelayError};
+use txoutbox_runtime::relay::{BuildError, Relay};
 
 #[sqlx::test(migrations = false)]
 async fn drains_a_backlog_with_key_value_and_headers(pool: PgPool) {
@@ -106,7 +106,7 @@ async fn a_config_disabling_idempotence_is_refused() {
         let mut kafka = kafka_config(&brokers());
         kafka.set(key, value);
         let err = Relay::builder(pool.clone(), kafka).spawn().unwrap_err();
-        assert!(matches!(err, RelayError::IdempotenceRequired { .. }));
+        assert!(matches!(err, BuildError::IdempotenceRequired { .. }));
         let text = err.to_string();
         assert!(
             text.contains("enable.idempotence=true and acks=all") && text.contains(key),

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
 use txoutbox_runtime::relay::Relay;
 
@@ -32,7 +33,10 @@ async fn a_poison_row_is_parked_without_stalling_others_and_can_be_retried(pool:
     kafka.set("message.max.bytes", "20000");
     let relay = Relay::builder(pool.clone(), kafka)
         .max_attempts(3)
-        .retry_backoff_initial(Duration::from_millis(300))
+        .retry_backoff(Backoff::new(
+            Duration::from_millis(300),
+            Duration::from_secs(300),
+        ))
         .spawn()
         .unwrap();
     // Other keys are not held up by the poison row's retries.
@@ -155,7 +159,10 @@ async fn a_broker_outage_loses_nothing(pool: PgPool) {
 
     let relay = Relay::builder(pool.clone(), kafka_config(&address))
         .delivery_timeout(Duration::from_secs(2))
-        .error_backoff_max(Duration::from_millis(500))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(500),
+        ))
         .spawn()
         .unwrap();
     let before = insert(

@@ -13,6 +13,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_runtime::relay::Relay;
 
 /// Every key's `seq` values in topic order (partition, offset).
@@ -163,7 +164,10 @@ async fn a_fatal_error_holds_the_key_until_the_old_producer_settled(pool: PgPool
     let relay = Relay::builder(pool.clone(), kafka)
         .batch_size(100)
         .delivery_timeout(Duration::from_secs(3))
-        .error_backoff_max(Duration::from_millis(300))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(300),
+        ))
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(30)).await;
@@ -226,7 +230,10 @@ async fn a_refused_first_record_holds_its_key_and_breaks_order_only_behind_it(po
     insert(&pool, &events).await;
     let relay = Relay::builder(pool.clone(), kafka)
         .batch_size(BATCH)
-        .retry_backoff_initial(Duration::from_millis(200))
+        .retry_backoff(Backoff::new(
+            Duration::from_millis(200),
+            Duration::from_secs(300),
+        ))
         .spawn()
         .unwrap();
     all_published(&pool, Duration::from_secs(30)).await;

@@ -20,6 +20,7 @@ use metrics::{
 };
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_runtime::relay::Relay;
 use txoutbox_runtime::relay::telemetry as m;
 
@@ -206,7 +207,10 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
     insert(&pool, &[NewEvent::new(&topic, "late", 0)]).await;
     let relay = Relay::builder(pool.clone(), kafka_config(&closed.to_string()))
         .delivery_timeout(Duration::from_millis(500))
-        .error_backoff_max(Duration::from_millis(200))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+        ))
         .spawn()
         .unwrap();
     eventually(
@@ -221,7 +225,10 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
     // The database connection is killed under a running relay: counted, and
     // the relay reconnects and publishes the waiting row.
     let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
-        .error_backoff_max(Duration::from_millis(200))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+        ))
         .spawn()
         .unwrap();
     all_published_but_parked(&pool).await;

@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use rdkafka::mocking::MockCluster;
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_runtime::relay::Relay;
 use uuid::Uuid;
 
@@ -97,8 +98,14 @@ async fn a_broker_down_holds_back_only_its_partitions_and_parks_nothing(pool: Pg
     let relay = Relay::builder(pool.clone(), kafka)
         .delivery_timeout(DELIVERY_TIMEOUT)
         .max_attempts(MAX_ATTEMPTS)
-        .retry_backoff_initial(Duration::from_millis(100))
-        .error_backoff_max(Duration::from_millis(500))
+        .retry_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(500),
+        ))
         .partition_stall_timeout(Duration::from_millis(300))
         .spawn()
         .unwrap();

@@ -10,6 +10,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_runtime::relay::Relay;
 
 #[sqlx::test(migrations = false)]
@@ -27,7 +28,10 @@ async fn a_fatal_producer_error_rebuilds_the_producer(pool: PgPool) {
     kafka.set("enable.gapless.guarantee", "true");
     let relay = Relay::builder(pool.clone(), kafka)
         .delivery_timeout(Duration::from_secs(3))
-        .error_backoff_max(Duration::from_millis(300))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(300),
+        ))
         .spawn()
         .unwrap();
     insert(
@@ -53,7 +57,10 @@ async fn the_relay_reconnects_after_the_database_dropped_it(pool: PgPool) {
     let topic = unique_topic("db");
     create_topic(&brokers, &topic, 1).await;
     let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
-        .error_backoff_max(Duration::from_millis(300))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(300),
+        ))
         .rebalance_interval(Duration::from_millis(200))
         .spawn()
         .unwrap();

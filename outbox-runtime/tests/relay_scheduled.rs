@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_core::{Events, cancel_scheduled, insert_events, transaction};
 use txoutbox_runtime::relay::{Relay, RelayHandle};
 use uuid::Uuid;
@@ -414,7 +415,10 @@ async fn database_errors_do_not_stop_the_scheduler(pool: PgPool) {
     let relay = Relay::builder(pool.clone(), kafka_config(&brokers()))
         .schedule_poll_interval(Duration::from_millis(100))
         .database_timeout(Duration::from_secs(1))
-        .error_backoff_max(Duration::from_millis(300))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(300),
+        ))
         .spawn()
         .unwrap();
 

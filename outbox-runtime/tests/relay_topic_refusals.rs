@@ -26,6 +26,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::types::RDKafkaRespErr;
 use relay_support::*;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_runtime::ops::status;
 use txoutbox_runtime::relay::Relay;
 use txoutbox_runtime::relay::telemetry as m;
@@ -182,8 +183,14 @@ async fn a_refused_topic_is_held_without_attempts_while_other_topics_flow(pool: 
     let relay = Relay::builder(pool.clone(), kafka)
         .batch_size(100)
         .max_attempts(3)
-        .retry_backoff_initial(Duration::from_millis(500))
-        .error_backoff_max(Duration::from_millis(500))
+        .retry_backoff(Backoff::new(
+            Duration::from_millis(500),
+            Duration::from_secs(300),
+        ))
+        .error_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(500),
+        ))
         .partition_stall_timeout(Duration::from_millis(500))
         .rebalance_interval(Duration::from_millis(300))
         .metrics_interval(Duration::from_millis(200))

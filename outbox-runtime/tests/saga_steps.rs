@@ -18,6 +18,7 @@ use consumer_support::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 use txoutbox_core::{DomainEvent, Events};
 use txoutbox_runtime::consumer::{Consumer, EventHandler, EventMeta, HandlerError, Mode};
 use txoutbox_runtime::saga::__private::Step;
@@ -167,7 +168,7 @@ use __saga_Tally_on_reserve as OnReserve;
 /// messages there (the tests run at once, each with its own database), and
 /// each is a step of an unknown saga to the others, retried for the retry
 /// budget before it is ignored: keep that short.
-const STRAYS_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(40));
+const STRAYS_BACKOFF: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(40));
 
 async fn prepare(pool: &PgPool) {
     txoutbox_runtime::migrations::run(pool).await.unwrap();
@@ -443,7 +444,7 @@ async fn concurrent_steps_of_one_saga_never_apply_to_the_same_version(pool: PgPo
         .map(|pool| {
             Consumer::builder(pool, kafka_config(), &group)
                 .saga::<Tally>()
-                .backoff(STRAYS_BACKOFF.0, STRAYS_BACKOFF.1)
+                .backoff(STRAYS_BACKOFF)
                 .build()
                 .unwrap()
                 .spawn()
@@ -496,7 +497,7 @@ async fn a_saga_runs_on_an_inbox_consumer_too(pool: PgPool) {
     let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
         .mode(txoutbox_runtime::consumer::Mode::Inbox)
         .saga::<Tally>()
-        .backoff(STRAYS_BACKOFF.0, STRAYS_BACKOFF.1)
+        .backoff(STRAYS_BACKOFF)
         .build()
         .unwrap()
         .spawn();
@@ -722,7 +723,7 @@ async fn a_step_of_a_saga_that_never_starts_is_ignored_after_its_retries_holding
     // Backoff 400 ms doubling to 1.6 s, with equal jitter: the four retries
     // of the stray step take at least 0.2 + 0.4 + 0.8 + 0.8 = 2.2 s.
     let running = late_consumer(&pool, Mode::Inbox, |builder| {
-        builder.backoff(Duration::from_millis(400), Duration::from_millis(1600))
+        builder.backoff(Backoff::new(Duration::from_millis(400), Duration::from_millis(1600)))
     })
     .await;
     let saga_id = Uuid::new_v4();

@@ -15,7 +15,9 @@ use outbox_tests::faults::proxy::Proxy;
 use outbox_tests::faults::topic;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use txoutbox_runtime::relay::{Relay, RelayConfig, RelayHandle};
+use txoutbox_runtime::relay::{
+    DEFAULT_LEASE_TIMEOUT, DEFAULT_REBALANCE_INTERVAL, Relay, RelayHandle,
+};
 use txoutbox_testkit::broker::{brokers, client_config, new_topic};
 use txoutbox_testkit::{count, eventually};
 use uuid::Uuid;
@@ -100,8 +102,7 @@ fn spawn_writer(
 #[sqlx::test(migrations = false)]
 async fn a_frozen_relay_loses_its_lanes_within_the_lease_and_order_holds(pool: PgPool) {
     txoutbox_runtime::migrations::run(&pool).await.unwrap();
-    let defaults = RelayConfig::default();
-    let bound = defaults.lease_timeout + defaults.rebalance_interval * 2;
+    let bound = DEFAULT_LEASE_TIMEOUT + DEFAULT_REBALANCE_INTERVAL * 2;
     let brokers = brokers();
     let topic = new_topic(&brokers, "relay-takeover", 4).await;
 
@@ -161,8 +162,8 @@ async fn a_frozen_relay_loses_its_lanes_within_the_lease_and_order_holds(pool: P
         a_lanes.len(),
         takeover.as_secs_f64(),
         bound.as_secs_f64(),
-        defaults.lease_timeout,
-        defaults.rebalance_interval,
+        DEFAULT_LEASE_TIMEOUT,
+        DEFAULT_REBALANCE_INTERVAL,
     );
     assert!(
         takeover <= bound + Duration::from_secs(5),

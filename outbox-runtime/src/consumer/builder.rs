@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 
 use super::config::{Mode, PeriodicTask, Settings, UnknownEventPolicy};
 use super::error::BuildError;
@@ -80,8 +81,7 @@ impl ConsumerBuilder {
                 group_id,
                 mode: Mode::Dedup,
                 max_attempts: 5,
-                backoff_initial: Duration::from_millis(100),
-                backoff_max: Duration::from_secs(10),
+                backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
                 dlq_suffix: ".dlq".to_owned(),
                 unknown_events: UnknownEventPolicy::Skip,
                 max_message_bytes: 1024 * 1024,
@@ -149,10 +149,11 @@ impl ConsumerBuilder {
     }
 
     /// Backoff between handler attempts and while the database is unreachable:
-    /// doubles from `initial` up to `max`, with jitter. Default 100 ms to 10 s.
-    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.settings.backoff_initial = initial;
-        self.settings.backoff_max = max.max(initial);
+    /// the retry after failed attempt `n` waits [`Backoff::delay`]`(n)`,
+    /// doubling from the initial delay up to the maximum, with jitter.
+    /// Default `100 ms` to `10 s`.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.settings.backoff = backoff;
         self
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use sqlx::PgPool;
+use txoutbox_core::Backoff;
 
 /// How received events reach their handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,8 +60,8 @@ pub(crate) struct Settings {
     pub(crate) group_id: String,
     pub(crate) mode: Mode,
     pub(crate) max_attempts: u32,
-    pub(crate) backoff_initial: Duration,
-    pub(crate) backoff_max: Duration,
+    /// Retry `n` follows failed attempt `n`.
+    pub(crate) backoff: Backoff,
     pub(crate) dlq_suffix: String,
     pub(crate) unknown_events: UnknownEventPolicy,
     pub(crate) max_message_bytes: usize,
@@ -95,12 +96,5 @@ impl std::fmt::Debug for PeriodicTask {
         f.debug_struct("PeriodicTask")
             .field("name", &self.name)
             .finish_non_exhaustive()
-    }
-}
-
-impl Settings {
-    /// Delay before retry number `attempt` (1-based), see [`txoutbox_core::Backoff`].
-    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
-        txoutbox_core::Backoff::new(self.backoff_initial, self.backoff_max).delay(attempt)
     }
 }

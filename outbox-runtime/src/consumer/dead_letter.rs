@@ -83,7 +83,7 @@ pub(crate) async fn dead_letter(
             break why;
         }
         tracing::warn!(error = %failure, %dlq, tries, "dead-letter publish failed; retrying");
-        if !ctx.pause(ctx.settings.backoff(tries)).await {
+        if !ctx.pause(ctx.settings.backoff.delay(tries)).await {
             return Settled::Interrupted;
         }
     };

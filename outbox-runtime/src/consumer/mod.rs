@@ -82,6 +82,8 @@ pub use hooks::Route;
 pub use inbox::claim_once_for_benchmark;
 pub use run::{Consumer, ConsumerHandle};
 pub use summary::ConsumerSummary;
+/// The backoff of [`ConsumerBuilder::backoff`] (the framework's one backoff).
+pub use txoutbox_core::Backoff;
 pub use txoutbox_derive::event_handler;
 
 pub mod telemetry;

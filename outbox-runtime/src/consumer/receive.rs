@@ -236,7 +236,7 @@ impl Receiver<'_> {
                 .cloned()
                 .collect();
             let attempts = retry.attempts;
-            let due = Instant::now() + self.consumer.ctx.settings.backoff(attempts);
+            let due = Instant::now() + self.consumer.ctx.settings.backoff.delay(attempts);
             self.progress.block(head, retry, due, behind);
             self.pause(&partition, true);
             if attempts >= self.consumer.ctx.settings.max_attempts {
@@ -315,7 +315,7 @@ impl Receiver<'_> {
                         retry.attempts += 1;
                         retry.last_error = error;
                         let spent = retry.attempts >= settings.max_attempts;
-                        let due = Instant::now() + settings.backoff(retry.attempts);
+                        let due = Instant::now() + settings.backoff.delay(retry.attempts);
                         self.progress.retry_later(&partition, epoch, *retry, due);
                         if spent {
                             return self.give_up(&partition, epoch).await;

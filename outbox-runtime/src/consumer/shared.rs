@@ -141,7 +141,7 @@ impl Shared {
         *retry += 1;
         metrics::counter!(m::DB_ERRORS, "group" => self.group()).increment(1);
         tracing::warn!(error = %txoutbox_core::DbErrorDisplay(error), retry = *retry, "database unavailable; pausing before retry");
-        self.pause(self.settings.backoff(*retry)).await
+        self.pause(self.settings.backoff.delay(*retry)).await
     }
 
     /// After a commit of a handler's transaction: wakes the relay of this

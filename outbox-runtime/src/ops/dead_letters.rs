@@ -91,9 +91,7 @@ impl Selection {
         Ok(match self {
             Selection::All => query,
             Selection::Ids(_) if table == Table::Inbox => {
-                return Err(OpsError::InvalidRequest(
-                    "inbox rows have no numeric id; select them by event id".into(),
-                ));
+                return Err(OpsError::InboxRowsHaveNoId);
             }
             Selection::Ids(ids) => query.bind(ids.clone()),
             Selection::EventIds(ids) => query.bind(ids.clone()),

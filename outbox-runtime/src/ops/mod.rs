@@ -27,14 +27,101 @@ pub mod status;
 
 /// Failure of an operator operation.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum OpsError {
     /// The database refused or could not be reached.
     #[error("database error: {}", txoutbox_core::DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
-    /// The request cannot be carried out as asked (e.g. a selection that does
-    /// not apply to the chosen table).
-    #[error("{0}")]
-    InvalidRequest(String),
+    /// Inbox dead letters were selected by numeric id
+    /// ([`Selection::Ids`](dead_letters::Selection::Ids)), which inbox rows
+    /// do not have.
+    #[error("inbox rows have no numeric id; select them by event id")]
+    InboxRowsHaveNoId,
+    /// A rebuild ([`Replay::rebuild`](replay::Replay::rebuild)) was asked
+    /// without the live topic in its filter.
+    #[error("a rebuild replays one live topic: set the filter's topic (--topic)")]
+    RebuildWithoutTopic,
+    /// A rebuild was asked to send to the live topic it replays.
+    #[error(
+        "a rebuild must send to a topic of its own, not to the live topic \
+         '{topic}' (its copies would interleave with live events)"
+    )]
+    RebuildIntoLiveTopic {
+        /// The live topic.
+        topic: String,
+    },
+    /// A topic a rebuild reads or sends to is not on the cluster.
+    #[error(
+        "topic '{topic}' does not exist on the cluster: a rebuild reads the live \
+         topic's end offsets and sends to a replay topic that must be created first \
+         (any partition count)"
+    )]
+    TopicMissing {
+        /// The missing topic.
+        topic: String,
+    },
+    /// The consumer group given to a rebuild's hand-over has committed
+    /// offsets already.
+    #[error(
+        "consumer group '{group}' already has a committed offset on {topic} \
+         (partition {partition} at {offset:?}): a rebuild needs a new group of its own \
+         (dedup rows in processed_event are per group); choose another group name"
+    )]
+    GroupHasOffsets {
+        /// The consumer group.
+        group: String,
+        /// The topic of the committed offset.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The committed offset.
+        offset: rdkafka::Offset,
+    },
+    /// The replay of a rebuild has not finished (or failed), so its end
+    /// offsets are unknown.
+    #[error(
+        "the replay into {replay_topic} has not finished (or failed): its end is not known, \
+         so the group cannot switch to {live_topic} yet"
+    )]
+    ReplayNotFinished {
+        /// The replay topic.
+        replay_topic: String,
+        /// The live topic.
+        live_topic: String,
+    },
+    /// A replay run's recorded hand-over is not one this version reads.
+    #[error("outbox_replay_run {run_id} has a hand-over this version cannot read: {source}")]
+    UnreadableHandover {
+        /// The `outbox_replay_run.id`.
+        run_id: i64,
+        /// Why it could not be read.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A stored saga has a status this version does not know.
+    #[error("saga {saga_type} `{saga_id}` has an unknown status `{status}`")]
+    UnknownSagaStatus {
+        /// The saga's type.
+        saga_type: String,
+        /// The saga's id.
+        saga_id: String,
+        /// The stored status.
+        status: String,
+    },
+    /// A stored saga's pending compensation lacks a field, or has an
+    /// invalid one.
+    #[error("saga {saga_type} `{saga_id}`: stored compensation {position} has no valid {field}")]
+    InvalidCompensation {
+        /// The saga's type.
+        saga_type: String,
+        /// The saga's id.
+        saga_id: String,
+        /// The compensation's position in the stored list, from 1.
+        position: usize,
+        /// The missing or invalid field (`event_id`, `event_type`, `topic`,
+        /// `partition_key`).
+        field: &'static str,
+    },
     /// The Kafka client failed (configuration, or a delivery).
     #[error("kafka error: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),

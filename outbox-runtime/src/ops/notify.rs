@@ -4,7 +4,7 @@
 //!
 //! A relay in the writer's process is woken at once by the in-process commit
 //! signal. A relay in another process only sees new rows at its next poll
-//! (within [`RelayConfig::poll_interval`](crate::relay::RelayConfig::poll_interval)).
+//! (within [`RelayBuilder::poll_interval`](crate::relay::RelayBuilder::poll_interval)).
 //! With notifications enabled, a statement-level trigger on `outbox_event`
 //! sends `NOTIFY outbox_event` from every transaction that inserts rows (or
 //! un-parks them), and relays started with

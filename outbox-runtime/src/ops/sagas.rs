@@ -160,11 +160,10 @@ impl TryFrom<SummaryRow> for SagaSummary {
     type Error = OpsError;
 
     fn try_from(row: SummaryRow) -> Result<Self, OpsError> {
-        let status = SagaStatus::parse(&row.status).ok_or_else(|| {
-            OpsError::InvalidRequest(format!(
-                "saga {} `{}` has an unknown status `{}`",
-                row.saga_type, row.saga_id, row.status
-            ))
+        let status = SagaStatus::parse(&row.status).ok_or_else(|| OpsError::UnknownSagaStatus {
+            saga_type: row.saga_type.clone(),
+            saga_id: row.saga_id.clone(),
+            status: row.status.clone(),
         })?;
         Ok(Self {
             saga_type: row.saga_type,
@@ -283,11 +282,11 @@ pub async fn show(
             .iter()
             .enumerate()
             .map(|(n, item)| {
-                compensation(item).map_err(|what| {
-                    OpsError::InvalidRequest(format!(
-                        "saga {saga_type} `{saga_id}`: stored compensation {} has no valid {what}",
-                        n + 1
-                    ))
+                compensation(item).map_err(|field| OpsError::InvalidCompensation {
+                    saga_type: saga_type.to_owned(),
+                    saga_id: saga_id.to_owned(),
+                    position: n + 1,
+                    field,
                 })
             })
             .collect::<Result<_, _>>()?,

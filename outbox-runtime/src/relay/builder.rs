@@ -7,8 +7,10 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
 
+use txoutbox_core::Backoff;
+
 use super::config::{RelayConfig, validate};
-use super::error::RelayError;
+use super::error::BuildError;
 use super::run::{Relay, RelayHandle};
 use crate::redact::Redacted;
 
@@ -18,10 +20,10 @@ impl Relay {
     /// from `kafka` (any librdkafka settings: `bootstrap.servers`, TLS, SASL,
     /// compression, linger...). The relay adds `enable.idempotence=true` and
     /// `acks=all`, and sets `message.timeout.ms` from
-    /// [`RelayConfig::delivery_timeout`].
+    /// [`RelayBuilder::delivery_timeout`].
     ///
     /// ```no_run
-    /// # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::relay::RelayError> {
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::relay::BuildError> {
     /// let mut kafka = rdkafka::ClientConfig::new();
     /// kafka.set("bootstrap.servers", "localhost:9092");
     /// let handle = txoutbox_runtime::relay::Relay::builder(pool, kafka).spawn()?;
@@ -35,18 +37,20 @@ impl Relay {
 /// Builds and starts a [`Relay`]; created by [`Relay::builder`].
 ///
 /// ```no_run
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::relay::RelayError> {
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use rdkafka::ClientConfig;
+/// use txoutbox_runtime::relay::{Backoff, Relay};
 ///
 /// let mut kafka = ClientConfig::new();
 /// kafka.set("bootstrap.servers", "localhost:9092").set("compression.type", "lz4");
-/// let relay = txoutbox_runtime::relay::Relay::builder(pool, kafka)
+/// let relay = Relay::builder(pool, kafka)
 ///     .batch_size(500)
 ///     .poll_interval(Duration::from_millis(200))
-///     .spawn()?;
+///     .error_backoff(Backoff::new(Duration::from_millis(50), Duration::from_secs(5)))
+///     .spawn()?; // a relay::BuildError
 /// // ... serve requests ...
-/// let summary = relay.shutdown().await?;
+/// let summary = relay.shutdown().await?; // a RelayError
 /// println!("published {} events", summary.published);
 /// # Ok(()) }
 /// ```
@@ -88,46 +92,114 @@ impl RelayBuilder {
         }
     }
 
-    /// Replaces the whole tuning at once.
-    pub fn config(mut self, config: RelayConfig) -> Self {
-        self.config = config;
-        self
-    }
-
     setters! {
-        /// See [`RelayConfig::batch_size`].
+        /// Rows claimed, published and marked per batch. Default `1000`; at
+        /// least 1 (`build` refuses 0).
         batch_size: usize;
-        /// See [`RelayConfig::poll_interval`].
+        /// Longest wait between two polls when the outbox is idle. Default
+        /// `500 ms`; positive.
+        ///
+        /// The relay polls again at once while batches come back full, waits for
+        /// the in-process commit signal otherwise, and backs off from 5 ms up to
+        /// this interval while polls find nothing (commits in another process are
+        /// seen within this interval).
         poll_interval: Duration;
-        /// See [`RelayConfig::schedule_poll_interval`].
+        /// Longest sleep of the relay's scheduler, which moves scheduled events
+        /// (`Events::record_after` / `record_at`) into the outbox when due.
+        /// Default `200 ms`; positive.
+        ///
+        /// The scheduler sleeps until the earliest due time it found, but at
+        /// most this long: an event scheduled meanwhile with an earlier due time
+        /// (or whose due time has passed) is seen within this interval. Each
+        /// wake-up costs one indexed `min()` query.
         schedule_poll_interval: Duration;
-        /// See [`RelayConfig::delivery_timeout`].
+        /// How long librdkafka may try to deliver a message (`message.timeout.ms`):
+        /// the longest a row stays in flight before its delivery counts as
+        /// failed (the claim itself holds no transaction open meanwhile).
+        /// Default `30 s`; at least 1 ms.
         delivery_timeout: Duration;
-        /// See [`RelayConfig::partition_stall_timeout`].
+        /// How long a batch waits for its last delivery reports once other rows
+        /// got through, before it is settled without them. Default `2 s`;
+        /// positive.
+        ///
+        /// Reports missing that long while other partitions deliver mean a
+        /// partition whose leader is down (librdkafka keeps its records until
+        /// `delivery_timeout`): the batch's delivered rows are marked at once,
+        /// the late ones wait on their own (holding their keys, not the
+        /// pipeline), and the relay holds back further rows of that partition,
+        /// without counting attempts, until it is back. This bounds how long an
+        /// outage of some partitions delays the events of the others; see
+        /// `docs/relay.md`, *Partial broker outages*.
         partition_stall_timeout: Duration;
-        /// See [`RelayConfig::max_attempts`].
+        /// Failed attempts after which a row is parked (`parked_at` set), so that it
+        /// no longer blocks later events of its key. Default `10`; at least 1.
+        /// Only refusals of the record itself count (too large, invalid); an
+        /// unavailable broker or partition never does, nor a topic the broker
+        /// refuses as a whole (unknown topic, not authorized: the relay holds
+        /// the topic, see `docs/relay.md`, *Refused topics*).
         max_attempts: u32;
-        /// See [`RelayConfig::retry_backoff_initial`].
-        retry_backoff_initial: Duration;
-        /// See [`RelayConfig::retry_backoff_max`].
-        retry_backoff_max: Duration;
-        /// See [`RelayConfig::error_backoff_initial`].
-        error_backoff_initial: Duration;
-        /// See [`RelayConfig::error_backoff_max`].
-        error_backoff_max: Duration;
-        /// See [`RelayConfig::lanes`].
+        /// Delay before retrying a row the broker refused: the retry after
+        /// attempt `n` waits [`Backoff::delay`]`(n)`, doubling from the
+        /// initial delay up to the maximum, with jitter. Default `1 s` to
+        /// `5 min`.
+        retry_backoff: Backoff;
+        /// Pause after failed batches (broker unreachable, database gone):
+        /// after `n` failures in a row the relay waits
+        /// [`Backoff::delay`]`(n)`, doubling up to the maximum, with jitter.
+        /// The same backoff spaces the probes of an unavailable partition or
+        /// of a topic the broker refuses, and the maximum is the scheduler's
+        /// wait while its table is missing. Default `100 ms` to `10 s`.
+        error_backoff: Backoff;
+        /// Number of lanes partition keys are hashed into. Each lane is published
+        /// by one relay at a time; **every relay on a database must use the same
+        /// value**: a relay whose count differs from a running relay's is refused
+        /// (its task ends with [`RelayError::LaneCountMismatch`](super::RelayError::LaneCountMismatch)); to change the
+        /// count, stop every relay of the database first. Bounds the useful
+        /// number of relays. Default `64`; between 1 and 2^31-1.
         lanes: u32;
-        /// See [`RelayConfig::rebalance_interval`].
+        /// How often a relay re-checks its lane ownership and the number of live
+        /// relays, taking or releasing lanes for a fair share. Default `2 s`
+        /// ([`DEFAULT_REBALANCE_INTERVAL`](super::DEFAULT_REBALANCE_INTERVAL)); positive.
         rebalance_interval: Duration;
-        /// See [`RelayConfig::metrics_interval`].
+        /// How often the backlog gauges are refreshed. Default `10 s`.
         metrics_interval: Duration;
-        /// See [`RelayConfig::lease_timeout`].
+        /// How long a relay may go without renewing its membership before another
+        /// relay ends its database session (`pg_terminate_backend`) and takes its
+        /// lanes. Default `10 s` ([`DEFAULT_LEASE_TIMEOUT`](super::DEFAULT_LEASE_TIMEOUT)).
+        ///
+        /// A relay renews its lease on its own connection every
+        /// `min(rebalance_interval, lease_timeout / 3)`, also while it waits for
+        /// the broker. A relay whose host froze or vanished (power loss, network
+        /// partition: the connection stays open, so PostgreSQL keeps its locks)
+        /// therefore loses its lanes within `lease_timeout + 2 x
+        /// rebalance_interval` (14 s by default) while another relay runs. The
+        /// relay's session also gets server-side TCP keepalive derived from this
+        /// value (probes after `lease_timeout` of silence, every `lease_timeout /
+        /// 5`, five of them; `tcp_user_timeout = 2 x lease_timeout`), which ends
+        /// a vanished host's session after about `2 x lease_timeout` even when no
+        /// other relay can end it. Must exceed `database_timeout` plus the
+        /// renewal period (`build` refuses it otherwise). Ending another
+        /// relay's session needs the same database role or
+        /// `pg_signal_backend`; without it a warning is logged and only
+        /// keepalive applies.
         lease_timeout: Duration;
-        /// See [`RelayConfig::database_timeout`].
+        /// The longest the relay waits for any statement (and for connecting) on
+        /// its own connection: claims, marks, lane changes, renewals. After it
+        /// the relay drops the connection with its lanes (its unmarked batches
+        /// are published again by the lanes' next owner) and reconnects. Keeps a
+        /// relay whose connection froze from waiting for hours. Default `5 s`;
+        /// positive.
         database_timeout: Duration;
-        /// See [`RelayConfig::listen_notify`].
+        /// Also wake up on PostgreSQL notifications from other processes' commits
+        /// (see [`ops::notify`](crate::ops::notify): needs the trigger installed
+        /// with [`ops::notify::enable`](crate::ops::notify::enable) or `outbox
+        /// notify enable`).
+        /// Costs one extra connection per relay. Default `false`: commits in the
+        /// relay's own process wake it at once; others are seen within
+        /// `poll_interval`.
         listen_notify: bool;
-        /// See [`RelayConfig::shutdown_timeout`].
+        /// Bound of [`RelayHandle::shutdown`]: after it, the task is aborted (its
+        /// unmarked rows are published again later). Default `45 s`.
         shutdown_timeout: Duration;
     }
 
@@ -147,7 +219,7 @@ impl RelayBuilder {
     /// `acks` (the relay's producer is always idempotent with `acks=all`), if
     /// a tuning value is out of range, or if librdkafka refuses the
     /// configuration.
-    pub fn build(self) -> Result<Relay, RelayError> {
+    pub fn build(self) -> Result<Relay, BuildError> {
         validate(&self.config)?;
         let kafka = producer_config(&self.kafka, &self.config)?;
         Relay::new(self.pool, kafka, self.config)
@@ -155,7 +227,7 @@ impl RelayBuilder {
 
     /// `build()?.spawn()`: validates, creates the producer and starts the
     /// relay as a tokio task. Must be called inside a tokio runtime.
-    pub fn spawn(self) -> Result<RelayHandle, RelayError> {
+    pub fn spawn(self) -> Result<RelayHandle, BuildError> {
         Ok(self.build()?.spawn())
     }
 }
@@ -169,9 +241,9 @@ impl RelayBuilder {
 pub(super) fn producer_config(
     user: &ClientConfig,
     config: &RelayConfig,
-) -> Result<ClientConfig, RelayError> {
+) -> Result<ClientConfig, BuildError> {
     let refuse = |setting: &str, value: &str| {
-        Err(RelayError::IdempotenceRequired {
+        Err(BuildError::IdempotenceRequired {
             setting: setting.to_owned(),
             value: value.to_owned(),
         })

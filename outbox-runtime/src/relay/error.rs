@@ -1,9 +1,10 @@
-//! Why a relay could not start, or stopped for good.
+//! Why a relay could not be built, or stopped for good.
 
-/// Why a relay could not start, or stopped on its own.
+/// A relay could not be built: what [`RelayBuilder::build`](super::RelayBuilder::build)
+/// and [`spawn`](super::RelayBuilder::spawn) refuse.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RelayError {
+pub enum BuildError {
     /// The Kafka configuration disables idempotence or weakens `acks`.
     #[error(
         "the outbox relay's producer must run with enable.idempotence=true \
@@ -21,8 +22,14 @@ pub enum RelayError {
     /// librdkafka refused the configuration.
     #[error("could not create the relay's kafka producer: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+}
+
+/// A running relay stopped on its own.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
     /// Another relay runs against the same database with a different
-    /// [`RelayConfig::lanes`](super::RelayConfig::lanes). Lanes of different counts cover different
+    /// [`RelayBuilder::lanes`](super::RelayBuilder::lanes). Lanes of different counts cover different
     /// keys, so both relays would publish some keys, out of order: the relay
     /// that joins last is refused (its task ends with this error).
     #[error(

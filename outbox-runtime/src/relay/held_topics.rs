@@ -10,7 +10,7 @@
 //! time, or in the topic's metadata) **holds** the topic: its rows are left
 //! out of claims (no attempt counted, nothing written to them), every other
 //! topic keeps flowing, and the relay asks the broker for the topic's
-//! metadata now and then (a probe, with the `error_backoff_*` backoff). When
+//! metadata now and then (a probe, with the `error_backoff`). When
 //! the metadata lists the topic without error, or a record of it is
 //! delivered, the hold ends and the topic's rows are claimed again, in id
 //! order, so every key stays in order.
@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use txoutbox_core::Backoff;
 
-use super::backoff::jittered_exponential;
 use super::telemetry as metric;
 
 /// One held topic.
@@ -61,14 +61,14 @@ pub(crate) struct HeldTopics {
     /// a delivery, with their failed probes: refused again, a topic goes on
     /// backing off where it was instead of probing from the start.
     unproven: HashMap<String, u32>,
-    probe_backoff: (Duration, Duration),
+    probe_backoff: Backoff,
     /// The held set changed since [`take_changed`](Self::take_changed).
     changed: bool,
 }
 
 impl HeldTopics {
-    /// Probes back off from `probe_backoff.0` to `probe_backoff.1`.
-    pub(crate) fn new(probe_backoff: (Duration, Duration)) -> Self {
+    /// Probes back off with `probe_backoff`.
+    pub(crate) fn new(probe_backoff: Backoff) -> Self {
         Self {
             held: HashMap::new(),
             unproven: HashMap::new(),
@@ -134,9 +134,10 @@ impl HeldTopics {
         self.count_changed();
     }
 
+    /// The wait before the next probe of a topic whose probes failed
+    /// `failures` times: probe number `failures + 1`.
     fn backoff(&self, failures: u32) -> Duration {
-        let (initial, max) = self.probe_backoff;
-        jittered_exponential(initial, max, failures)
+        self.probe_backoff.delay(failures.saturating_add(1))
     }
 
     /// Held topics due a probe, now marked as probing: ask the broker for
@@ -249,7 +250,7 @@ mod tests {
     use super::*;
 
     fn topics() -> HeldTopics {
-        HeldTopics::new((Duration::ZERO, Duration::ZERO))
+        HeldTopics::new(Backoff::new(Duration::ZERO, Duration::ZERO))
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! (a relay with another count is refused), and hold leases: a relay whose
 //! connection froze or whose host vanished loses its lanes to the others
 //! within `lease_timeout + 2 x rebalance_interval` (14 s by default; see
-//! [`RelayConfig::lease_timeout`]). `docs/relay.md` explains the mechanism,
+//! [`RelayBuilder::lease_timeout`]). `docs/relay.md` explains the mechanism,
 //! failure handling, metrics and tuning.
 //!
 //! ```no_run
@@ -57,13 +57,16 @@ mod wakeup;
 mod worker;
 
 pub use builder::RelayBuilder;
-pub use config::RelayConfig;
-pub use error::RelayError;
+pub use config::{DEFAULT_LEASE_TIMEOUT, DEFAULT_REBALANCE_INTERVAL};
+pub use error::{BuildError, RelayError};
 pub use run::{Relay, RelayHandle};
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use store::{claim_and_mark_without_publishing, explain_claim};
 pub use summary::RelaySummary;
+/// The backoff of [`RelayBuilder::retry_backoff`] and
+/// [`RelayBuilder::error_backoff`] (the framework's one backoff).
+pub use txoutbox_core::Backoff;
 
 /// Benchmarks only (feature `test-hooks`): sets a connection up as the
 /// relay sets its own. Not a public API.

@@ -25,6 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::FutureProducer;
+use txoutbox_core::Backoff;
 
 use super::partitioner::Partitioner;
 use super::prediction::{MetadataFetch, Prediction, TopicMetadata};
@@ -79,14 +80,14 @@ pub(crate) struct Partitions {
     released: Vec<i64>,
     /// Shortest hold of a held-back row (`delivery_timeout`).
     hold_for: Duration,
-    probe_backoff: (Duration, Duration),
+    probe_backoff: Backoff,
 }
 
 impl Partitions {
     pub(crate) fn new(
         partitioner: Option<Partitioner>,
         hold_for: Duration,
-        probe_backoff: (Duration, Duration),
+        probe_backoff: Backoff,
     ) -> Self {
         Self {
             prediction: Prediction::new(partitioner),
@@ -251,14 +252,12 @@ impl Partitions {
             }
             return;
         }
-        let (initial, max) = self.probe_backoff;
         if let Some(down) = self.down.get_mut(&tp)
             && down.probe == Some(id)
         {
             down.probe = None;
             down.failures += 1;
-            down.next_probe = Instant::now()
-                + super::backoff::jittered_exponential(initial, max, down.failures - 1);
+            down.next_probe = Instant::now() + self.probe_backoff.delay(down.failures);
         }
     }
 

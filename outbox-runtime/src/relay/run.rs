@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::config::RelayConfig;
-use super::error::RelayError;
+use super::error::{BuildError, RelayError};
 use super::partitions::Partitions;
 use super::publish::Publisher;
 use super::scheduler::Scheduler;
@@ -49,12 +49,12 @@ impl Relay {
         pool: PgPool,
         kafka: ClientConfig,
         config: RelayConfig,
-    ) -> Result<Self, RelayError> {
+    ) -> Result<Self, BuildError> {
         let publisher = Publisher::new(kafka)?;
         let partitions = Partitions::new(
             publisher.partitioner(),
             config.delivery_timeout,
-            (config.error_backoff_initial, config.error_backoff_max),
+            config.error_backoff,
         );
         Ok(Self {
             pool,
@@ -112,7 +112,7 @@ impl Relay {
     /// in a `JoinSet`.
     ///
     /// ```no_run
-    /// # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::relay::RelayError> {
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut kafka = rdkafka::ClientConfig::new();
     /// kafka.set("bootstrap.servers", "localhost:9092");
     /// let relay = txoutbox_runtime::relay::Relay::builder(pool, kafka).build()?;
@@ -182,7 +182,7 @@ pub struct RelayHandle {
 impl RelayHandle {
     /// Stops claiming, lets the batch in flight finish (deliveries awaited and
     /// marked), releases the lanes and returns, within
-    /// [`RelayConfig::shutdown_timeout`](super::RelayConfig::shutdown_timeout).
+    /// [`RelayBuilder::shutdown_timeout`](super::RelayBuilder::shutdown_timeout).
     /// Returns what the relay did (`clean` is `false` if it had to be
     /// aborted), or why it had stopped on its own: the same shape as
     /// [`ConsumerHandle::shutdown`](crate::consumer::ConsumerHandle::shutdown).

@@ -7,7 +7,7 @@
 //! a batch comes back full), then sleeps until the earliest due time (one
 //! indexed `min()`), at most `schedule_poll_interval`, or until shutdown.
 //! Database errors are logged and counted (`outbox_relay_errors_total{kind="database"}`),
-//! and the scheduler backs off like the worker (`error_backoff_*`); they
+//! and the scheduler backs off like the worker (`error_backoff`); they
 //! never stop the relay.
 
 use std::sync::Arc;
@@ -80,7 +80,7 @@ impl Scheduler {
                              applied); scheduled delivery is off until it is"
                         );
                     }
-                    self.config.error_backoff_max
+                    self.config.error_backoff.max()
                 }
                 Pass::Failed(error) => {
                     tracing::warn!(

@@ -13,8 +13,8 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use txoutbox_core::__private::wakeup::CommitListener;
+use txoutbox_core::Backoff;
 
-use super::backoff::jittered_exponential;
 use super::notify::{CHANNEL, is_enabled};
 
 /// The relay's wake-up sources.
@@ -40,9 +40,8 @@ impl Wakeups {
     }
 }
 
-/// First and longest pause between two attempts to (re)connect the listener.
-const RECONNECT_FIRST: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// Pauses between two attempts to (re)connect the listener: 100 ms up to 5 s.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// Starts the listener task of one relay: it holds its own connection (not
 /// one of the pool's), wakes `wake` on every notification, and also after
@@ -85,12 +84,11 @@ async fn listen_forever(pool: &PgPool, wake: &Notify) {
                 tracing::warn!(%error, "outbox relay lost its LISTEN connection; polling meanwhile");
                 // Whatever was notified while reconnecting is lost: look.
                 wake.notify_one();
-                if started.elapsed() > RECONNECT_MAX * 2 {
+                if started.elapsed() > RECONNECT.max() * 2 {
                     failures = 0;
                 }
-                let pause = jittered_exponential(RECONNECT_FIRST, RECONNECT_MAX, failures);
                 failures = failures.saturating_add(1);
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(RECONNECT.delay(failures)).await;
             }
         }
     }

@@ -110,7 +110,7 @@ impl Worker {
         Self {
             pool,
             lanes: Lanes::new(&config),
-            held_topics: HeldTopics::new((config.error_backoff_initial, config.error_backoff_max)),
+            held_topics: HeldTopics::new(config.error_backoff),
             config,
             publisher,
             totals,

@@ -91,7 +91,7 @@ async fn main() {
         .unknown_events(unknown)
         .max_attempts(env::get(env::MAX_ATTEMPTS, 3))
         .processor_batch_size(env::get(env::PROCESSOR_BATCH, 500))
-        .backoff(Duration::from_millis(50), Duration::from_secs(1))
+        .backoff(env::CONSUMER_BACKOFF)
         .batch_size(200)
         .processor_poll_interval(Duration::from_millis(100))
         // tansu can serve a record before an earlier one is readable

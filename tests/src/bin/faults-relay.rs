@@ -44,9 +44,8 @@ async fn main() {
         .poll_interval(Duration::from_millis(50))
         .rebalance_interval(Duration::from_millis(300))
         .max_attempts(3)
-        .retry_backoff_initial(Duration::from_millis(50))
-        .retry_backoff_max(Duration::from_millis(500))
-        .error_backoff_max(Duration::from_secs(1))
+        .retry_backoff(env::RELAY_RETRY_BACKOFF)
+        .error_backoff(env::RELAY_ERROR_BACKOFF)
         .shutdown_timeout(Duration::from_secs(10))
         .spawn()
         .expect("relay starts");

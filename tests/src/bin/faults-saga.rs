@@ -55,9 +55,8 @@ async fn main() {
         .delivery_timeout(env::millis(env::DELIVERY_TIMEOUT_MS, 5_000))
         .poll_interval(Duration::from_millis(50))
         .rebalance_interval(Duration::from_millis(300))
-        .retry_backoff_initial(Duration::from_millis(50))
-        .retry_backoff_max(Duration::from_millis(500))
-        .error_backoff_max(Duration::from_secs(1))
+        .retry_backoff(env::RELAY_RETRY_BACKOFF)
+        .error_backoff(env::RELAY_ERROR_BACKOFF)
         .shutdown_timeout(Duration::from_secs(10))
         .spawn()
         .expect("relay starts");
@@ -92,7 +91,7 @@ async fn main() {
         // A step that lost a race with a concurrent step of its saga (two
         // processes during a rebalance) is retried: never dead-letter.
         .max_attempts(1_000)
-        .backoff(Duration::from_millis(50), Duration::from_secs(1))
+        .backoff(env::CONSUMER_BACKOFF)
         .batch_size(200)
         // tansu can serve a record before an earlier one is readable
         // (RELIABILITY.md).

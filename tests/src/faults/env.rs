@@ -3,6 +3,20 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use txoutbox_core::Backoff;
+
+/// The harness relays' per-row retry backoff: short, so that refused rows
+/// are retried (and parked) within a run.
+pub const RELAY_RETRY_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+/// The harness relays' backoff after failed batches: the default start,
+/// at most 1 s, so that the relays resume soon after a fault heals.
+pub const RELAY_ERROR_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+/// The harness consumers' backoff between handler attempts.
+pub const CONSUMER_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+
 /// Source database URL (writers, relays).
 pub const SOURCE_URL: &str = "FAULTS_SOURCE_URL";
 /// Receiver database URL (consumers).

@@ -220,7 +220,7 @@ async fn handle(
                     outcomes.failed.push((
                         claim.event_id,
                         message,
-                        Some(ctx.settings.backoff(attempt)),
+                        Some(ctx.settings.backoff.delay(attempt)),
                     ));
                     held.extend(claim.key.as_ref());
                 }

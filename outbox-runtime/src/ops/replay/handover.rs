@@ -77,11 +77,8 @@ impl Handover {
         recorded
             .flatten()
             .map(|value| {
-                serde_json::from_value(value).map_err(|e| {
-                    OpsError::InvalidRequest(format!(
-                        "outbox_replay_run {run_id} has a hand-over this version cannot read: {e}"
-                    ))
-                })
+                serde_json::from_value(value)
+                    .map_err(|source| OpsError::UnreadableHandover { run_id, source })
             })
             .transpose()
     }
@@ -114,14 +111,12 @@ impl Handover {
                 .into_iter()
                 .find(|e| e.offset().to_raw().is_some_and(|o| o >= 0))
             {
-                return Err(OpsError::InvalidRequest(format!(
-                    "consumer group '{group}' already has a committed offset on {} \
-                     (partition {} at {:?}): a rebuild needs a new group of its own \
-                     (dedup rows in processed_event are per group); choose another group name",
-                    e.topic(),
-                    e.partition(),
-                    e.offset()
-                )));
+                return Err(OpsError::GroupHasOffsets {
+                    group: group.clone(),
+                    topic: e.topic().to_owned(),
+                    partition: e.partition(),
+                    offset: e.offset(),
+                });
             }
             consumer.commit(&all, CommitMode::Sync)?;
             Ok(())
@@ -136,11 +131,10 @@ impl Handover {
     /// Fails while the run has no `replay_end` (still sending, or failed).
     pub async fn remaining(&self, kafka: &ClientConfig, group: &str) -> Result<i64, OpsError> {
         let Some(end) = self.replay_end.clone() else {
-            return Err(OpsError::InvalidRequest(format!(
-                "the replay into {} has not finished (or failed): its end is not known, \
-                 so the group cannot switch to {} yet",
-                self.replay_topic, self.live_topic
-            )));
+            return Err(OpsError::ReplayNotFinished {
+                replay_topic: self.replay_topic.clone(),
+                live_topic: self.live_topic.clone(),
+            });
         };
         let consumer = group_client(kafka, group)?;
         let topic = self.replay_topic.clone();
@@ -197,11 +191,7 @@ pub(super) async fn ends(
             .flat_map(|t| t.partitions().iter().map(|p| p.id()))
             .collect();
         if partitions.is_empty() {
-            return Err(OpsError::InvalidRequest(format!(
-                "topic '{topic}' does not exist on the cluster: a rebuild reads the live \
-                 topic's end offsets and sends to a replay topic that must be created first \
-                 (any partition count)"
-            )));
+            return Err(OpsError::TopicMissing { topic });
         }
         partitions
             .into_iter()

@@ -484,16 +484,11 @@ impl Replay {
     /// A rebuild's checks and the end offsets of both topics (live first).
     async fn positions(&self, producer: &FutureProducer) -> Result<Handover, OpsError> {
         let Some(live_topic) = self.filter.topic.clone() else {
-            return Err(OpsError::InvalidRequest(
-                "a rebuild replays one live topic: set the filter's topic (--topic)".into(),
-            ));
+            return Err(OpsError::RebuildWithoutTopic);
         };
         let replay_topic = self.target_topic.clone().expect("rebuild sets the topic");
         if replay_topic == live_topic {
-            return Err(OpsError::InvalidRequest(format!(
-                "a rebuild must send to a topic of its own, not to the live topic \
-                 '{live_topic}' (its copies would interleave with live events)"
-            )));
+            return Err(OpsError::RebuildIntoLiveTopic { topic: live_topic });
         }
         let live_offsets = handover::ends(producer, &live_topic).await?;
         let replay_start = handover::ends(producer, &replay_topic).await?;

@@ -26,7 +26,7 @@ async fn predictions_match_librdkafkas_partitioning() {
         let mut partitions = Partitions::new(
             Partitioner::from_setting(setting),
             Duration::from_secs(1),
-            (Duration::from_millis(1), Duration::from_millis(1)),
+            Backoff::new(Duration::from_millis(1), Duration::from_millis(1)),
         );
         assert_eq!(partitions.predict(&topic, "k"), None, "count not known yet");
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -62,7 +62,7 @@ fn one_probe_at_a_time_and_a_delivery_releases_the_held_back_rows() {
     let mut partitions = Partitions::new(
         None,
         Duration::from_secs(60),
-        (Duration::from_millis(1), Duration::from_millis(1)),
+        Backoff::new(Duration::from_millis(1), Duration::from_millis(1)),
     );
     let tp = ("t".to_owned(), 2);
     assert_eq!(partitions.route("t", 2, 1), Route::Send);
@@ -95,7 +95,7 @@ fn one_probe_at_a_time_and_a_delivery_releases_the_held_back_rows() {
 #[test]
 fn holds_grow_with_the_outage_and_a_held_row_is_released_to_probe() {
     let base = Duration::from_millis(20);
-    let mut partitions = Partitions::new(None, base, (base, base));
+    let mut partitions = Partitions::new(None, base, Backoff::new(base, base));
     let tp = ("t".to_owned(), 0);
     partitions.suspect(&tp, "down".into());
     let (first, _) = partitions.held_back(&tp, 10);
