@@ -115,6 +115,7 @@ pub struct RelayConfig {
     pub shutdown_timeout: Duration,
     /// Testing only (feature `test-hooks`): abandon every batch after
     /// delivery and before marking, as a crash at that point would.
+    #[cfg(feature = "test-hooks")]
     pub(crate) crash_before_mark: bool,
 }
 
@@ -138,6 +139,7 @@ impl Default for RelayConfig {
             database_timeout: Duration::from_secs(5),
             listen_notify: false,
             shutdown_timeout: Duration::from_secs(45),
+            #[cfg(feature = "test-hooks")]
             crash_before_mark: false,
         }
     }
