@@ -69,18 +69,22 @@ pub use unit_of_work::{
 #[cfg(feature = "derive")]
 pub use txoutbox_derive::{Command, DomainEvent, outbox_handler};
 
-/// Re-exports used by generated code. Not a public API: may change in any release.
+/// What the code `#[derive(DomainEvent)]` generates needs, plus one internal
+/// seam to the runtime ([`wakeup`](self::__private::wakeup)). Not a public
+/// API: may change in any release.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::derive_support::{EventIdField, EventSchema, String};
     pub use inventory;
     pub use schemars;
-    pub use serde_json;
     pub use uuid;
 
     /// The in-process wake-up behind [`AfterCommit`](crate::AfterCommit), for
     /// the runtime: its relay listens, and its writers that insert outbox
     /// rows without a collector (the scheduler, dead-letter replays) signal.
+    /// Not for generated code: an internal seam between txoutbox-core and
+    /// txoutbox-runtime (the one process-wide channel lives here, where
+    /// `AfterCommit` signals it), kept here rather than in a public API.
     pub mod wakeup {
         pub use crate::wakeup::{CommitListener, listener, notify_committed};
     }

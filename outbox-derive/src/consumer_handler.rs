@@ -38,7 +38,7 @@ impl ConsumerHandler<'_> {
             before,
             body,
         } = self;
-        let private = quote!(#runtime::consumer::__private);
+        let private = quote!(#runtime::__private);
         quote! {
             #attrs
             #[allow(non_camel_case_types)]
@@ -46,9 +46,9 @@ impl ConsumerHandler<'_> {
             #vis struct #ident;
 
             #private::inventory::submit! {
-                #runtime::consumer::HandlerDescriptor::__new(
-                    <#event as #runtime::__private_core::DomainEvent>::TOPIC,
-                    <#event as #runtime::__private_core::DomainEvent>::EVENT_TYPE,
+                #private::handler_descriptor(
+                    <#event as #private::DomainEvent>::TOPIC,
+                    <#event as #private::DomainEvent>::EVENT_TYPE,
                     #name,
                 )
             }

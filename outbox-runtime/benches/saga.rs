@@ -120,10 +120,9 @@ impl Fulfilment {
     }
 }
 
-// The consumer handlers `#[saga]` generated (`__saga_<Type>_<fn>`), called
-// here as the consumer calls them, without Kafka in the way.
-use __saga_Fulfilment_on_begin as OnBegin;
-use __saga_Fulfilment_on_reply as OnReply;
+// The consumer handlers `#[saga]` generated (`Fulfilment::on_begin_handler()`
+// and `on_reply_handler()`) are called here as the consumer calls them,
+// without Kafka in the way.
 
 /// The dedup row, as the dedup consumer writes it (both sides).
 async fn dedup(tx: &mut Transaction<'static, Postgres>, event_id: Uuid) -> bool {
@@ -146,7 +145,7 @@ async fn framework_step(pool: &PgPool, reply: Reply) {
     let mut tx = pool.begin().await.unwrap();
     assert!(dedup(&mut tx, reply.event_id).await);
     let mut events = Events::new();
-    OnReply
+    Fulfilment::on_reply_handler()
         .handle(&mut tx, reply, &meta, &mut events)
         .await
         .unwrap();
@@ -210,7 +209,7 @@ async fn start(pool: &PgPool, side: Side, sagas: &[Uuid]) {
                 let meta = EventMeta::new(begin.event_id, Begin::EVENT_TYPE, Begin::TOPIC);
                 let mut tx = pool.begin().await.unwrap();
                 let mut events = Events::new();
-                OnBegin
+                Fulfilment::on_begin_handler()
                     .handle(&mut tx, begin, &meta, &mut events)
                     .await
                     .unwrap();

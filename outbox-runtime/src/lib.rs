@@ -5,9 +5,6 @@
 //! retention and replay.
 
 pub mod consumer;
-/// The core crate, for code the macros generate. Not a public API.
-#[doc(hidden)]
-pub use txoutbox_core as __private_core;
 pub mod kafka_settings;
 pub mod lifecycle;
 pub mod migrations;
@@ -16,7 +13,40 @@ mod redact;
 mod registry;
 pub mod relay;
 pub mod saga;
+pub mod testing;
 mod topic_admin;
 pub mod topics;
 mod txn;
 mod wire;
+
+/// What the code that `#[event_handler]` and `#[saga]` generate needs, and
+/// nothing else. Not a public API: may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use futures::future::BoxFuture;
+    pub use inventory;
+    pub use sqlx::{Postgres, Transaction};
+    pub use txoutbox_core::{DomainEvent, Events};
+
+    use crate::consumer::{HandlerDescriptor, HandlerError};
+
+    /// The registration of one handler, for `inventory::submit!`.
+    pub const fn handler_descriptor(
+        topic: &'static str,
+        event_type: &'static str,
+        name: &'static str,
+    ) -> HandlerDescriptor {
+        HandlerDescriptor::new(topic, event_type, name)
+    }
+
+    /// Turns a handler's error into a [`HandlerError`] (a `sqlx::Error`
+    /// without the server source line; see [`HandlerError::new`]).
+    pub fn handler_error<E: std::fmt::Display + 'static>(error: E) -> HandlerError {
+        HandlerError::new(error)
+    }
+
+    /// The saga id of an incoming message, as stored in `saga_state.saga_id`.
+    pub fn correlation<T: ToString + ?Sized>(id: &T) -> String {
+        id.to_string()
+    }
+}

@@ -18,9 +18,13 @@ pub struct HandlerDescriptor {
 }
 
 impl HandlerDescriptor {
-    /// For code `#[event_handler]` generates. Not a public API.
-    #[doc(hidden)]
-    pub const fn __new(topic: &'static str, event_type: &'static str, name: &'static str) -> Self {
+    /// For code `#[event_handler]` generates, through
+    /// `txoutbox_runtime::__private::handler_descriptor`.
+    pub(crate) const fn new(
+        topic: &'static str,
+        event_type: &'static str,
+        name: &'static str,
+    ) -> Self {
         Self {
             topic,
             event_type,
@@ -29,15 +33,13 @@ impl HandlerDescriptor {
     }
 }
 
-txoutbox_core::__private::inventory::collect!(HandlerDescriptor);
+inventory::collect!(HandlerDescriptor);
 
 /// Every `#[event_handler]` linked into this binary, sorted by topic, event
 /// type and name: what `txoutbox_runtime::topics` derives the dead-letter
 /// topics a service needs from.
 pub fn registered_handlers() -> Vec<&'static HandlerDescriptor> {
-    let mut handlers: Vec<_> = txoutbox_core::__private::inventory::iter::<HandlerDescriptor>
-        .into_iter()
-        .collect();
+    let mut handlers: Vec<_> = inventory::iter::<HandlerDescriptor>.into_iter().collect();
     handlers.sort_by_key(|h| (h.topic, h.event_type, h.name));
     handlers
 }

@@ -70,14 +70,25 @@ async fn postgres_errors_render_message_code_detail_and_hint(pool: PgPool) {
     assert_eq!(DbErrorDisplay(&closed).to_string(), closed.to_string());
 }
 
+/// Fails as `SELECT * FROM no_such_table` does.
+#[event_handler]
+async fn fails(tx: &mut Transaction<'_, Postgres>, _: DupDedup) -> Result<(), sqlx::Error> {
+    let sql = "SELECT * FROM no_such_table";
+    sqlx::raw_sql(sql).execute(&mut **tx).await.map(drop)
+}
+
 #[sqlx::test(migrations = false)]
 async fn errors_shown_to_users_wrap_the_database_error_the_same_way(pool: PgPool) {
     let sql = "SELECT * FROM no_such_table";
     let rendered = "relation \"no_such_table\" does not exist (SQLSTATE 42P01)";
 
-    // A handler's error: `#[event_handler]` code, `HandlerError::new`, `?`.
+    // A handler's error: `#[event_handler]` code (run as the consumer runs
+    // it), `HandlerError::new`, `?`.
     assert_eq!(
-        txoutbox_runtime::consumer::__private::handler_error(failure(&pool, sql).await).to_string(),
+        txoutbox_runtime::testing::handle(&pool, fails, DupDedup::new(1))
+            .await
+            .unwrap_err()
+            .to_string(),
         rendered
     );
     assert_eq!(

@@ -11,8 +11,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use txoutbox_core::{Command, DomainEvent, Events};
-use txoutbox_runtime::consumer::{EventHandler, EventMeta, HandlerError};
+use txoutbox_core::{Command, DomainEvent};
 use txoutbox_runtime::saga::saga;
 use txoutbox_runtime::saga::{Saga, SagaContext};
 use uuid::Uuid;
@@ -111,21 +110,8 @@ impl Fulfil {
     }
 }
 
-/// One message through a generated handler, as the consumer runs it.
-async fn apply<H: EventHandler>(
-    pool: &PgPool,
-    handler: H,
-    event: H::Event,
-) -> Result<(), HandlerError> {
-    let meta = EventMeta::new(event.event_id(), H::Event::EVENT_TYPE, H::Event::TOPIC);
-    let mut tx = pool.begin().await.unwrap();
-    let mut events = Events::new();
-    handler.handle(&mut tx, event, &meta, &mut events).await?;
-    let after_commit = events.write(&mut tx).await.unwrap();
-    tx.commit().await.unwrap();
-    after_commit.committed();
-    Ok(())
-}
+// One message through a generated handler, as the consumer runs it.
+use txoutbox_runtime::testing::handle as apply;
 
 async fn row(pool: &PgPool, id: Uuid) -> Option<(String, i64, Fulfil)> {
     let row: Option<(String, i64, serde_json::Value)> = sqlx::query_as(
@@ -159,7 +145,7 @@ async fn generated_handlers_run_a_saga_through_its_steps(pool: PgPool) {
         sku: sku.into(),
     };
 
-    apply(&pool, __saga_Fulfil_on_placed, placed("sku-1"))
+    apply(&pool, Fulfil::on_placed_handler(), placed("sku-1"))
         .await
         .unwrap();
     let (status, started, state) = row(&pool, order_id).await.unwrap();
@@ -182,7 +168,7 @@ async fn generated_handlers_run_a_saga_through_its_steps(pool: PgPool) {
     );
 
     // A second start of the same saga is ignored.
-    apply(&pool, __saga_Fulfil_on_placed, placed("sku-2"))
+    apply(&pool, Fulfil::on_placed_handler(), placed("sku-2"))
         .await
         .unwrap();
     assert_eq!(row(&pool, order_id).await.unwrap().1, started);
@@ -193,7 +179,7 @@ async fn generated_handlers_run_a_saga_through_its_steps(pool: PgPool) {
         event_id: Uuid::new_v4(),
         order_id,
     };
-    apply(&pool, __saga_Fulfil_on_reserved, reserved)
+    apply(&pool, Fulfil::on_reserved_handler(), reserved)
         .await
         .unwrap();
     let (_, version, state) = row(&pool, order_id).await.unwrap();
@@ -206,7 +192,7 @@ async fn generated_handlers_run_a_saga_through_its_steps(pool: PgPool) {
         order_id,
         reason: "card declined".into(),
     };
-    let error = apply(&pool, __saga_Fulfil_on_failed, failed)
+    let error = apply(&pool, Fulfil::on_failed_handler(), failed)
         .await
         .unwrap_err();
     assert!(
@@ -222,7 +208,7 @@ async fn generated_handlers_run_a_saga_through_its_steps(pool: PgPool) {
         event_id: Uuid::new_v4(),
         saga: order_id,
     };
-    apply(&pool, __saga_Fulfil_on_timed_out, timed_out)
+    apply(&pool, Fulfil::on_timed_out_handler(), timed_out)
         .await
         .unwrap();
     let (status, _, state) = row(&pool, order_id).await.unwrap();
@@ -235,7 +221,7 @@ async fn generated_handlers_run_a_saga_through_its_steps(pool: PgPool) {
         event_id: Uuid::new_v4(),
         order_id: stranger,
     };
-    apply(&pool, __saga_Fulfil_on_reserved, reserved)
+    apply(&pool, Fulfil::on_reserved_handler(), reserved)
         .await
         .unwrap();
     assert!(row(&pool, stranger).await.is_none());

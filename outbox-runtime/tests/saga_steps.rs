@@ -5,8 +5,8 @@
 //! once, a finished saga ignores its messages, and a message of a saga that
 //! does not exist is retried (its start may not have committed) for the
 //! consumer's retry budget, then ignored. The saga is
-//! declared with `#[saga]`; its generated handlers are also called directly,
-//! as a consumer calls them.
+//! declared with `#[saga]`; its generated handlers are also run directly
+//! (`txoutbox_runtime::testing`), as a consumer runs them.
 
 #![allow(missing_docs)]
 
@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use txoutbox_core::Backoff;
 use txoutbox_core::{DomainEvent, Events};
-use txoutbox_runtime::consumer::{Consumer, EventHandler, EventMeta, HandlerError, Mode};
-use txoutbox_runtime::saga::__private::Step;
-use txoutbox_runtime::saga::{SagaContext, saga};
+use txoutbox_runtime::consumer::{Consumer, HandlerError, Mode};
+use txoutbox_runtime::saga::{SagaContext, Step, saga};
+use txoutbox_runtime::testing::{handle_in, meta_of};
 use uuid::Uuid;
 
 const TOPIC: &str = "saga-test.tally";
@@ -157,13 +157,6 @@ impl Tally {
     }
 }
 
-// The consumer handlers `#[saga]` generated, called directly as a consumer
-// calls them.
-use __saga_Tally_on_add as OnAdd;
-use __saga_Tally_on_fail as OnFail;
-use __saga_Tally_on_open as OnOpen;
-use __saga_Tally_on_reserve as OnReserve;
-
 /// The retry backoff of the consumers on `TOPIC`. They read each other's
 /// messages there (the tests run at once, each with its own database), and
 /// each is a step of an unknown saga to the others, retried for the retry
@@ -186,26 +179,9 @@ async fn begin(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
         .unwrap()
 }
 
-fn meta_of<E: DomainEvent>(event: &E) -> EventMeta {
-    EventMeta::new(event.event_id(), E::EVENT_TYPE, E::TOPIC)
-}
-
-/// Runs one message through its step in its own transaction, as the consumer
-/// would (the recorded messages are inserted, then commit).
-async fn apply<H: txoutbox_runtime::consumer::EventHandler>(
-    pool: &PgPool,
-    handler: H,
-    event: H::Event,
-) -> Result<(), HandlerError> {
-    let meta = meta_of(&event);
-    let mut tx = begin(pool).await;
-    let mut events = Events::new();
-    handler.handle(&mut tx, event, &meta, &mut events).await?;
-    let after_commit = events.write(&mut tx).await.unwrap();
-    tx.commit().await.unwrap();
-    after_commit.committed();
-    Ok(())
-}
+// Runs one message through its step in its own transaction, as the consumer
+// would (the recorded messages are inserted, then commit).
+use txoutbox_runtime::testing::handle as apply;
 
 async fn saga_row(pool: &PgPool, id: Uuid) -> (String, i64, serde_json::Value) {
     sqlx::query_as(
@@ -239,14 +215,14 @@ async fn compensations_go_out_in_reverse_order_once_and_the_ended_saga_ignores_t
 ) {
     prepare(&pool).await;
     let saga_id = Uuid::new_v4();
-    apply(&pool, OnOpen, open(saga_id)).await.unwrap();
+    apply(&pool, Tally::on_open_handler(), open(saga_id)).await.unwrap();
     for step_no in 1..=3 {
         let reserve = Reserve {
             event_id: Uuid::new_v4(),
             saga_id,
             step_no,
         };
-        apply(&pool, OnReserve, reserve).await.unwrap();
+        apply(&pool, Tally::on_reserve_handler(), reserve).await.unwrap();
     }
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox_event").await, 0);
     let pending: i64 = sqlx::query_scalar(
@@ -262,7 +238,7 @@ async fn compensations_go_out_in_reverse_order_once_and_the_ended_saga_ignores_t
         event_id: Uuid::new_v4(),
         saga_id,
     };
-    apply(&pool, OnFail, fail.clone()).await.unwrap();
+    apply(&pool, Tally::on_fail_handler(), fail.clone()).await.unwrap();
     let undone: Vec<serde_json::Value> = sqlx::query_scalar(
         "SELECT payload FROM outbox_event WHERE event_type = 'Undo' ORDER BY id",
     )
@@ -280,7 +256,7 @@ async fn compensations_go_out_in_reverse_order_once_and_the_ended_saga_ignores_t
     // A second failure, a late step and a second start change nothing.
     apply(
         &pool,
-        OnFail,
+        Tally::on_fail_handler(),
         Fail {
             event_id: Uuid::new_v4(),
             saga_id,
@@ -288,8 +264,8 @@ async fn compensations_go_out_in_reverse_order_once_and_the_ended_saga_ignores_t
     )
     .await
     .unwrap();
-    apply(&pool, OnAdd, add(saga_id, 5)).await.unwrap();
-    apply(&pool, OnOpen, open(saga_id)).await.unwrap();
+    apply(&pool, Tally::on_add_handler(), add(saga_id, 5)).await.unwrap();
+    apply(&pool, Tally::on_open_handler(), open(saga_id)).await.unwrap();
     let (status, version, state) = saga_row(&pool, saga_id).await;
     assert_eq!((status.as_str(), version), ("compensated", 5));
     assert_eq!(state["total"], 0);
@@ -308,7 +284,7 @@ async fn compensations_go_out_in_reverse_order_once_and_the_ended_saga_ignores_t
 under_every_isolation! {
 async fn a_message_of_an_unknown_saga_changes_nothing(pool: PgPool) {
     prepare(&pool).await;
-    apply(&pool, OnAdd, add(Uuid::new_v4(), 5)).await.unwrap();
+    apply(&pool, Tally::on_add_handler(), add(Uuid::new_v4(), 5)).await.unwrap();
     assert_eq!(count(&pool, "SELECT count(*) FROM saga_state").await, 0);
     assert_eq!(count(&pool, "SELECT count(*) FROM tally_effect").await, 0);
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox_event").await, 0);
@@ -319,12 +295,12 @@ under_every_isolation! {
 async fn a_failed_step_leaves_the_saga_as_it_was(pool: PgPool) {
     prepare(&pool).await;
     let saga_id = Uuid::new_v4();
-    apply(&pool, OnOpen, open(saga_id)).await.unwrap();
+    apply(&pool, Tally::on_open_handler(), open(saga_id)).await.unwrap();
     sqlx::raw_sql("DROP TABLE tally_effect")
         .execute(&pool)
         .await
         .unwrap();
-    let error = apply(&pool, OnAdd, add(saga_id, 5)).await.unwrap_err();
+    let error = apply(&pool, Tally::on_add_handler(), add(saga_id, 5)).await.unwrap_err();
     assert!(error.to_string().contains("tally_effect"), "{error}");
     let (status, version, state) = saga_row(&pool, saga_id).await;
     assert_eq!(
@@ -344,8 +320,8 @@ under_every_isolation! {
 async fn a_step_that_swallows_a_database_error_fails_and_says_why(pool: PgPool) {
     prepare(&pool).await;
     let saga_id = Uuid::new_v4();
-    apply(&pool, OnOpen, open(saga_id)).await.unwrap();
-    let error = apply(&pool, OnAdd, add(saga_id, SWALLOWED))
+    apply(&pool, Tally::on_open_handler(), open(saga_id)).await.unwrap();
+    let error = apply(&pool, Tally::on_add_handler(), add(saga_id, SWALLOWED))
         .await
         .unwrap_err()
         .to_string();
@@ -403,7 +379,7 @@ async fn two_starts_of_one_saga_at_once_make_one_saga(pool: PgPool) {
     let error = second_save.await.unwrap().unwrap_err();
     assert!(error.to_string().contains("concurrent step"), "{error}");
     // The retry sees the saga and ignores the second start.
-    apply(&pool, OnOpen, second).await.unwrap();
+    apply(&pool, Tally::on_open_handler(), second).await.unwrap();
     let (status, version, state) = saga_row(&pool, saga_id).await;
     assert_eq!(
         (status.as_str(), version, state["total"].as_i64()),
@@ -423,7 +399,7 @@ async fn concurrent_steps_of_one_saga_never_apply_to_the_same_version(pool: PgPo
     let group = unique_group("saga");
     start_group_at(&group, TOPIC, 4, true).await;
     let saga_id = Uuid::new_v4();
-    apply(&pool, OnOpen, open(saga_id)).await.unwrap();
+    apply(&pool, Tally::on_open_handler(), open(saga_id)).await.unwrap();
 
     let producer = producer();
     let adds: Vec<Add> = (1..=300)
@@ -493,7 +469,7 @@ async fn a_saga_runs_on_an_inbox_consumer_too(pool: PgPool) {
     let group = unique_group("saga-inbox");
     start_group_at(&group, TOPIC, 4, true).await;
     let saga_id = Uuid::new_v4();
-    apply(&pool, OnOpen, open(saga_id)).await.unwrap();
+    apply(&pool, Tally::on_open_handler(), open(saga_id)).await.unwrap();
     let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
         .mode(txoutbox_runtime::consumer::Mode::Inbox)
         .saga::<Tally>()
@@ -595,8 +571,6 @@ impl Late {
     }
 }
 
-use __saga_Late_on_opened as OnLateOpened;
-
 async fn prepare_late(pool: &PgPool) {
     prepare(pool).await;
     sqlx::raw_sql(
@@ -675,11 +649,8 @@ async fn a_step_ahead_of_its_start_is_applied_once_the_start_commits(pool: PgPoo
         event_id: Uuid::new_v4(),
         saga_id,
     };
-    let meta = meta_of(&start);
     let mut starting = begin(&pool).await;
-    let mut events = Events::new();
-    OnLateOpened
-        .handle(&mut starting, start, &meta, &mut events)
+    let after_commit = handle_in(&mut starting, Late::on_opened_handler(), start)
         .await
         .unwrap();
     let step = late_step(saga_id, &format!("lane-{}", Uuid::new_v4()), 7);
@@ -687,6 +658,7 @@ async fn a_step_ahead_of_its_start_is_applied_once_the_start_commits(pool: PgPoo
     // Handled meanwhile (within a fetch of the live consumer), not applied.
     tokio::time::sleep(Duration::from_millis(300)).await;
     starting.commit().await.unwrap();
+    after_commit.committed();
     eventually("the step applied", Duration::from_secs(30), || async {
         late_row(&pool, saga_id).await == Some(("running".into(), 2, 7))
     })
@@ -729,7 +701,7 @@ async fn a_step_of_a_saga_that_never_starts_is_ignored_after_its_retries_holding
     let saga_id = Uuid::new_v4();
     apply(
         &pool,
-        OnLateOpened,
+        Late::on_opened_handler(),
         LateOpened {
             event_id: Uuid::new_v4(),
             saga_id,

@@ -29,7 +29,7 @@ pub(crate) fn handler(handler: &HandlerFn<'_>, args: &Args) -> TokenStream {
     });
     let output_span = function.sig.output.span();
     let runtime = FrameworkCrate::Runtime.tokens(args.krate.as_ref());
-    let private = quote!(#runtime::consumer::__private);
+    let private = quote!(#runtime::__private);
     // Spanned on the return type, so an error type without `Display` is
     // reported there, once.
     let call_private = respanned(private.clone(), output_span);

@@ -34,6 +34,8 @@ pub(crate) const STEP_SHAPE: &str = "expected a step handler \
 /// One async fn of the impl block.
 pub(crate) struct Handler {
     pub ident: syn::Ident,
+    /// The function's visibility, which its generated `<fn>_handler()` has too.
+    pub vis: syn::Visibility,
     pub kind: HandlerKind,
     /// The message parameter's type, if the signature has a usable one.
     pub message: Option<Type>,
@@ -284,6 +286,7 @@ impl Handler {
         check_output(sig, kind, shape, errors);
         Self {
             ident: sig.ident.clone(),
+            vis: function.vis.clone(),
             kind,
             message,
             with_ctx,

@@ -20,11 +20,16 @@ pub(crate) fn saga(item: &syn::ItemImpl, saga: &Saga<'_>) -> TokenStream {
     let self_ty = saga.self_ty;
     let name = &saga.name;
     let handlers: Vec<_> = saga.handlers.iter().map(|h| handler(saga, h)).collect();
+    let accessors = saga.handlers.iter().map(|h| accessor(saga, h));
     let structs = saga.handlers.iter().map(|h| struct_ident(saga, h));
     quote! {
         #item
 
         #(#handlers)*
+
+        impl #self_ty {
+            #(#accessors)*
+        }
 
         #[automatically_derived]
         impl #runtime::saga::Saga for #self_ty {
@@ -47,10 +52,35 @@ fn struct_ident(saga: &Saga<'_>, checked: &Checked<'_>) -> syn::Ident {
     )
 }
 
+/// `<fn>_handler()`: the documented handle on the hidden struct (for
+/// tests and benchmarks that run one message through a step), with the
+/// handler function's visibility.
+fn accessor(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
+    let runtime = &saga.runtime;
+    let function = &checked.handler.ident;
+    let vis = &checked.handler.vis;
+    let message = checked.message;
+    let struct_ident = struct_ident(saga, checked);
+    let ident = format_ident!("{}_handler", function.unraw(), span = function.span());
+    let doc = format!(
+        " The consumer handler that `#[saga]` generated for `{function}`: one message \
+         through this step of the saga (load and lock the saga's row, run `{function}`, \
+         save), as the consumer runs it. For tests: pass it to \
+         the runtime's `testing::handle`, or call its `EventHandler::handle`.",
+        function = function.unraw(),
+    );
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code)]
+        #vis fn #ident() -> impl #runtime::consumer::EventHandler<Event = #message> {
+            #struct_ident
+        }
+    }
+}
+
 fn handler(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
     let runtime = &saga.runtime;
-    let private = quote!(#runtime::consumer::__private);
-    let saga_private = quote!(#runtime::saga::__private);
+    let private = quote!(#runtime::__private);
     let self_ty = saga.self_ty;
     let id = saga.id;
     let message = checked.message;
@@ -131,9 +161,9 @@ fn handler(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
         before: TokenStream::new(),
         body: quote! {
             #correlation
-            let __saga_id = #saga_private::correlation(__saga_id);
+            let __saga_id = #private::correlation(__saga_id);
             let mut __step =
-                #saga_private::Step::<#self_ty>::load(tx, events, meta, __saga_id).await?;
+                #runtime::saga::Step::<#self_ty>::load(tx, events, meta, __saga_id).await?;
             #run
             __step.save().await
         },

@@ -47,12 +47,12 @@ fn a_valid_saga_expands_to_handlers_and_the_saga_impl() {
         "impl :: txoutbox_runtime :: consumer :: EventHandler for __saga_OrderFulfilment_on_paid",
         "type Event = TimedOut ;",
         "const NAME : & 'static str = \"OrderFulfilment::on_timeout\" ;",
-        "HandlerDescriptor :: __new (< OrderCreated as :: txoutbox_runtime :: __private_core :: DomainEvent > :: TOPIC",
+        ":: txoutbox_runtime :: __private :: handler_descriptor (< OrderCreated as :: txoutbox_runtime :: __private :: DomainEvent > :: TOPIC",
         // Correlation: saga-level field by default, the handler's override where given.
         "let __saga_id : & Uuid = & event . order_id ;",
         "let __saga_id : & Uuid = & event . saga_id ;",
-        "let __saga_id = :: txoutbox_runtime :: saga :: __private :: correlation (__saga_id) ;",
-        ":: txoutbox_runtime :: saga :: __private :: Step :: < OrderFulfilment > :: load (tx , events , meta , __saga_id) . await ?",
+        "let __saga_id = :: txoutbox_runtime :: __private :: correlation (__saga_id) ;",
+        ":: txoutbox_runtime :: saga :: Step :: < OrderFulfilment > :: load (tx , events , meta , __saga_id) . await ?",
         // Start handler with ctx; step handlers with and without it.
         "if let :: core :: option :: Option :: Some (__ctx) = __step . starting ()",
         "< OrderFulfilment > :: on_created (event , __ctx) . await",
@@ -64,6 +64,9 @@ fn a_valid_saga_expands_to_handlers_and_the_saga_impl() {
         "impl :: txoutbox_runtime :: saga :: Saga for OrderFulfilment",
         "const NAME : & 'static str = \"order_fulfilment\" ;",
         "consumer . handler (__saga_OrderFulfilment_on_created) . handler (__saga_OrderFulfilment_on_paid) . handler (__saga_OrderFulfilment_on_timeout)",
+        // The documented handles on the hidden structs, with the functions' visibility.
+        "fn on_created_handler () -> impl :: txoutbox_runtime :: consumer :: EventHandler < Event = OrderCreated > { __saga_OrderFulfilment_on_created }",
+        "fn on_timeout_handler () -> impl :: txoutbox_runtime :: consumer :: EventHandler < Event = TimedOut > { __saga_OrderFulfilment_on_timeout }",
     ] {
         assert!(
             expansion.contains(expected),
@@ -94,7 +97,7 @@ fn name_and_crate_are_configurable() {
     assert!(errors.is_empty(), "{errors:?}");
     assert!(expansion.contains("const NAME : & 'static str = \"orders.fulfil-v2\""));
     assert!(expansion.contains("impl my_app :: rt :: saga :: Saga for S"));
-    assert!(expansion.contains("my_app :: rt :: consumer :: __private :: handler_error"));
+    assert!(expansion.contains("my_app :: rt :: __private :: handler_error"));
     assert!(
         expansion.contains("if __step . starting () . is_some ()"),
         "{expansion}"

@@ -87,18 +87,3 @@ pub use txoutbox_core::Backoff;
 pub use txoutbox_derive::event_handler;
 
 pub mod telemetry;
-
-/// Re-exports used by code that `#[event_handler]` generates. Not a public API.
-#[doc(hidden)]
-pub mod __private {
-    pub use futures::future::BoxFuture;
-    pub use sqlx::{Postgres, Transaction};
-    pub use txoutbox_core::__private::inventory;
-    pub use txoutbox_core::Events;
-
-    /// Turns a handler's error into a [`super::HandlerError`] (a `sqlx::Error`
-    /// without the server source line; see [`super::HandlerError::new`]).
-    pub fn handler_error<E: std::fmt::Display + 'static>(error: E) -> super::HandlerError {
-        super::HandlerError::new(error)
-    }
-}

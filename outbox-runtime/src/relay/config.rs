@@ -37,6 +37,7 @@ pub(crate) struct RelayConfig {
     pub(crate) shutdown_timeout: Duration,
     /// Testing only (feature `test-hooks`): abandon every batch after
     /// delivery and before marking, as a crash at that point would.
+    #[cfg(feature = "test-hooks")]
     pub(crate) crash_before_mark: bool,
 }
 
@@ -58,6 +59,7 @@ impl Default for RelayConfig {
             database_timeout: Duration::from_secs(5),
             listen_notify: false,
             shutdown_timeout: Duration::from_secs(45),
+            #[cfg(feature = "test-hooks")]
             crash_before_mark: false,
         }
     }

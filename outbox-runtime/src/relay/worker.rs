@@ -93,6 +93,8 @@ enum BatchError {
     Database(#[from] sqlx::Error),
     #[error("could not rebuild the producer: {0}")]
     Producer(#[from] rdkafka::error::KafkaError),
+    /// `RelayBuilder::crash_before_mark` (feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
     #[error("simulated crash between delivery and marking")]
     SimulatedCrash,
 }
@@ -260,6 +262,7 @@ impl Worker {
                 cadence.next_rebalance = Instant::now();
             }
             BatchError::Producer(_) => self.count_error("fatal_producer"),
+            #[cfg(feature = "test-hooks")]
             BatchError::SimulatedCrash => {}
         }
         cadence.failures += 1;

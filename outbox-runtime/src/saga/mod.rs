@@ -48,6 +48,7 @@ mod store;
 pub mod telemetry;
 
 pub use context::SagaContext;
+pub use step::Step;
 pub use txoutbox_derive::saga;
 
 use serde::Serialize;
@@ -125,16 +126,5 @@ impl SagaStatus {
 impl std::fmt::Display for SagaStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// For code `#[saga]` generates. Not a public API.
-#[doc(hidden)]
-pub mod __private {
-    pub use super::step::Step;
-
-    /// The saga id of an incoming message, as stored in `saga_state.saga_id`.
-    pub fn correlation<T: ToString + ?Sized>(id: &T) -> String {
-        id.to_string()
     }
 }

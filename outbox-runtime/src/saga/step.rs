@@ -32,12 +32,42 @@ enum Phase<S> {
 }
 
 /// One incoming message applied to one saga instance, inside the consumer's
-/// transaction. Used by the code `#[saga]` generates:
+/// transaction: what each handler `#[saga]` generates runs (load, then
+/// [`starting`](Self::starting) or [`running`](Self::running), the
+/// handler, [`save`](Self::save)). Public so that a test can drive a step by
+/// hand: hold a step's transaction open and race another against it, or
+/// load under a saga id the message type cannot carry. To run a whole
+/// message through a step, use the saga's `<fn>_handler()` with
+/// [`testing::handle`](crate::testing::handle).
 ///
-/// ```ignore
-/// let mut step = Step::<MySaga>::load(tx, events, meta, saga_id).await?;
-/// if let Some((state, ctx)) = step.running() { MySaga::on_x(state, event, ctx).await.map_err(..)?; }
-/// step.save().await
+/// ```no_run
+/// # use serde::{Deserialize, Serialize};
+/// # use txoutbox_runtime::consumer::HandlerError;
+/// # use txoutbox_runtime::saga::{saga, Step};
+/// # use uuid::Uuid;
+/// # #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
+/// # #[event(topic = "orders", aggregate = "Order")]
+/// # struct OrderPlaced { event_id: Uuid, #[partition_key] order_id: Uuid }
+/// # #[derive(Serialize, Deserialize)]
+/// # struct Fulfil { order_id: Uuid }
+/// # #[saga(id = Uuid, correlate = order_id, starts_with(OrderPlaced))]
+/// # impl Fulfil {
+/// #     async fn on_placed(event: OrderPlaced) -> Result<Self, HandlerError> {
+/// #         Ok(Self { order_id: event.order_id })
+/// #     }
+/// # }
+/// # async fn test(pool: sqlx::PgPool, placed: OrderPlaced) -> Result<(), HandlerError> {
+/// let meta = txoutbox_runtime::testing::meta_of(&placed);
+/// let mut tx = pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+/// let mut events = txoutbox_core::Events::new();
+/// // The saga id as `saga_state` stores it: the correlation's `to_string()`.
+/// let mut step = Step::<Fulfil>::load(&mut tx, &mut events, &meta, placed.order_id.to_string()).await?;
+/// if step.starting().is_some() {
+///     step.started(Fulfil { order_id: placed.order_id });
+/// }
+/// step.save().await?; // the row is written, locked until `tx` ends
+/// tx.commit().await?;
+/// # Ok(()) }
 /// ```
 pub struct Step<'a, S: Saga> {
     ctx: SagaContext<'a>,
@@ -56,6 +86,9 @@ impl<S: Saga> std::fmt::Debug for Step<'_, S> {
 impl<'a, S: Saga> Step<'a, S> {
     /// Loads the saga's row, locking it until the transaction ends (so a
     /// concurrent step of the same saga waits, then sees this one's result).
+    /// `saga_id` is the id as `saga_state.saga_id` stores it (the
+    /// correlation field's `to_string()`); one longer than
+    /// [`MAX_PARTITION_KEY_BYTES`] is refused.
     pub async fn load(
         tx: &'a mut Transaction<'static, Postgres>,
         events: &'a mut Events,

@@ -121,6 +121,7 @@ impl Worker {
             span,
             ..
         } = batch;
+        #[cfg(feature = "test-hooks")]
         if self.config.crash_before_mark {
             return Err(BatchError::SimulatedCrash);
         }
@@ -243,6 +244,7 @@ impl Worker {
 
     /// Records late rows whose reports came (or were given up on).
     async fn settle_stragglers(&mut self, resolved: Vec<Resolved>) -> Result<Progress, BatchError> {
+        #[cfg(feature = "test-hooks")]
         if self.config.crash_before_mark {
             return Err(BatchError::SimulatedCrash);
         }

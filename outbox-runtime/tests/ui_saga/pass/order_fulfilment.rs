@@ -124,5 +124,5 @@ fn main() {
     fn handler_name<H: EventHandler>(_: H) -> &'static str {
         H::NAME
     }
-    assert_eq!(handler_name(__saga_Audit_on_timeout), "Audit::on_timeout");
+    assert_eq!(handler_name(Audit::on_timeout_handler()), "Audit::on_timeout");
 }
