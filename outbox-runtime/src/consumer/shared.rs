@@ -282,8 +282,11 @@ impl Shared {
             };
             match events.write(tx).await {
                 Ok(after_commit) => {
-                    let mut pending = self.pending_after_commit();
-                    *pending = pending.and(after_commit);
+                    // Most handlers record nothing: no lock for them.
+                    if after_commit.rows() > 0 {
+                        let mut pending = self.pending_after_commit();
+                        *pending = pending.and(after_commit);
+                    }
                     Ok(())
                 }
                 Err(error) => Err(failed(match error {
