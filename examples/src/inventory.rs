@@ -422,7 +422,6 @@ impl InventoryService {
             listener,
             axum::Router::new(),
             (relay, consumer),
-            group_id,
             tuning,
         )?;
         Ok(Self {
@@ -431,8 +430,8 @@ impl InventoryService {
         })
     }
 
-    /// Resolves when the relay or the consumer stopped on its own; see
-    /// [`crate::service::failure`].
+    /// Resolves when the relay or the consumer stopped on its own, with
+    /// which one and why.
     pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
         self.tasks.failure()
     }

@@ -11,7 +11,7 @@
 //!   `outbox status --max-*`, checked by the same code
 //!   ([`Thresholds::check`]).
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -23,10 +23,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
-use txoutbox_runtime::consumer::ConsumerHandle;
-use txoutbox_runtime::lifecycle::Stopped;
 use txoutbox_runtime::ops::status::{self, Breach, Thresholds};
-use txoutbox_runtime::relay::{RelayHandle, telemetry};
+use txoutbox_runtime::relay::telemetry;
+use txoutbox_runtime::service::ServiceStatus;
 
 /// Bucket bounds (seconds) of `outbox_relay_batch_duration_seconds`: from a
 /// quick local batch to the relay's default delivery timeout (30 s).
@@ -89,14 +88,11 @@ pub fn prometheus() -> PrometheusHandle {
         .clone()
 }
 
-/// How a service's background tasks are doing, for `/health/live`.
-///
-/// Each watched handle gets a small task that waits for
-/// [`RelayHandle::stopped`] / [`ConsumerHandle::stopped`] and notes how the
-/// task ended; the probe reads those notes.
+/// How a service's background tasks are doing, for `/health/live`: the
+/// [`ServiceStatus`] of its relay and consumers.
 #[derive(Debug, Clone, Default)]
 pub struct Liveness {
-    tasks: Vec<(String, Arc<Mutex<Option<Stopped>>>)>,
+    status: Option<ServiceStatus>,
 }
 
 /// One watched task, as `/health/live` shows it.
@@ -112,54 +108,37 @@ pub struct TaskState {
 }
 
 impl Liveness {
-    /// Nothing watched yet.
+    /// Nothing watched (always live).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Watches a relay.
-    pub fn relay(self, name: impl Into<String>, relay: &RelayHandle) -> Self {
-        self.watch(name.into(), relay.stopped())
-    }
-
-    /// Watches a consumer (its receive loop and inbox processors).
-    pub fn consumer(self, name: impl Into<String>, consumer: &ConsumerHandle) -> Self {
-        self.watch(name.into(), consumer.stopped())
-    }
-
-    fn watch(
-        mut self,
-        name: String,
-        stopped: impl std::future::Future<Output = Stopped> + Send + 'static,
-    ) -> Self {
-        let slot = Arc::new(Mutex::new(None));
-        let note = Arc::clone(&slot);
-        tokio::spawn(async move {
-            let stopped = stopped.await;
-            *note.lock().expect("liveness slot") = Some(stopped);
-        });
-        self.tasks.push((name, slot));
-        self
+    /// Watches the tasks of a service.
+    pub fn of(status: ServiceStatus) -> Self {
+        Self {
+            status: Some(status),
+        }
     }
 
     /// Every watched task with its state.
     pub fn tasks(&self) -> Vec<TaskState> {
-        self.tasks
-            .iter()
-            .map(|(task, slot)| {
-                let stopped = slot.lock().expect("liveness slot").clone();
-                TaskState {
-                    task: task.clone(),
-                    running: stopped.is_none(),
-                    stopped: stopped.map(|s| s.to_string()),
-                }
+        let Some(status) = &self.status else {
+            return Vec::new();
+        };
+        status
+            .tasks()
+            .into_iter()
+            .map(|task| TaskState {
+                task: task.name,
+                running: task.stopped.is_none(),
+                stopped: task.stopped.map(|s| s.to_string()),
             })
             .collect()
     }
 
     /// Whether every watched task still runs.
     pub fn is_live(&self) -> bool {
-        self.tasks().iter().all(|task| task.running)
+        self.status.as_ref().is_none_or(ServiceStatus::is_live)
     }
 }
 

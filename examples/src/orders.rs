@@ -231,7 +231,6 @@ impl OrdersService {
             listener,
             router(pool.clone()),
             (relay, consumer),
-            group_id,
             tuning,
         )?;
         Ok(Self {
@@ -240,8 +239,8 @@ impl OrdersService {
         })
     }
 
-    /// Resolves when the relay or the consumer stopped on its own; see
-    /// [`crate::service::failure`].
+    /// Resolves when the relay or the consumer stopped on its own, with
+    /// which one and why.
     pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
         self.tasks.failure()
     }

@@ -142,7 +142,6 @@ impl PaymentsService {
             listener,
             axum::Router::new(),
             (relay, consumer),
-            group_id,
             tuning,
         )?;
         Ok(Self {
@@ -151,8 +150,8 @@ impl PaymentsService {
         })
     }
 
-    /// Resolves when the relay or the consumer stopped on its own; see
-    /// [`crate::service::failure`].
+    /// Resolves when the relay or the consumer stopped on its own, with
+    /// which one and why.
     pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
         self.tasks.failure()
     }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use txoutbox_runtime::consumer::ConsumerHandle;
 use txoutbox_runtime::lifecycle::Stopped;
 use txoutbox_runtime::relay::RelayHandle;
+use txoutbox_runtime::service::Service;
 
 use rdkafka::ClientConfig;
 
@@ -32,15 +33,9 @@ pub enum ServiceError {
     /// The relay refused its configuration.
     #[error(transparent)]
     RelayBuild(#[from] txoutbox_runtime::relay::BuildError),
-    /// The relay stopped on its own.
-    #[error(transparent)]
-    Relay(#[from] txoutbox_runtime::relay::RelayError),
     /// The consumer could not be built.
     #[error(transparent)]
     ConsumerBuild(#[from] txoutbox_runtime::consumer::BuildError),
-    /// The consumer stopped with an error.
-    #[error(transparent)]
-    Consumer(#[from] txoutbox_runtime::consumer::ConsumerError),
     /// Kafka administration (topic creation) failed.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
@@ -58,76 +53,48 @@ pub enum ServiceError {
     /// A service task panicked or was cancelled.
     #[error("service task failed: {0}")]
     Task(String),
+    /// The relay or the consumer did not stop cleanly.
+    #[error(transparent)]
+    Shutdown(Box<txoutbox_runtime::service::ServiceError>),
     /// The relay or a consumer stopped although nobody asked it to: the
     /// service no longer does its job and exits so that it is restarted.
-    #[error("the {task} stopped on its own: {reason}")]
+    #[error("a task stopped on its own: {reason}")]
     Stopped {
-        /// `relay` or `consumer`.
-        task: &'static str,
-        /// Why, as its handle reported it.
+        /// Which task and why, as [`Service::stopped`] reports it
+        /// (`relay: the relay panicked: ...`).
         reason: String,
     },
 }
 
-/// Resolves when the relay or the consumer stops on its own (never after a
-/// requested stop), with which one and why. Services select on it next to
-/// their shutdown signal and exit non-zero when it fires.
-pub fn failure(
-    relay: &RelayHandle,
-    consumer: &ConsumerHandle,
-) -> impl Future<Output = ServiceError> + Send + 'static {
-    async fn failed(task: &'static str, stopped: impl Future<Output = Stopped>) -> ServiceError {
-        match stopped.await {
-            Stopped::Failed(reason) => ServiceError::Stopped { task, reason },
-            _ => std::future::pending().await,
-        }
-    }
-    let (relay, consumer) = (relay.stopped(), consumer.stopped());
-    async move {
-        tokio::select! {
-            error = failed("relay", relay) => error,
-            error = failed("consumer", consumer) => error,
-        }
-    }
-}
-
 /// What each example service runs: its HTTP listener (its own routes plus
-/// `/metrics` and `/health/*` over the relay and the consumer), the relay of
-/// its outbox and its consumer.
+/// `/metrics` and `/health/*` over the relay and the consumer), and the
+/// relay of its outbox with its consumer, as one [`Service`].
 #[derive(Debug)]
 pub(crate) struct Tasks {
     server: HttpServer,
-    relay: RelayHandle,
-    consumer: ConsumerHandle,
+    service: Service,
 }
 
 impl Tasks {
-    /// Serves `routes` and the probes of `relay` and `consumer` (group
-    /// `group_id`) on `listener`.
+    /// Serves `routes` and the probes of `relay` and `consumer` on
+    /// `listener`.
     pub(crate) fn serve(
         pool: sqlx::PgPool,
         listener: TcpListener,
         routes: Router,
         (relay, consumer): (RelayHandle, ConsumerHandle),
-        group_id: &str,
         tuning: &Tuning,
     ) -> Result<Self, ServiceError> {
         use crate::observability::{self, Liveness};
-        let liveness = Liveness::new()
-            .relay("relay", &relay)
-            .consumer(format!("consumer {group_id}"), &consumer);
+        let service = Service::new().relay(relay).consumer(consumer);
         let probes = observability::router(
             pool,
-            liveness,
+            Liveness::of(service.status()),
             tuning.readiness.clone(),
             observability::prometheus(),
         );
         let server = HttpServer::start(listener, routes.merge(probes))?;
-        Ok(Self {
-            server,
-            relay,
-            consumer,
-        })
+        Ok(Self { server, service })
     }
 
     /// Where the HTTP server listens.
@@ -135,22 +102,26 @@ impl Tasks {
         self.server.addr
     }
 
-    /// Resolves when the relay or the consumer stopped on its own; see
-    /// [`failure`].
+    /// Resolves when the relay or the consumer stopped on its own (never
+    /// after a requested stop), with which one and why. Services select on
+    /// it next to their shutdown signal and exit non-zero when it fires.
     pub(crate) fn failure(&self) -> impl Future<Output = ServiceError> + Send + 'static {
-        failure(&self.relay, &self.consumer)
+        let stopped = self.service.stopped();
+        async move {
+            match stopped.await {
+                Stopped::Failed(reason) => ServiceError::Stopped { reason },
+                _ => std::future::pending().await,
+            }
+        }
     }
 
     /// Stops accepting requests, then stops the consumer and the relay, each
     /// finishing what it has in flight.
     pub(crate) async fn shutdown(self) -> Result<(), ServiceError> {
         let served = self.server.shutdown().await;
-        let consumer = self.consumer.shutdown().await;
-        let relay = self.relay.shutdown().await;
+        let tasks = self.service.shutdown().await;
         served?;
-        consumer?;
-        relay?;
-        Ok(())
+        tasks.map_err(|error| ServiceError::Shutdown(Box::new(error)))
     }
 }
 

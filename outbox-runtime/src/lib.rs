@@ -13,6 +13,7 @@ mod redact;
 mod registry;
 pub mod relay;
 pub mod saga;
+pub mod service;
 pub mod testing;
 mod topic_admin;
 pub mod topics;

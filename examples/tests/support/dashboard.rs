@@ -98,7 +98,7 @@ pub(crate) fn constants_in_source() -> BTreeSet<String> {
     for path in [
         "outbox-runtime/src/relay/telemetry.rs",
         "outbox-runtime/src/consumer/telemetry.rs",
-        "outbox-runtime/src/lifecycle.rs",
+        "outbox-runtime/src/lifecycle/mod.rs",
     ] {
         for line in read(path).lines() {
             let line = line.trim();

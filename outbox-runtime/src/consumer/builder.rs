@@ -88,6 +88,7 @@ impl ConsumerBuilder {
                 batch_size: 500,
                 batch_max_bytes: 16 * 1024 * 1024,
                 handler_timeout: Duration::from_secs(30),
+                shutdown_timeout: Duration::from_secs(45),
                 processors: 2,
                 processor_batch_size: 500,
                 processor_poll_interval: Duration::from_millis(500),
@@ -234,6 +235,16 @@ impl ConsumerBuilder {
     /// `tokio::task::spawn_blocking`.
     pub fn handler_timeout(mut self, timeout: Duration) -> Self {
         self.settings.handler_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Bound of [`ConsumerHandle::shutdown`](super::ConsumerHandle::shutdown):
+    /// after it, the consumer's task and its processors are aborted (what
+    /// they had not committed is received again after the restart, and
+    /// deduplicated) and the summary's `clean` is `false`. Default 45 s,
+    /// as the relay's: the handler timeout (30 s) plus a commit.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.shutdown_timeout = timeout;
         self
     }
 

@@ -68,6 +68,7 @@ pub(crate) struct Settings {
     pub(crate) batch_size: usize,
     pub(crate) batch_max_bytes: usize,
     pub(crate) handler_timeout: Duration,
+    pub(crate) shutdown_timeout: Duration,
     pub(crate) processors: usize,
     pub(crate) processor_batch_size: usize,
     pub(crate) processor_poll_interval: Duration,

@@ -1,13 +1,13 @@
 //! Building, running and supervising a consumer: the public lifecycle.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use futures::FutureExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::StreamConsumer;
 use sqlx::PgPool;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::client_context::KafkaContext;
@@ -18,7 +18,7 @@ use super::handler::Dispatch;
 use super::inbox;
 use super::shared::Shared;
 use super::summary::{ConsumerSummary, Totals};
-use crate::lifecycle::{Lifecycle, Stopped, panic_message};
+use crate::lifecycle::{Ended, Stopped, Supervised, TaskName};
 
 /// A Kafka consumer that runs [`EventHandler`](super::EventHandler)s
 /// idempotently. Build it with [`Consumer::builder`], run it with
@@ -47,43 +47,31 @@ impl std::fmt::Debug for Consumer {
 /// `shutdown`, in the background. Keep the handle for as long as the consumer
 /// should run.
 pub struct ConsumerHandle {
-    token: CancellationToken,
-    /// `None` once `shutdown` or `join` took it.
-    task: Option<tokio::task::JoinHandle<Result<ConsumerSummary, ConsumerError>>>,
+    task: Supervised<ConsumerSummary, ConsumerError>,
     totals: Arc<Totals>,
-    lifecycle: Lifecycle,
+    group_id: String,
 }
 
 impl std::fmt::Debug for ConsumerHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsumerHandle")
-            .field("cancelled", &self.token.is_cancelled())
-            .field(
-                "finished",
-                &self.task.as_ref().is_none_or(|task| task.is_finished()),
-            )
+            .field("cancelled", &self.task.is_cancelled())
+            .field("finished", &self.task.is_finished())
             .finish_non_exhaustive()
-    }
-}
-
-impl Drop for ConsumerHandle {
-    fn drop(&mut self) {
-        // After `join`, the task has ended already: nothing to cancel.
-        if self.task.is_some() {
-            self.token.cancel();
-        }
     }
 }
 
 impl ConsumerHandle {
     /// The token that stops the consumer; cancel it from anywhere.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.token.clone()
+        self.task.token()
     }
 
     /// Stops taking messages, finishes (or abandons, without storing its
     /// offsets) the batch in hand, commits the offsets of everything durably
-    /// handled, and waits for the processors to finish their transactions.
+    /// handled, and waits for the processors to finish their transactions,
+    /// within [`ConsumerBuilder::shutdown_timeout`](super::ConsumerBuilder::shutdown_timeout)
+    /// (then the task is aborted and `clean` is `false`).
     /// Returns what the consumer did, or why it had stopped on its own
     /// (the same shape as [`RelayHandle::shutdown`](crate::relay::RelayHandle::shutdown)).
     ///
@@ -94,26 +82,31 @@ impl ConsumerHandle {
     /// # Ok(()) }
     /// ```
     pub async fn shutdown(mut self) -> Result<ConsumerSummary, ConsumerError> {
-        self.token.cancel();
-        self.take_task().await?
+        let ended = self.task.shutdown().await;
+        self.summarize(ended)
     }
 
     /// Waits until the consumer stops (after its token is cancelled or on a
     /// fatal error), without asking it to. The handle is consumed but the
     /// token is not cancelled while this waits.
     pub async fn join(mut self) -> Result<ConsumerSummary, ConsumerError> {
-        self.take_task().await?
+        let ended = self.task.join().await;
+        self.summarize(ended)
     }
 
-    fn take_task(&mut self) -> tokio::task::JoinHandle<Result<ConsumerSummary, ConsumerError>> {
-        self.task
-            .take()
-            .expect("the task is taken only by shutdown or join")
+    fn summarize(
+        &self,
+        ended: Ended<ConsumerSummary, ConsumerError>,
+    ) -> Result<ConsumerSummary, ConsumerError> {
+        match ended {
+            Ended::Returned(result) => result,
+            Ended::Aborted => Ok(self.totals.summary(false)),
+        }
     }
 
     /// What the consumer did so far, while it runs.
     pub fn summary(&self) -> ConsumerSummary {
-        self.totals.summary()
+        self.totals.summary(true)
     }
 
     /// Resolves when the consumer's task has ended: [`Stopped::Requested`]
@@ -134,13 +127,22 @@ impl ConsumerHandle {
     /// # }
     /// ```
     pub fn stopped(&self) -> impl std::future::Future<Output = Stopped> + Send + 'static {
-        self.lifecycle.stopped()
+        self.task.stopped()
     }
 
     /// Whether the consumer's task (its receive loop and, in inbox mode, its
     /// processors) is still running.
     pub fn is_running(&self) -> bool {
-        self.lifecycle.current().is_none()
+        self.task.is_running()
+    }
+
+    /// The consumer's group id.
+    pub fn group_id(&self) -> &str {
+        &self.group_id
+    }
+
+    pub(crate) fn lifecycle(&self) -> crate::lifecycle::Lifecycle {
+        self.task.lifecycle()
     }
 }
 
@@ -192,128 +194,108 @@ impl Consumer {
     pub fn spawn(self) -> ConsumerHandle {
         let token = self.ctx.token.clone();
         let totals = Arc::clone(&self.ctx.totals);
-        let lifecycle = Lifecycle::new();
-        let labels = [("task", "consumer".to_owned()), ("group", self.ctx.group())];
-        let task = tokio::spawn({
-            let (lifecycle, token) = (lifecycle.clone(), token.clone());
-            async move {
-                let ended = AssertUnwindSafe(self.run(token.clone()))
-                    .catch_unwind()
-                    .await;
-                let (stopped, result) = match ended {
-                    Ok(Ok(summary)) if token.is_cancelled() => (Stopped::Requested, Ok(summary)),
-                    Ok(Ok(summary)) => (
-                        Stopped::Failed("the receive loop ended unexpectedly".into()),
-                        Ok(summary),
-                    ),
-                    Ok(Err(error)) => (Stopped::Failed(error.to_string()), Err(error)),
-                    Err(panic) => {
-                        let message = panic_message(&*panic);
-                        (
-                            Stopped::Failed(format!("the consumer panicked: {message}")),
-                            Err(ConsumerError::Panicked(message)),
-                        )
-                    }
-                };
-                lifecycle.finish(stopped, &labels);
-                result
-            }
-        });
+        let name = TaskName::new("consumer").label("group", self.ctx.group());
+        let shutdown_timeout = self.ctx.settings.shutdown_timeout;
+        let group_id = self.ctx.group();
+        let run = self.run(token.clone());
         ConsumerHandle {
-            token,
-            task: Some(task),
+            task: Supervised::spawn(name, token, shutdown_timeout, run, ConsumerError::Panicked),
             totals,
-            lifecycle,
+            group_id,
         }
     }
 
     /// Runs until `token` is cancelled, then shuts down gracefully. Returns
     /// an error if the consumer stopped on its own: its subscription failed,
-    /// or an inbox processor ended (then the receive loop is stopped too, so
-    /// that the process can be restarted whole rather than half-working).
-    /// Returns what it did, as [`ConsumerHandle::shutdown`] does.
+    /// or an inbox processor or its periodic work ended (then the receive
+    /// loop is stopped too, so that the process can be restarted whole
+    /// rather than half-working). Returns what it did, as
+    /// [`ConsumerHandle::shutdown`] does; unlike it, waits without a time
+    /// limit.
     pub async fn run(self, token: CancellationToken) -> Result<ConsumerSummary, ConsumerError> {
         let ctx = self.ctx.clone();
         // Our own token also stops the processors and any retry waits.
         let stop = ctx.token.clone();
-        let forward = {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                token.cancelled().await;
-                stop.cancel();
-            })
-        };
-        let mut processors = JoinSet::new();
-        if ctx.settings.mode == Mode::Inbox {
-            for index in 0..ctx.settings.processors {
-                let ctx = ctx.clone();
-                processors.spawn(async move {
-                    let ended = AssertUnwindSafe(inbox::process(ctx, index))
-                        .catch_unwind()
-                        .await;
-                    (index, ended.map_err(|panic| panic_message(&*panic)))
-                });
-            }
-        }
-        let gauges = (!ctx.settings.periodic.is_empty()).then(|| {
-            let ctx = ctx.clone();
-            tokio::spawn(async move {
-                loop {
-                    for task in &ctx.settings.periodic {
-                        if let Err(error) = (task.run)(ctx.pool.clone()).await {
-                            tracing::debug!(task = task.name, error = %txoutbox_core::DbErrorDisplay(&error), "periodic consumer work failed");
-                        }
-                    }
-                    tokio::select! {
-                        _ = ctx.token.cancelled() => break,
-                        _ = tokio::time::sleep(ctx.settings.backlog_interval) => {}
-                    }
-                }
-            })
-        });
+        let mut helpers = self.helpers();
+        let mut helper_ended: FuturesUnordered<_> =
+            helpers.iter().map(|helper| helper.stopped()).collect();
         let receive = self.receive();
         tokio::pin!(receive);
         let mut failure = None;
         let result = loop {
             tokio::select! {
                 result = &mut receive => break result,
-                Some(joined) = processors.join_next(), if failure.is_none() => {
-                    if stop.is_cancelled() {
-                        continue;
-                    }
-                    // A processor ended although nobody asked it to: stop the
+                () = token.cancelled(), if !stop.is_cancelled() => stop.cancel(),
+                Some(stopped) = helper_ended.next(), if failure.is_none() => {
+                    // A helper ended although nobody asked it to: stop the
                     // whole consumer so that its supervisor notices.
-                    let reason = match joined {
-                        Ok((index, Ok(()))) => format!("inbox processor {index} ended unexpectedly"),
-                        Ok((index, Err(panic))) => format!("inbox processor {index} panicked: {panic}"),
-                        Err(error) => format!("an inbox processor task failed: {error}"),
-                    };
-                    metrics::counter!(
-                        crate::lifecycle::TASKS_FAILED,
-                        "task" => "inbox_processor",
-                        "group" => ctx.group()
-                    )
-                    .increment(1);
-                    tracing::error!(group = %ctx.settings.group_id, %reason, "stopping the consumer");
-                    failure = Some(reason);
-                    stop.cancel();
+                    if let Stopped::Failed(reason) = stopped {
+                        tracing::error!(group = %ctx.settings.group_id, %reason, "stopping the consumer");
+                        failure = Some(reason);
+                        stop.cancel();
+                    }
                 }
             }
         };
         stop.cancel();
-        forward.abort();
-        if let Some(gauges) = gauges {
-            gauges.abort();
-        }
-        while let Some(joined) = processors.join_next().await {
-            if let (Ok((index, Err(panic))), None) = (joined, &failure) {
-                failure = Some(format!("inbox processor {index} panicked: {panic}"));
+        for helper in &mut helpers {
+            if let (Ended::Returned(Err(panic)), None) = (helper.shutdown().await, &failure) {
+                failure = Some(panic);
             }
         }
         result?;
         match failure {
             Some(reason) => Err(ConsumerError::Processor(reason)),
-            None => Ok(ctx.totals.summary()),
+            None => Ok(ctx.totals.summary(true)),
+        }
+    }
+
+    /// The tasks beside the receive loop: the inbox processors, and the
+    /// periodic work if any was registered; each stops with the consumer.
+    fn helpers(&self) -> Vec<Supervised<(), String>> {
+        let ctx = &self.ctx;
+        let spawn = |name: TaskName, task: BoxFuture<'static, ()>| {
+            Supervised::spawn(
+                name.label("group", ctx.group()),
+                ctx.token.child_token(),
+                ctx.settings.shutdown_timeout,
+                async move {
+                    task.await;
+                    Ok(())
+                },
+                |panic| panic,
+            )
+        };
+        let mut helpers = Vec::new();
+        if ctx.settings.mode == Mode::Inbox {
+            for index in 0..ctx.settings.processors {
+                let name =
+                    TaskName::new("inbox_processor").called(format!("inbox processor {index}"));
+                helpers.push(spawn(name, inbox::process(ctx.clone(), index).boxed()));
+            }
+        }
+        if !ctx.settings.periodic.is_empty() {
+            let name = TaskName::new("periodic").called("periodic work");
+            helpers.push(spawn(name, periodic(ctx.clone()).boxed()));
+        }
+        helpers
+    }
+}
+
+/// Runs the consumer's periodic work every `backlog_interval` until the
+/// consumer stops (a run in progress is dropped then).
+async fn periodic(ctx: Arc<Shared>) {
+    loop {
+        for task in &ctx.settings.periodic {
+            tokio::select! {
+                () = ctx.token.cancelled() => return,
+                ran = (task.run)(ctx.pool.clone()) => if let Err(error) = ran {
+                    tracing::debug!(task = task.name, error = %txoutbox_core::DbErrorDisplay(&error), "periodic consumer work failed");
+                },
+            }
+        }
+        if !ctx.pause(ctx.settings.backlog_interval).await {
+            return;
         }
     }
 }

@@ -3,7 +3,6 @@
 //! steps every mode takes (opening a transaction, calling a handler, backing
 //! off, counting).
 
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use super::dlq::DeadLetters;
 use super::handler::{Dispatch, ErasedHandler, EventMeta, HandlerError};
 use super::summary::Totals;
 use super::telemetry as m;
-use crate::lifecycle::panic_message;
+use crate::lifecycle::catch;
 
 /// State shared by the receiving loop and the inbox processors.
 pub(crate) struct Shared {
@@ -245,16 +244,11 @@ impl Shared {
             // A panic is this event's failure, not the consumer's: it is
             // caught, the transaction is rolled back by the caller, and the
             // attempt counts like any other failed one.
-            let called = AssertUnwindSafe(handler.call(tx, event, meta, &mut events))
-                .catch_unwind()
-                .map(|ended| {
-                    ended.unwrap_or_else(|panic| {
-                        Err(HandlerError::new(format!(
-                            "the handler panicked: {}",
-                            panic_message(&*panic)
-                        )))
-                    })
-                });
+            let called = catch(handler.call(tx, event, meta, &mut events)).map(|ended| {
+                ended.unwrap_or_else(|panic| {
+                    Err(HandlerError::new(format!("the handler panicked: {panic}")))
+                })
+            });
             match tokio::time::timeout(timeout, called).await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => {

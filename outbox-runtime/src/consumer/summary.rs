@@ -27,6 +27,11 @@ pub struct ConsumerSummary {
     pub stored: u64,
     /// Inbox mode: rows parked (out of attempts, or no handler can take them).
     pub parked: u64,
+    /// `true` if the consumer stopped within its
+    /// [`shutdown_timeout`](super::ConsumerBuilder::shutdown_timeout);
+    /// `false` if it had to be aborted (what it had not committed is
+    /// received again, and deduplicated, after the restart).
+    pub clean: bool,
 }
 
 /// Totals of one consumer, shared by its receive loop and processors.
@@ -47,7 +52,7 @@ impl Totals {
     }
 
     /// The totals so far as a summary.
-    pub(crate) fn summary(&self) -> ConsumerSummary {
+    pub(crate) fn summary(&self, clean: bool) -> ConsumerSummary {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         ConsumerSummary {
             handled: get(&self.handled),
@@ -57,6 +62,7 @@ impl Totals {
             skipped: get(&self.skipped),
             stored: get(&self.stored),
             parked: get(&self.parked),
+            clean,
         }
     }
 }

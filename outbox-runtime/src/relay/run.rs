@@ -1,13 +1,10 @@
 //! A relay's lifecycle: the built [`Relay`], run on the current task or
 //! spawned, and the [`RelayHandle`] that stops it.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use futures::FutureExt;
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::config::RelayConfig;
@@ -18,7 +15,7 @@ use super::scheduler::Scheduler;
 use super::summary::{RelaySummary, Totals};
 use super::wakeup::{self, Wakeups};
 use super::worker::Worker;
-use crate::lifecycle::{Lifecycle, Stopped};
+use crate::lifecycle::{Ended, Stopped, Supervised, TaskName};
 
 /// A relay ready to run: its configuration checked and its producer created.
 ///
@@ -130,40 +127,19 @@ impl Relay {
     /// Starts the relay on a new tokio task. Must be called inside a tokio
     /// runtime.
     pub fn spawn(self) -> RelayHandle {
-        let cancel = CancellationToken::new();
+        let token = CancellationToken::new();
         let totals = Arc::new(Totals::default());
         let shutdown_timeout = self.config.shutdown_timeout;
-        let tasks = self.tasks(cancel.clone(), Arc::clone(&totals));
-        let lifecycle = Lifecycle::new();
-        let task = tokio::spawn({
-            let (lifecycle, cancel) = (lifecycle.clone(), cancel.clone());
-            async move {
-                let ended = AssertUnwindSafe(tasks).catch_unwind().await;
-                let (stopped, result) = match ended {
-                    Ok(Ok(())) if cancel.is_cancelled() => (Stopped::Requested, Ok(())),
-                    Ok(Ok(())) => (
-                        Stopped::Failed("the relay loop ended unexpectedly".into()),
-                        Ok(()),
-                    ),
-                    Ok(Err(error)) => (Stopped::Failed(error.to_string()), Err(error)),
-                    Err(panic) => {
-                        let message = crate::lifecycle::panic_message(&*panic);
-                        (
-                            Stopped::Failed(format!("the relay panicked: {message}")),
-                            Err(RelayError::Panicked(message)),
-                        )
-                    }
-                };
-                lifecycle.finish(stopped, &[("task", "relay".to_owned())]);
-                result
-            }
-        });
+        let tasks = self.tasks(token.clone(), Arc::clone(&totals));
         RelayHandle {
-            cancel,
-            task: Some(task),
+            task: Supervised::spawn(
+                TaskName::new("relay"),
+                token,
+                shutdown_timeout,
+                tasks,
+                RelayError::Panicked,
+            ),
             totals,
-            shutdown_timeout,
-            lifecycle,
         }
     }
 }
@@ -172,11 +148,8 @@ impl Relay {
 /// [`shutdown`](Self::shutdown) without waiting).
 #[derive(Debug)]
 pub struct RelayHandle {
-    cancel: CancellationToken,
-    task: Option<JoinHandle<Result<(), RelayError>>>,
+    task: Supervised<(), RelayError>,
     totals: Arc<Totals>,
-    shutdown_timeout: std::time::Duration,
-    lifecycle: Lifecycle,
 }
 
 impl RelayHandle {
@@ -194,37 +167,24 @@ impl RelayHandle {
     /// # Ok(()) }
     /// ```
     pub async fn shutdown(mut self) -> Result<RelaySummary, RelayError> {
-        self.cancel.cancel();
-        let mut clean = true;
-        if let Some(mut task) = self.task.take() {
-            match tokio::time::timeout(self.shutdown_timeout, &mut task).await {
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(error))) => return Err(error),
-                Ok(Err(_aborted)) => clean = false,
-                Err(_elapsed) => {
-                    task.abort();
-                    clean = false;
-                }
-            }
-        }
-        self.lifecycle.finish(Stopped::Requested, &[]);
-        Ok(self.totals.summary(clean))
+        let ended = self.task.shutdown().await;
+        self.summarize(ended)
     }
 
     /// Waits until the relay stops (after its token is cancelled, or on its
     /// own), without asking it to; returns as [`shutdown`](Self::shutdown)
     /// does (the same shape as [`ConsumerHandle::join`](crate::consumer::ConsumerHandle::join)).
     pub async fn join(mut self) -> Result<RelaySummary, RelayError> {
-        let task = self
-            .task
-            .take()
-            .expect("the task is taken only by shutdown or join");
-        let clean = match task.await {
-            Ok(Ok(())) => true,
-            Ok(Err(error)) => return Err(error),
-            Err(_aborted) => false,
-        };
-        Ok(self.totals.summary(clean))
+        let ended = self.task.join().await;
+        self.summarize(ended)
+    }
+
+    fn summarize(&self, ended: Ended<(), RelayError>) -> Result<RelaySummary, RelayError> {
+        match ended {
+            Ended::Returned(Ok(())) => Ok(self.totals.summary(true)),
+            Ended::Returned(Err(error)) => Err(error),
+            Ended::Aborted => Ok(self.totals.summary(false)),
+        }
     }
 
     /// The totals so far, while the relay runs (`clean` is `true`).
@@ -248,27 +208,22 @@ impl RelayHandle {
     /// # }
     /// ```
     pub fn stopped(&self) -> impl std::future::Future<Output = Stopped> + Send + 'static {
-        self.lifecycle.stopped()
+        self.task.stopped()
     }
 
     /// Whether the relay's task is still running.
     pub fn is_running(&self) -> bool {
-        self.lifecycle.current().is_none()
+        self.task.is_running()
+    }
+
+    pub(crate) fn lifecycle(&self) -> crate::lifecycle::Lifecycle {
+        self.task.lifecycle()
     }
 
     /// The token that stops the relay, e.g. to tie it to a server's graceful
     /// shutdown (`axum::serve(..).with_graceful_shutdown(token.cancelled_owned())`)
     /// or to stop it from another task.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.cancel.clone()
-    }
-}
-
-impl Drop for RelayHandle {
-    fn drop(&mut self) {
-        // After `join`, the task has ended already: nothing to cancel.
-        if self.task.is_some() {
-            self.cancel.cancel();
-        }
+        self.task.token()
     }
 }

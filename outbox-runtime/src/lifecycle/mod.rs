@@ -38,8 +38,13 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+mod supervisor;
+
+pub(crate) use supervisor::{Ended, Supervised, TaskName, catch};
+
 /// Counter: background tasks that ended without being asked to (label
-/// `task`: `relay`, `consumer` or `inbox_processor`; consumer tasks also
+/// `task`: `relay`, `consumer`, `inbox_processor` or `periodic` (a
+/// consumer's periodic work, such as the saga gauges); consumer tasks also
 /// carry `group`). Any increase means a service lost part of its work until
 /// it is restarted.
 pub const TASKS_FAILED: &str = "outbox_tasks_failed_total";
