@@ -23,3 +23,19 @@ pub const CONTENT_TYPE_JSON: &str = "application/json";
 pub const PAYLOAD_EVENT_ID: &str = "event_id";
 /// Payload field consulted for the event type when the header is missing.
 pub const PAYLOAD_EVENT_TYPE: &str = "event_type";
+/// Dead letters (a consumer's): header with the reason code, e.g.
+/// `not_json` (`txoutbox_runtime::consumer::DeadLetterReason`).
+pub const HEADER_DLQ_REASON: &str = "dlq_reason";
+/// Header with the human-readable error.
+pub const HEADER_DLQ_ERROR: &str = "dlq_error";
+/// Header with the topic the message was read from.
+pub const HEADER_DLQ_TOPIC: &str = "dlq_original_topic";
+/// Header with the partition the message was read from.
+pub const HEADER_DLQ_PARTITION: &str = "dlq_original_partition";
+/// Header with the offset the message had.
+pub const HEADER_DLQ_OFFSET: &str = "dlq_original_offset";
+/// Header with the consumer group that gave up on the message.
+pub const HEADER_DLQ_GROUP: &str = "dlq_consumer_group";
+/// Header set to `true` when the value was too large even for the dead-letter
+/// topic and was left out (key and headers are kept).
+pub const HEADER_DLQ_VALUE_DROPPED: &str = "dlq_value_dropped";

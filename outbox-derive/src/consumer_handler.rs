@@ -1,5 +1,5 @@
 //! What `#[event_handler]` and `#[saga]` both generate for one consumer-side
-//! handler: a unit struct, its registration for `registered_handlers()`, and
+//! handler: a unit struct, its registration in the linked-handler registry (`topics::Registered`), and
 //! its `EventHandler` impl. Each macro supplies only the struct's attributes
 //! and the body of `handle`.
 

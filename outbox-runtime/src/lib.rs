@@ -29,7 +29,8 @@ pub mod __private {
     pub use sqlx::{Postgres, Transaction};
     pub use txoutbox_core::{DomainEvent, Events};
 
-    use crate::consumer::{HandlerDescriptor, HandlerError};
+    use crate::consumer::HandlerError;
+    use crate::registry::HandlerDescriptor;
 
     /// The registration of one handler, for `inventory::submit!`.
     pub const fn handler_descriptor(

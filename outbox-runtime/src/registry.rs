@@ -1,7 +1,8 @@
 //! The `#[event_handler]`s linked into this binary: a leaf that the
 //! consumer (which runs them) and the topic planner (which derives their
-//! dead-letter topics) both read. Public as `consumer::HandlerDescriptor`
-//! and `consumer::registered_handlers`.
+//! dead-letter topics) both read. Not public: generated code registers
+//! through `__private::handler_descriptor`, and users read the registry as
+//! [`topics::Registered`](crate::topics::Registered).
 
 /// An `#[event_handler]` linked into this binary: which (topic, event type)
 /// it handles. Every `#[event_handler]` registers one; see
@@ -38,7 +39,7 @@ inventory::collect!(HandlerDescriptor);
 /// Every `#[event_handler]` linked into this binary, sorted by topic, event
 /// type and name: what `txoutbox_runtime::topics` derives the dead-letter
 /// topics a service needs from.
-pub fn registered_handlers() -> Vec<&'static HandlerDescriptor> {
+pub(crate) fn registered_handlers() -> Vec<&'static HandlerDescriptor> {
     let mut handlers: Vec<_> = inventory::iter::<HandlerDescriptor>.into_iter().collect();
     handlers.sort_by_key(|h| (h.topic, h.event_type, h.name));
     handlers

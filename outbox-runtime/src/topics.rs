@@ -136,7 +136,7 @@ pub fn required(defaults: &TopicDefaults) -> Vec<TopicSpec> {
 }
 
 /// [`required`] for explicit sets of event topics and consumed topics.
-pub fn required_for(
+fn required_for(
     events: &BTreeSet<&str>,
     consumed: &BTreeSet<&str>,
     defaults: &TopicDefaults,

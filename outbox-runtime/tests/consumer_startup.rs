@@ -45,7 +45,7 @@ async fn without_dlq() {
     let _ = admin
         .delete_topics(&[&dlq], &rdkafka::admin::AdminOptions::new())
         .await;
-    let wanted = topics::required_for(
+    let wanted = required_for(
         &[<Lonely as txoutbox_core::DomainEvent>::TOPIC].into(),
         &BTreeSet::new(),
         &TopicDefaults::default().partitions(1),
@@ -86,7 +86,7 @@ async fn a_missing_dead_letter_topic_is_named_at_start_or_created_on_request(poo
         .unwrap()
         .spawn();
     let plan_has_dlq = || async {
-        let wanted = topics::required_for(
+        let wanted = required_for(
             &BTreeSet::new(),
             &[<Lonely as txoutbox_core::DomainEvent>::TOPIC].into(),
             &TopicDefaults::default().partitions(1),
@@ -101,4 +101,19 @@ async fn a_missing_dead_letter_topic_is_named_at_start_or_created_on_request(poo
     .await;
     assert!(created.is_running());
     created.shutdown().await.unwrap();
+}
+
+/// The topics `events` and `consumed` need (as a service whose registries
+/// hold them would).
+fn required_for(
+    events: &BTreeSet<&str>,
+    consumed: &BTreeSet<&str>,
+    defaults: &TopicDefaults,
+) -> Vec<txoutbox_runtime::topics::TopicSpec> {
+    let owned = |set: &BTreeSet<&str>| set.iter().map(|topic| (*topic).to_owned()).collect();
+    txoutbox_runtime::topics::Registered {
+        events: owned(events),
+        consumed: owned(consumed),
+    }
+    .required(defaults)
 }

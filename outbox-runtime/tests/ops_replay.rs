@@ -17,11 +17,12 @@ use chrono::{TimeDelta, Utc};
 use ops_support::{OutboxRow, brokers, new_topic, read_back};
 use rdkafka::ClientConfig;
 use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::wire::HEADER_REPLAY;
 use txoutbox_runtime::consumer::{
     Consumer, ConsumerHandle, EventHandler, EventMeta, event_handler,
 };
 use txoutbox_runtime::ops::OpsError;
-use txoutbox_runtime::ops::replay::{self, HEADER_REPLAY, Replay, ReplayFilter};
+use txoutbox_runtime::ops::replay::{self, Replay, ReplayFilter};
 use txoutbox_runtime::relay::Relay;
 
 #[sqlx::test(migrations = false)]

@@ -20,11 +20,11 @@ async fn plan_names_the_missing_topics_and_apply_creates_only_those() {
     let events: BTreeSet<&str> = [orders.as_str(), payments.as_str()].into();
     let consumed: BTreeSet<&str> = [orders.as_str()].into();
     let defaults = TopicDefaults::default().partitions(2);
-    let wanted = topics::required_for(&events, &consumed, &defaults);
+    let wanted = required_for(&events, &consumed, &defaults);
     assert_eq!(wanted.len(), 3);
 
     // One exists already, with more partitions than wanted: left alone.
-    let existing = topics::required_for(
+    let existing = required_for(
         &[payments.as_str()].into(),
         &BTreeSet::new(),
         &TopicDefaults::default().partitions(4),
@@ -65,4 +65,19 @@ async fn plan_names_the_missing_topics_and_apply_creates_only_those() {
     assert_eq!(dlq.existing_partitions, Some(1));
     // Idempotent: nothing left to create.
     assert!(topics::apply(&kafka(), &after).await.unwrap().is_empty());
+}
+
+/// The topics `events` and `consumed` need (as a service whose registries
+/// hold them would).
+fn required_for(
+    events: &BTreeSet<&str>,
+    consumed: &BTreeSet<&str>,
+    defaults: &TopicDefaults,
+) -> Vec<txoutbox_runtime::topics::TopicSpec> {
+    let owned = |set: &BTreeSet<&str>| set.iter().map(|topic| (*topic).to_owned()).collect();
+    txoutbox_runtime::topics::Registered {
+        events: owned(events),
+        consumed: owned(consumed),
+    }
+    .required(defaults)
 }

@@ -62,11 +62,7 @@ mod shared;
 mod summary;
 mod work;
 
-pub use crate::registry::{HandlerDescriptor, registered_handlers};
-pub use crate::wire::dead_letter::{
-    DeadLetterReason, HEADER_DLQ_ERROR, HEADER_DLQ_GROUP, HEADER_DLQ_OFFSET, HEADER_DLQ_PARTITION,
-    HEADER_DLQ_REASON, HEADER_DLQ_TOPIC, HEADER_DLQ_VALUE_DROPPED,
-};
+pub use crate::wire::dead_letter::DeadLetterReason;
 #[doc(hidden)]
 #[cfg(feature = "test-hooks")]
 pub use crate::wire::raw_headers::{headers_as_bytes, headers_from_bytes};
@@ -82,8 +78,6 @@ pub use hooks::Route;
 pub use inbox::claim_once_for_benchmark;
 pub use run::{Consumer, ConsumerHandle};
 pub use summary::ConsumerSummary;
-/// The backoff of [`ConsumerBuilder::backoff`] (the framework's one backoff).
-pub use txoutbox_core::Backoff;
 pub use txoutbox_derive::event_handler;
 
 pub mod telemetry;

@@ -150,18 +150,6 @@ pub struct ProblemRow {
 
 pub use crate::consumer::inbox::unclaimed::UnclaimedKeys;
 
-/// Inbox keys that no running processor claims (see
-/// [`Status::inbox_unclaimed`]), of one group or (`None`) of every group.
-///
-/// A processor counts as running while its consumer's heartbeat in
-/// `inbox_processor` is younger than three heartbeat intervals.
-pub async fn inbox_unclaimed(
-    pool: &PgPool,
-    group: Option<&str>,
-) -> Result<Vec<UnclaimedKeys>, OpsError> {
-    Ok(crate::consumer::inbox::unclaimed::inbox_unclaimed(pool, group).await?)
-}
-
 /// Size of one table.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct TableSize {
@@ -182,7 +170,7 @@ pub struct TableSize {
 pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
     let outbox = queue_status(pool, &OUTBOX, sample).await?;
     let inbox = queue_status(pool, &INBOX, sample).await?;
-    let inbox_unclaimed = inbox_unclaimed(pool, None).await?;
+    let inbox_unclaimed = crate::consumer::inbox::unclaimed::inbox_unclaimed(pool, None).await?;
     let mut tables = Vec::new();
     for table in ["outbox_event", "inbox_event", "processed_event"] {
         tables.push(table_size(pool, table).await?);

@@ -64,9 +64,6 @@ pub use run::{Relay, RelayHandle};
 #[doc(hidden)]
 pub use store::{claim_and_mark_without_publishing, explain_claim};
 pub use summary::RelaySummary;
-/// The backoff of [`RelayBuilder::retry_backoff`] and
-/// [`RelayBuilder::error_backoff`] (the framework's one backoff).
-pub use txoutbox_core::Backoff;
 
 /// Benchmarks only (feature `test-hooks`): sets a connection up as the
 /// relay sets its own. Not a public API.

@@ -7,21 +7,10 @@ use std::fmt;
 use rdkafka::Message;
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 
-/// Header with the [`DeadLetterReason`] code, e.g. `not_json`.
-pub const HEADER_DLQ_REASON: &str = "dlq_reason";
-/// Header with the human-readable error.
-pub const HEADER_DLQ_ERROR: &str = "dlq_error";
-/// Header with the topic the message was read from.
-pub const HEADER_DLQ_TOPIC: &str = "dlq_original_topic";
-/// Header with the partition the message was read from.
-pub const HEADER_DLQ_PARTITION: &str = "dlq_original_partition";
-/// Header with the offset the message had.
-pub const HEADER_DLQ_OFFSET: &str = "dlq_original_offset";
-/// Header with the consumer group that gave up on the message.
-pub const HEADER_DLQ_GROUP: &str = "dlq_consumer_group";
-/// Header set to `true` when the value was too large even for the dead-letter
-/// topic and was left out (key and headers are kept).
-pub const HEADER_DLQ_VALUE_DROPPED: &str = "dlq_value_dropped";
+use txoutbox_core::wire::{
+    HEADER_DLQ_ERROR, HEADER_DLQ_GROUP, HEADER_DLQ_OFFSET, HEADER_DLQ_PARTITION, HEADER_DLQ_REASON,
+    HEADER_DLQ_TOPIC, HEADER_DLQ_VALUE_DROPPED,
+};
 
 /// Why a message cannot be handled; sent as the `dlq_reason` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

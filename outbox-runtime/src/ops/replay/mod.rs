@@ -128,7 +128,7 @@ use super::OpsError;
 mod handover;
 
 pub use handover::{Handover, PartitionOffset};
-pub use txoutbox_core::wire::HEADER_REPLAY;
+use txoutbox_core::wire::HEADER_REPLAY;
 
 /// Which events to replay. Every field that is set must match;
 /// the time range is half-open: `from <= created_at < to`.

@@ -7,7 +7,7 @@ mod messages;
 
 use messages::*;
 use txoutbox_runtime::saga::saga;
-use txoutbox_runtime::consumer::{registered_handlers, EventHandler};
+use txoutbox_runtime::consumer::EventHandler;
 use txoutbox_runtime::saga::{Saga, SagaContext};
 use uuid::Uuid;
 
@@ -106,10 +106,25 @@ fn main() {
     assert_eq!(audit.reference, "r");
 
     // One consumer handler per message, registered for the dead-letter topics.
-    let mut names: Vec<_> = registered_handlers()
-        .iter()
-        .map(|h| (h.topic, h.event_type, h.name))
+    let consumed: Vec<String> = txoutbox_runtime::topics::Registered::linked()
+        .consumed
+        .into_iter()
         .collect();
+    assert_eq!(
+        consumed,
+        ["inventory.events", "order.events", "payment.events", "saga.timeouts"]
+    );
+    fn handles<H: EventHandler>(_: H) -> (&'static str, &'static str, &'static str) {
+        use txoutbox_core::DomainEvent;
+        (<H::Event as DomainEvent>::TOPIC, <H::Event as DomainEvent>::EVENT_TYPE, H::NAME)
+    }
+    let mut names = vec![
+        handles(OrderFulfilment::on_stock_reserved_handler()),
+        handles(OrderFulfilment::on_order_created_handler()),
+        handles(OrderFulfilment::on_payment_failed_handler()),
+        handles(Audit::on_timeout_handler()),
+        handles(OrderFulfilment::on_timeout_handler()),
+    ];
     names.sort();
     assert_eq!(
         names,
