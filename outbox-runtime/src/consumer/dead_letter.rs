@@ -83,7 +83,7 @@ pub(crate) async fn dead_letter(
             break why;
         }
         tracing::warn!(error = %failure, %dlq, tries, "dead-letter publish failed; retrying");
-        if !ctx.pause(ctx.settings.backoff.delay(tries)).await {
+        if !ctx.db.pause(ctx.settings.backoff.delay(tries)).await {
             return Settled::Interrupted;
         }
     };
@@ -133,7 +133,7 @@ async fn park(
         match parked {
             Ok(_) => break,
             Err(failure) => {
-                if !ctx.db_failed(&failure, &mut db_retry).await {
+                if !ctx.db.failed(&failure, &mut db_retry).await {
                     return Settled::Interrupted;
                 }
             }

@@ -88,7 +88,7 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
                 decoded: Some(event),
             }),
             Routed::Skip(event_type) => {
-                ctx.count_skipped(&envelope_topic(message), &event_type);
+                ctx.counts.skipped(&envelope_topic(message), &event_type);
                 taken.done.push(index);
             }
             Routed::DeadLetter(reason, error) => taken.dead.push((index, reason, error)),
@@ -166,7 +166,7 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
     let mut db_retry = 0;
     loop {
         let attempt = async {
-            let mut tx = ctx.begin().await?;
+            let mut tx = ctx.db.begin().await?;
             let mut fresh: HashSet<Uuid> = sqlx::query_scalar(
                 "INSERT INTO processed_event (consumer_group, event_id)
                  SELECT $1, id FROM UNNEST($2::uuid[]) AS t(id)
@@ -187,6 +187,7 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
                 }
                 let event = w.event();
                 if let Err(failure) = ctx
+                    .calls
                     .call(&*w.handler, &mut tx, event, &w.envelope.meta)
                     .await
                 {
@@ -214,15 +215,15 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
                 }
             }
             tx.commit().await?;
-            ctx.committed();
-            ctx.count_handled(handled, work.len() as u64 - handled);
+            ctx.calls.committed();
+            ctx.counts.handled(handled, work.len() as u64 - handled);
             Ok(Fast::Committed)
         }
         .await;
         match attempt {
             Ok(outcome) => return outcome,
             Err(error) => {
-                if !ctx.db_failed(&error, &mut db_retry).await {
+                if !ctx.db.failed(&error, &mut db_retry).await {
                     return Fast::Interrupted;
                 }
             }
@@ -248,7 +249,7 @@ async fn careful(
     let mut db_retry = 0;
     loop {
         let attempt = async {
-            let mut tx = ctx.begin().await?;
+            let mut tx = ctx.db.begin().await?;
             let mut pass = Careful {
                 finished: Vec::new(),
                 failed: Vec::new(),
@@ -269,6 +270,7 @@ async fn careful(
                 }
                 let event = w.event();
                 let called = ctx
+                    .calls
                     .call(&*w.handler, &mut tx, event, &w.envelope.meta)
                     .await;
                 let failure = match called {
@@ -284,6 +286,7 @@ async fn careful(
                         // Refused: the handler left the transaction aborted.
                         Err(error) => match txoutbox_core::not_committable(&error) {
                             Some(unusable) => ctx
+                                .calls
                                 .left_unusable(&*w.handler, &w.envelope.meta, &unusable)
                                 .to_string(),
                             None => return Err(error),
@@ -295,7 +298,7 @@ async fn careful(
                 sqlx::query("ROLLBACK TO SAVEPOINT outbox_dedup_event")
                     .execute(&mut *tx)
                     .await?;
-                if !ctx.db_reachable().await {
+                if !ctx.db.reachable().await {
                     // An outage, not the event's fault.
                     return Err(sqlx::Error::PoolTimedOut);
                 }
@@ -304,15 +307,16 @@ async fn careful(
                 pass.failed.push((i, failure));
             }
             tx.commit().await?;
-            ctx.committed();
-            ctx.count_handled(handled, pass.finished.len() as u64 - handled);
+            ctx.calls.committed();
+            ctx.counts
+                .handled(handled, pass.finished.len() as u64 - handled);
             Ok::<_, sqlx::Error>(pass)
         }
         .await;
         match attempt {
             Ok(pass) => return Some(pass),
             Err(error) => {
-                if !ctx.db_failed(&error, &mut db_retry).await {
+                if !ctx.db.failed(&error, &mut db_retry).await {
                     return None;
                 }
             }
@@ -343,7 +347,7 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
     let mut db_retry = 0;
     loop {
         let outcome = async {
-            let mut tx = ctx.begin().await.map_err(Step::Db)?;
+            let mut tx = ctx.db.begin().await.map_err(Step::Db)?;
             if !mark_processed(&mut tx, &ctx, w.envelope.meta.event_id)
                 .await
                 .map_err(Step::Db)?
@@ -351,40 +355,42 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
                 return Ok(false);
             }
             let event = w.event();
-            ctx.call(&*w.handler, &mut tx, event, &w.envelope.meta)
+            ctx.calls
+                .call(&*w.handler, &mut tx, event, &w.envelope.meta)
                 .await
                 .map_err(|failure| Step::Handler(failure.error.to_string()))?;
             if let Err(unusable) = txoutbox_core::check_committable(&mut tx).await {
                 return Err(match unusable {
                     txoutbox_core::Error::Database(error) => Step::Db(error),
                     unusable => Step::Handler(
-                        ctx.left_unusable(&*w.handler, &w.envelope.meta, &unusable)
+                        ctx.calls
+                            .left_unusable(&*w.handler, &w.envelope.meta, &unusable)
                             .to_string(),
                     ),
                 });
             }
             tx.commit().await.map_err(Step::Db)?;
-            ctx.committed();
+            ctx.calls.committed();
             Ok(true)
         }
         .await;
         match outcome {
             Ok(handled) => {
-                ctx.count_handled(u64::from(handled), u64::from(!handled));
+                ctx.counts.handled(u64::from(handled), u64::from(!handled));
                 return Attempted::Handled;
             }
             Err(Step::Db(error)) => {
-                if !ctx.db_failed(&error, &mut db_retry).await {
+                if !ctx.db.failed(&error, &mut db_retry).await {
                     return Attempted::Interrupted;
                 }
             }
             Err(Step::Handler(error)) => {
-                if ctx.db_reachable().await {
+                if ctx.db.reachable().await {
                     return Attempted::Failed(error);
                 }
                 // An outage, not the event's fault.
                 let outage = sqlx::Error::PoolTimedOut;
-                if !ctx.db_failed(&outage, &mut db_retry).await {
+                if !ctx.db.failed(&outage, &mut db_retry).await {
                     return Attempted::Interrupted;
                 }
             }

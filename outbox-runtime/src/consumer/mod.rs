@@ -42,8 +42,11 @@
 //! describes the failure semantics and metrics.
 
 mod builder;
+mod call;
 mod client_context;
 mod config;
+mod counts;
+mod database;
 mod dead_letter;
 mod dedup;
 mod dlq;

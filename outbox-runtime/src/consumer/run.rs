@@ -294,7 +294,7 @@ async fn periodic(ctx: Arc<Shared>) {
                 },
             }
         }
-        if !ctx.pause(ctx.settings.backlog_interval).await {
+        if !ctx.db.pause(ctx.settings.backlog_interval).await {
             return;
         }
     }

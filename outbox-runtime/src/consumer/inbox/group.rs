@@ -101,7 +101,7 @@ async fn adopt_legacy_rows(ctx: &Shared) -> sqlx::Result<()> {
     if !legacy || ctx.settings.group_id.is_empty() {
         return Ok(());
     }
-    let mut tx = ctx.begin().await?;
+    let mut tx = ctx.db.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
         .bind(ADOPT_LOCK)
         .execute(&mut *tx)

@@ -7,8 +7,9 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::claim::{Claim, OrderKey, What, claim, read};
+use crate::consumer::call::HandlerFailure;
 use crate::consumer::handler::HandlerError;
-use crate::consumer::shared::{HandlerFailure, Shared};
+use crate::consumer::shared::Shared;
 use crate::consumer::summary::Totals;
 use crate::consumer::telemetry as m;
 use crate::wire::dead_letter::DeadLetterReason;
@@ -62,7 +63,7 @@ impl From<sqlx::Error> for Stop {
 /// other. So a failing event costs its batch one more pass, never a
 /// transaction per row, and never holds back another key.
 pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Error> {
-    let mut tx = ctx.begin().await?;
+    let mut tx = ctx.db.begin().await?;
     let rows = claim(ctx, &mut tx).await?;
     if rows.is_empty() {
         return Ok(Claimed::Drained);
@@ -101,8 +102,8 @@ pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Erro
     };
     record(ctx, &mut tx, &outcomes).await?;
     tx.commit().await?;
-    ctx.committed();
-    ctx.count_handled_by_type(outcomes.by_type);
+    ctx.calls.committed();
+    ctx.counts.handled_by_type(outcomes.by_type);
     Totals::add(&ctx.totals.parked, outcomes.parked.len() as u64);
     for (event_id, reason, error) in &outcomes.parked {
         metrics::counter!(m::INBOX_PARKED, "group" => ctx.group(), "reason" => reason.as_str())
@@ -165,7 +166,7 @@ async fn handle(
                     error: HandlerError::new(error.clone()),
                     timed_out: true,
                 }),
-                _ => ctx.call(&**handler, tx, event, meta).await,
+                _ => ctx.calls.call(&**handler, tx, event, meta).await,
             }
         };
         let called = match call.await {
@@ -177,7 +178,7 @@ async fn handle(
                 {
                     Ok(_) => Ok(()),
                     Err(error) => match txoutbox_core::not_committable(&error) {
-                        Some(unusable) => Err(ctx.left_unusable(&**handler, meta, &unusable)),
+                        Some(unusable) => Err(ctx.calls.left_unusable(&**handler, meta, &unusable)),
                         None => return Err(Stop::Outage(error)),
                     },
                 }
@@ -204,7 +205,7 @@ async fn handle(
                 if let Err(error) = undone {
                     return Err(Stop::Outage(error));
                 }
-                if !ctx.db_reachable().await {
+                if !ctx.db.reachable().await {
                     // An outage, not this event's fault: leave its attempts alone.
                     return Err(Stop::Outage(sqlx::Error::PoolTimedOut));
                 }

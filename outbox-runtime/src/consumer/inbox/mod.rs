@@ -72,7 +72,7 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
                 rows.push(envelope);
             }
             Routed::Skip(event_type) => {
-                ctx.count_skipped(message.topic(), &event_type);
+                ctx.counts.skipped(message.topic(), &event_type);
                 taken.done.push(index);
             }
             Routed::DeadLetter(reason, error) => taken.dead.push((index, reason, error)),
@@ -86,13 +86,14 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
             match receipt::store(ctx, &rows, on_receipt).await {
                 Ok(outcome) => break outcome,
                 Err(error) => {
-                    if !ctx.db_failed(&error, &mut db_retry).await {
+                    if !ctx.db.failed(&error, &mut db_retry).await {
                         return Taken::interrupted();
                     }
                 }
             }
         };
-        ctx.count_stored(outcome.inserted, rows.len() as u64 - outcome.inserted);
+        ctx.counts
+            .stored(outcome.inserted, rows.len() as u64 - outcome.inserted);
         if outcome.pending > 0 {
             ctx.stored.notify_waiters();
         }
@@ -132,7 +133,7 @@ pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
                 }
             }
             Err(error) => {
-                ctx.db_failed(&error, &mut db_retry).await;
+                ctx.db.failed(&error, &mut db_retry).await;
             }
         }
     }

@@ -51,7 +51,7 @@ pub(super) async fn store(
 ) -> sqlx::Result<Stored> {
     let group = ctx.settings.group_id.as_str();
     let partitions = partition_locks(ctx, rows);
-    let mut tx = ctx.begin().await?;
+    let mut tx = ctx.db.begin().await?;
     if !try_lock_partitions(&mut tx, &partitions).await? {
         // Another transaction is storing rows of these partitions: their
         // previous owner, still finishing its last batch after a rebalance.
@@ -59,7 +59,7 @@ pub(super) async fn store(
         // deadlock), then read `inbox_key` after its commit.
         tx.rollback().await?;
         waiting(ctx, &partitions);
-        tx = ctx.begin().await?;
+        tx = ctx.db.begin().await?;
         lock_partitions(&mut tx, &partitions).await?;
     }
     let mut stored = Stored::default();
@@ -85,6 +85,7 @@ pub(super) async fn store(
                     continue;
                 }
                 if ctx
+                    .calls
                     .call(&*handler, &mut tx, event, &row.meta)
                     .await
                     .is_err()
@@ -125,8 +126,8 @@ pub(super) async fn store(
         stored.pending = inserted;
     }
     tx.commit().await?;
-    ctx.committed();
-    ctx.count_handled_by_type(handled_by_type);
+    ctx.calls.committed();
+    ctx.counts.handled_by_type(handled_by_type);
     Ok(stored)
 }
 

@@ -1,0 +1,187 @@
+//! Calling a user's handler: inside the producer's trace, at most for the
+//! handler timeout, a panic caught, then the events it recorded written in
+//! its transaction; and what is left to do after that transaction commits.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::FutureExt;
+use sqlx::{Postgres, Transaction};
+use tracing::Instrument;
+use txoutbox_core::{AfterCommit, Events};
+
+use super::counts::Counts;
+use super::handler::{ErasedHandler, EventMeta, HandlerError};
+use crate::lifecycle::catch;
+
+/// The handler calls of one consumer (its receive loop and its processors).
+pub(crate) struct Calls {
+    handler_timeout: Duration,
+    /// What the events handlers wrote and not committed yet leave to do
+    /// after the commit (see [`Calls::committed`]).
+    after_commit: Mutex<AfterCommit>,
+    counts: Counts,
+}
+
+/// A handler call that failed: its error, and whether it was abandoned at
+/// the handler timeout (such a call is not run again in the same pass).
+#[derive(Debug)]
+pub(crate) struct HandlerFailure {
+    pub(crate) error: HandlerError,
+    pub(crate) timed_out: bool,
+}
+
+impl std::fmt::Display for HandlerFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl Calls {
+    pub(crate) fn new(handler_timeout: Duration, counts: Counts) -> Self {
+        Self {
+            handler_timeout,
+            after_commit: Mutex::default(),
+            counts,
+        }
+    }
+
+    /// After a commit of a handler's transaction: wakes the relay of this
+    /// process if handlers recorded events. Best effort (processors share the
+    /// pending wake-up, so one commit may take another's); the relay polls
+    /// anyway.
+    pub(crate) fn committed(&self) {
+        let pending = std::mem::take(&mut *self.pending_after_commit());
+        pending.committed();
+    }
+
+    fn pending_after_commit(&self) -> std::sync::MutexGuard<'_, AfterCommit> {
+        // Nothing panics while holding the lock; a poisoned one is still a
+        // number of rows.
+        self.after_commit
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The failure of `handler`'s call when the transaction it had turned
+    /// out unable to commit (`error` is [`txoutbox_core::Error::TransactionAborted`]
+    /// or `TransactionEnded`): the handler returned `Ok` regardless.
+    pub(crate) fn left_unusable(
+        &self,
+        handler: &dyn ErasedHandler,
+        meta: &EventMeta,
+        error: &txoutbox_core::Error,
+    ) -> HandlerError {
+        let error = HandlerError::new(format!(
+            "handler `{}` returned Ok, but {error}",
+            handler.name()
+        ));
+        self.counts.handler_failed(handler, meta, &error, false);
+        error
+    }
+
+    /// Runs the handler inside the producer's trace (from `traceparent`), at
+    /// most for the handler timeout, then writes the events it recorded in
+    /// the same transaction ([`Events::write`]). Callers call
+    /// [`Calls::committed`] after committing `tx`.
+    ///
+    /// A handler that returns `Ok` on a transaction it left aborted is found
+    /// out by the framework's next statement on it: the insert of its events
+    /// here, or the caller's savepoint release or commit check.
+    pub(crate) async fn call(
+        &self,
+        handler: &dyn ErasedHandler,
+        tx: &mut Transaction<'static, Postgres>,
+        event: super::handler::Decoded,
+        meta: &EventMeta,
+    ) -> Result<(), HandlerFailure> {
+        // A traced event is handled inside its trace: an info span that is
+        // the child of the publish span (feature `opentelemetry`); the others
+        // get a debug span, as a trace is not started per message.
+        let span = match meta.traceparent.as_deref() {
+            Some(_) => tracing::info_span!(
+                "outbox.handle",
+                otel.kind = "consumer",
+                handler = handler.name(),
+                event_id = %meta.event_id,
+                event_type = %meta.event_type,
+            ),
+            None => tracing::debug_span!(
+                "outbox.handle",
+                handler = handler.name(),
+                event_id = %meta.event_id,
+                event_type = %meta.event_type,
+            ),
+        };
+        txoutbox_core::trace::follow_traceparent(&span, meta.traceparent.as_deref());
+        let mut events = Events::new();
+        let timeout = self.handler_timeout;
+        let result = txoutbox_core::trace::with_traceparent(meta.traceparent.clone(), async {
+            // A panic is this event's failure, not the consumer's: it is
+            // caught, the transaction is rolled back by the caller, and the
+            // attempt counts like any other failed one.
+            let called = catch(handler.call(tx, event, meta, &mut events)).map(|ended| {
+                ended.unwrap_or_else(|panic| {
+                    Err(HandlerError::new(format!("the handler panicked: {panic}")))
+                })
+            });
+            match tokio::time::timeout(timeout, called).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    return Err(HandlerFailure {
+                        error,
+                        timed_out: false,
+                    });
+                }
+                Err(_) => {
+                    return Err(HandlerFailure {
+                        error: HandlerError::new(format!(
+                            "handler `{}` did not return within {timeout:?} (the consumer's \
+                             handler_timeout): the call was abandoned and its transaction rolled \
+                             back; bound what the handler awaits (HTTP calls, locks) or raise the \
+                             timeout",
+                            handler.name()
+                        )),
+                        timed_out: true,
+                    });
+                }
+            }
+            let failed = |error: HandlerError| HandlerFailure {
+                error,
+                timed_out: false,
+            };
+            match events.write(tx).await {
+                Ok(after_commit) => {
+                    // Most handlers record nothing: no lock for them.
+                    if after_commit.rows() > 0 {
+                        let mut pending = self.pending_after_commit();
+                        *pending = pending.and(after_commit);
+                    }
+                    Ok(())
+                }
+                Err(error) => Err(failed(match error {
+                    unusable @ (txoutbox_core::Error::TransactionAborted
+                    | txoutbox_core::Error::TransactionEnded) => HandlerError::new(format!(
+                        "handler `{}` returned Ok, but {unusable}",
+                        handler.name()
+                    )),
+                    txoutbox_core::Error::Database(error) => HandlerError::new(format!(
+                        "storing recorded events: {}",
+                        txoutbox_core::DbErrorDisplay(&error)
+                    )),
+                    // The deferred failure of `Events::record`.
+                    failure => HandlerError::new(format!(
+                        "an event the handler recorded cannot be stored: {failure}"
+                    )),
+                })),
+            }
+        })
+        .instrument(span)
+        .await;
+        if let Err(failure) = &result {
+            self.counts
+                .handler_failed(handler, meta, &failure.error, failure.timed_out);
+        }
+        result
+    }
+}
