@@ -21,19 +21,16 @@
 //! (the saga gave up waiting) leaks no stock. Every change is also written to
 //! `stock_movement`, which the demo and the tests read.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::Utc;
 use sqlx::{PgPool, Postgres, Transaction};
-use tokio::net::TcpListener;
 use txoutbox_core::{DomainEvent, Events};
-use txoutbox_runtime::consumer::{Consumer, event_handler};
-use txoutbox_runtime::relay::Relay;
+use txoutbox_runtime::consumer::{ConsumerBuilder, event_handler};
 use uuid::Uuid;
 
 use crate::events::{ReleaseStock, ReserveStock, StockRejected, StockRejection, StockReserved};
-use crate::service::{ServiceError, Tasks, Tuning, consumer_config, kafka_config};
+use crate::service::{RunningService, ServiceError, ServiceKind, Tuning};
 
 /// Errors of the inventory handlers.
 #[derive(Debug, thiserror::Error)]
@@ -118,16 +115,16 @@ pub async fn reserve(
     if backlog > 0 {
         // A backlogged warehouse gets to the order later: the command comes
         // back (as a new message) after the delay, once per order.
-        let first = sqlx::query(
-            "INSERT INTO deferred_reservation (order_id, command_id) VALUES ($1, $2)
-             ON CONFLICT (order_id) DO NOTHING",
+        let first = changes_one_row(
+            tx,
+            sqlx::query(
+                "INSERT INTO deferred_reservation (order_id, command_id) VALUES ($1, $2)
+                 ON CONFLICT (order_id) DO NOTHING",
+            )
+            .bind(command.order_id)
+            .bind(command.event_id),
         )
-        .bind(command.order_id)
-        .bind(command.event_id)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected()
-            == 1;
+        .await?;
         if first {
             movement(
                 tx,
@@ -146,16 +143,16 @@ pub async fn reserve(
             return Ok(Reservation::Deferred);
         }
     }
-    let taken = sqlx::query(
-        "UPDATE stock SET available = available - $2, reserved = reserved + $2
-         WHERE product_id = $1 AND available >= $2",
+    let taken = changes_one_row(
+        tx,
+        sqlx::query(
+            "UPDATE stock SET available = available - $2, reserved = reserved + $2
+             WHERE product_id = $1 AND available >= $2",
+        )
+        .bind(command.product_id)
+        .bind(command.quantity),
     )
-    .bind(command.product_id)
-    .bind(command.quantity)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected()
-        == 1;
+    .await?;
     let (status, kind) = if taken {
         ("reserved", "reserve")
     } else {
@@ -193,6 +190,14 @@ pub async fn reserve(
         reply(events, rejected(StockRejection::OutOfStock), delay);
         Ok(Reservation::Rejected)
     }
+}
+
+/// Runs `query` in `tx`; whether it changed exactly one row.
+async fn changes_one_row(
+    tx: &mut Transaction<'_, Postgres>,
+    query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+) -> sqlx::Result<bool> {
+    Ok(query.execute(&mut **tx).await?.rows_affected() == 1)
 }
 
 /// Applies a `ReleaseStock` in `tx`: at most once per order, and a
@@ -380,65 +385,18 @@ pub async fn backlog_product(
     Ok(())
 }
 
-/// A running inventory service: its consumer, its relay and the HTTP server
-/// of its probes.
-pub struct InventoryService {
-    /// Where the probes (`/metrics`, `/health/*`) listen.
-    pub addr: SocketAddr,
-    tasks: Tasks,
-}
+/// A running inventory service: the dedup-mode consumer of
+/// `inventory.commands`, the relay of the inventory outbox, and the probes.
+pub type InventoryService = RunningService<Inventory>;
 
-impl std::fmt::Debug for InventoryService {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InventoryService")
-            .field("addr", &self.addr)
-            .finish_non_exhaustive()
-    }
-}
+/// What makes the inventory service (see [`InventoryService`]).
+#[derive(Debug)]
+pub struct Inventory;
 
-impl InventoryService {
-    /// Starts the dedup-mode consumer of `inventory.commands` (group
-    /// `group_id`), the relay of the inventory outbox, and the probes on
-    /// `listener`.
-    pub async fn start(
-        pool: PgPool,
-        bootstrap_servers: &str,
-        group_id: &str,
-        listener: TcpListener,
-        tuning: &Tuning,
-    ) -> Result<Self, ServiceError> {
-        let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
-            .poll_interval(tuning.poll_interval)
-            .schedule_poll_interval(tuning.poll_interval)
-            .spawn()?;
-        let consumer =
-            Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id)
-                .handler(on_reserve_stock)
-                .handler(on_release_stock)
-                .build()?
-                .spawn();
-        let tasks = Tasks::serve(
-            pool,
-            listener,
-            axum::Router::new(),
-            (relay, consumer),
-            tuning,
-        )?;
-        Ok(Self {
-            addr: tasks.addr(),
-            tasks,
-        })
-    }
+impl ServiceKind for Inventory {
+    const NAME: &'static str = "InventoryService";
 
-    /// Resolves when the relay or the consumer stopped on its own, with
-    /// which one and why.
-    pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
-        self.tasks.failure()
-    }
-
-    /// Stops accepting requests, then stops the consumer and the relay, each
-    /// finishing what it has in flight.
-    pub async fn shutdown(self) -> Result<(), ServiceError> {
-        self.tasks.shutdown().await
+    fn consumer(builder: ConsumerBuilder, _: &Tuning) -> ConsumerBuilder {
+        builder.handler(on_reserve_stock).handler(on_release_stock)
     }
 }

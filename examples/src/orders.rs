@@ -4,8 +4,6 @@
 //! receives the service's own `OrderCreated`, the inventory's and the
 //! payments' answers and its own timeouts, and confirms or cancels the order.
 
-use std::net::SocketAddr;
-
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -14,16 +12,14 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
-use tokio::net::TcpListener;
 use txoutbox_core::{Events, outbox_handler};
-use txoutbox_runtime::consumer::{Consumer, Mode};
-use txoutbox_runtime::relay::Relay;
+use txoutbox_runtime::consumer::{ConsumerBuilder, Mode};
 use uuid::Uuid;
 
 use crate::events::OrderCreated;
 use crate::fulfilment::OrderFulfilment;
 use crate::http_error::ApiError;
-use crate::service::{ServiceError, Tasks, Tuning, consumer_config, kafka_config};
+use crate::service::{RunningService, ServiceError, ServiceKind, Tuning};
 
 /// The command behind `POST /orders`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,70 +180,27 @@ async fn get_order(
         .ok_or_else(|| ApiError::not_found(format!("no order {id}")))
 }
 
-/// A running orders service: HTTP server, relay and the consumer of the
-/// order fulfilment saga.
-pub struct OrdersService {
-    /// Where the HTTP API (with `/metrics` and `/health/*`) listens.
-    pub addr: SocketAddr,
-    tasks: Tasks,
-}
+/// A running orders service: the orders API, its relay (which also moves
+/// the saga's timeouts into the outbox when due) and the inbox-mode consumer
+/// of the order fulfilment saga (`order.events`, `order.saga`,
+/// `inventory.events`, `payment.events`), with the probes.
+pub type OrdersService = RunningService<Orders>;
 
-impl std::fmt::Debug for OrdersService {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OrdersService")
-            .field("addr", &self.addr)
-            .finish_non_exhaustive()
-    }
-}
+/// What makes the orders service (see [`OrdersService`]).
+#[derive(Debug)]
+pub struct Orders;
 
-impl OrdersService {
-    /// Starts the service on `listener`, with its relay (which also moves
-    /// the saga's timeouts into the outbox when due) and the inbox-mode
-    /// consumer of the order fulfilment saga (group `group_id`: `order.events`,
-    /// `order.saga`, `inventory.events`, `payment.events`), against the Kafka
-    /// cluster at `bootstrap_servers`. Besides the orders API the listener
-    /// serves `/metrics`, `/health/live` and `/health/ready`
-    /// ([`observability`]).
-    pub async fn start(
-        pool: PgPool,
-        bootstrap_servers: &str,
-        group_id: &str,
-        listener: TcpListener,
-        tuning: &Tuning,
-    ) -> Result<Self, ServiceError> {
-        let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
-            .poll_interval(tuning.poll_interval)
-            .schedule_poll_interval(tuning.poll_interval)
-            .spawn()?;
-        let consumer =
-            Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id)
-                .saga::<OrderFulfilment>()
-                .mode(Mode::Inbox)
-                .processor_poll_interval(tuning.poll_interval)
-                .build()?
-                .spawn();
-        let tasks = Tasks::serve(
-            pool.clone(),
-            listener,
-            router(pool.clone()),
-            (relay, consumer),
-            tuning,
-        )?;
-        Ok(Self {
-            addr: tasks.addr(),
-            tasks,
-        })
+impl ServiceKind for Orders {
+    const NAME: &'static str = "OrdersService";
+
+    fn routes(pool: &PgPool) -> axum::Router {
+        router(pool.clone())
     }
 
-    /// Resolves when the relay or the consumer stopped on its own, with
-    /// which one and why.
-    pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
-        self.tasks.failure()
-    }
-
-    /// Stops accepting requests, then stops the consumer and the relay, each
-    /// finishing what it has in flight.
-    pub async fn shutdown(self) -> Result<(), ServiceError> {
-        self.tasks.shutdown().await
+    fn consumer(builder: ConsumerBuilder, tuning: &Tuning) -> ConsumerBuilder {
+        builder
+            .saga::<OrderFulfilment>()
+            .mode(Mode::Inbox)
+            .processor_poll_interval(tuning.poll_interval)
     }
 }

@@ -6,18 +6,14 @@
 //! the answer. A small HTTP server answers `/metrics`, `/health/live` and
 //! `/health/ready`.
 
-use std::net::SocketAddr;
-
 use chrono::Utc;
 use sqlx::{PgPool, Postgres, Transaction};
-use tokio::net::TcpListener;
 use txoutbox_core::Events;
-use txoutbox_runtime::consumer::{Consumer, event_handler};
-use txoutbox_runtime::relay::Relay;
+use txoutbox_runtime::consumer::{ConsumerBuilder, event_handler};
 use uuid::Uuid;
 
 use crate::events::{ChargePayment, PaymentCompleted, PaymentFailed};
-use crate::service::{ServiceError, Tasks, Tuning, consumer_config, kafka_config};
+use crate::service::{RunningService, ServiceError, ServiceKind, Tuning};
 
 /// Errors of the payment handler.
 #[derive(Debug, thiserror::Error)]
@@ -101,64 +97,18 @@ pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// A running payments service: its consumer, its relay and the HTTP server
-/// of its probes.
-pub struct PaymentsService {
-    /// Where the HTTP API (with `/metrics` and `/health/*`) listens.
-    pub addr: SocketAddr,
-    tasks: Tasks,
-}
+/// A running payments service: the dedup-mode consumer of
+/// `payment.commands`, the relay of the payments outbox, and the probes.
+pub type PaymentsService = RunningService<Payments>;
 
-impl std::fmt::Debug for PaymentsService {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PaymentsService")
-            .field("addr", &self.addr)
-            .finish_non_exhaustive()
-    }
-}
+/// What makes the payments service (see [`PaymentsService`]).
+#[derive(Debug)]
+pub struct Payments;
 
-impl PaymentsService {
-    /// Starts the dedup-mode consumer of `payment.commands` (group `group_id`),
-    /// the relay of the payments outbox, and the probes ([`observability`])
-    /// on `listener`.
-    pub async fn start(
-        pool: PgPool,
-        bootstrap_servers: &str,
-        group_id: &str,
-        listener: TcpListener,
-        tuning: &Tuning,
-    ) -> Result<Self, ServiceError> {
-        let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
-            .poll_interval(tuning.poll_interval)
-            .schedule_poll_interval(tuning.poll_interval)
-            .spawn()?;
-        let consumer =
-            Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id)
-                .handler(on_charge_payment)
-                .build()?
-                .spawn();
-        let tasks = Tasks::serve(
-            pool,
-            listener,
-            axum::Router::new(),
-            (relay, consumer),
-            tuning,
-        )?;
-        Ok(Self {
-            addr: tasks.addr(),
-            tasks,
-        })
-    }
+impl ServiceKind for Payments {
+    const NAME: &'static str = "PaymentsService";
 
-    /// Resolves when the relay or the consumer stopped on its own, with
-    /// which one and why.
-    pub fn failure(&self) -> impl std::future::Future<Output = ServiceError> + Send + 'static {
-        self.tasks.failure()
-    }
-
-    /// Stops accepting requests, then stops the consumer and the relay, each
-    /// finishing what it has in flight.
-    pub async fn shutdown(self) -> Result<(), ServiceError> {
-        self.tasks.shutdown().await
+    fn consumer(builder: ConsumerBuilder, _: &Tuning) -> ConsumerBuilder {
+        builder.handler(on_charge_payment)
     }
 }

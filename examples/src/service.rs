@@ -1,7 +1,9 @@
-//! What both example services share: errors, tuning, Kafka settings, topics,
-//! the HTTP server and the shutdown signal.
+//! What the example services share: errors, tuning, Kafka settings, topics,
+//! the running service (relay, consumer, probes), the HTTP server and the
+//! shutdown signal.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -9,9 +11,10 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use txoutbox_runtime::consumer::ConsumerHandle;
+use sqlx::PgPool;
+use txoutbox_runtime::consumer::{Consumer, ConsumerBuilder};
 use txoutbox_runtime::lifecycle::Stopped;
-use txoutbox_runtime::relay::RelayHandle;
+use txoutbox_runtime::relay::Relay;
 use txoutbox_runtime::service::Service;
 
 use rdkafka::ClientConfig;
@@ -66,46 +69,82 @@ pub enum ServiceError {
     },
 }
 
-/// What each example service runs: its HTTP listener (its own routes plus
-/// `/metrics` and `/health/*` over the relay and the consumer), and the
-/// relay of its outbox with its consumer, as one [`Service`].
-#[derive(Debug)]
-pub(crate) struct Tasks {
-    server: HttpServer,
-    service: Service,
+/// What makes one example service: its name, its HTTP routes and its
+/// consumer's handlers and settings. Everything else (the relay of its
+/// outbox, the probes, start-up and shutdown) is [`RunningService`]'s.
+pub trait ServiceKind: Send + Sync + 'static {
+    /// The service's name, for `Debug`.
+    const NAME: &'static str;
+
+    /// Its own HTTP routes (besides `/metrics` and `/health/*`).
+    fn routes(_pool: &PgPool) -> Router {
+        Router::new()
+    }
+
+    /// Its consumer: `builder` with the service's handlers and settings.
+    fn consumer(builder: ConsumerBuilder, tuning: &Tuning) -> ConsumerBuilder;
 }
 
-impl Tasks {
-    /// Serves `routes` and the probes of `relay` and `consumer` on
-    /// `listener`.
-    pub(crate) fn serve(
-        pool: sqlx::PgPool,
+/// A running example service: its HTTP listener (its own routes plus
+/// `/metrics` and `/health/*` over the relay and the consumer), and the
+/// relay of its outbox with its consumer, as one [`Service`].
+pub struct RunningService<S> {
+    /// Where the HTTP server (with `/metrics` and `/health/*`) listens.
+    pub addr: SocketAddr,
+    server: HttpServer,
+    service: Service,
+    kind: PhantomData<S>,
+}
+
+impl<S: ServiceKind> std::fmt::Debug for RunningService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(S::NAME)
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: ServiceKind> RunningService<S> {
+    /// Starts the service on `listener`: the relay of its outbox in `pool`
+    /// (which also moves scheduled events into the outbox when due), its
+    /// consumer (group `group_id`) against the Kafka cluster at
+    /// `bootstrap_servers`, and its routes with the probes
+    /// ([`crate::observability`]).
+    pub async fn start(
+        pool: PgPool,
+        bootstrap_servers: &str,
+        group_id: &str,
         listener: TcpListener,
-        routes: Router,
-        (relay, consumer): (RelayHandle, ConsumerHandle),
         tuning: &Tuning,
     ) -> Result<Self, ServiceError> {
         use crate::observability::{self, Liveness};
+        let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
+            .poll_interval(tuning.poll_interval)
+            .schedule_poll_interval(tuning.poll_interval)
+            .spawn()?;
+        let consumer =
+            Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id);
+        let consumer = S::consumer(consumer, tuning).build()?.spawn();
         let service = Service::new().relay(relay).consumer(consumer);
         let probes = observability::router(
-            pool,
+            pool.clone(),
             Liveness::of(service.status()),
             tuning.readiness.clone(),
             observability::prometheus(),
         );
-        let server = HttpServer::start(listener, routes.merge(probes))?;
-        Ok(Self { server, service })
-    }
-
-    /// Where the HTTP server listens.
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.server.addr
+        let server = HttpServer::start(listener, S::routes(&pool).merge(probes))?;
+        Ok(Self {
+            addr: server.addr,
+            server,
+            service,
+            kind: PhantomData,
+        })
     }
 
     /// Resolves when the relay or the consumer stopped on its own (never
     /// after a requested stop), with which one and why. Services select on
     /// it next to their shutdown signal and exit non-zero when it fires.
-    pub(crate) fn failure(&self) -> impl Future<Output = ServiceError> + Send + 'static {
+    pub fn failure(&self) -> impl Future<Output = ServiceError> + Send + 'static {
         let stopped = self.service.stopped();
         async move {
             match stopped.await {
@@ -117,7 +156,7 @@ impl Tasks {
 
     /// Stops accepting requests, then stops the consumer and the relay, each
     /// finishing what it has in flight.
-    pub(crate) async fn shutdown(self) -> Result<(), ServiceError> {
+    pub async fn shutdown(self) -> Result<(), ServiceError> {
         let served = self.server.shutdown().await;
         let tasks = self.service.shutdown().await;
         served?;

@@ -3,7 +3,8 @@
 use std::process::ExitCode;
 
 use sqlx::PgPool;
-use txoutbox_runtime::ops::dead_letters::{self, DeadLetter, Selection, Table};
+use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
+use txoutbox_runtime::ops::status::ProblemRow;
 use uuid::Uuid;
 
 use crate::args;
@@ -210,7 +211,7 @@ async fn act(
     Ok(())
 }
 
-fn render(rows: &[DeadLetter], table: Table) -> String {
+fn render(rows: &[ProblemRow], table: Table) -> String {
     if rows.is_empty() {
         return String::new();
     }
@@ -242,7 +243,7 @@ fn render(rows: &[DeadLetter], table: Table) -> String {
             row.topic.clone().unwrap_or_default(),
             row.event_type.clone().unwrap_or_default(),
             row.attempts.to_string(),
-            output::time(row.parked_at),
+            row.parked_at.map(output::time).unwrap_or_default(),
             output::short(row.last_error.as_deref(), 100),
         ]);
         lines.push(cells);

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use txoutbox_core::{AfterCommit, Events};
 
 use super::counts::Counts;
-use super::handler::{ErasedHandler, EventMeta, HandlerError};
+use super::handler::{CallInput, ErasedHandler, EventMeta, HandlerError};
 use crate::lifecycle::catch;
 
 /// The handler calls of one consumer (its receive loop and its processors).
@@ -120,7 +120,13 @@ impl Calls {
             // A panic is this event's failure, not the consumer's: it is
             // caught, the transaction is rolled back by the caller, and the
             // attempt counts like any other failed one.
-            let called = catch(handler.call(tx, event, meta, &mut events)).map(|ended| {
+            let called = catch(handler.call(CallInput {
+                tx,
+                event,
+                meta,
+                events: &mut events,
+            }))
+            .map(|ended| {
                 ended.unwrap_or_else(|panic| {
                     Err(HandlerError::new(format!("the handler panicked: {panic}")))
                 })

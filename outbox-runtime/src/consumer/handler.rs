@@ -206,13 +206,17 @@ pub(crate) trait ErasedHandler: Send + Sync {
     /// into the handler's event type; a panic in a `Deserialize`
     /// implementation is caught and reported as an error.
     fn decode(&self, payload: &str) -> Result<Decoded, String>;
-    fn call<'a>(
-        &'a self,
-        tx: &'a mut Transaction<'static, Postgres>,
-        event: Decoded,
-        meta: &'a EventMeta,
-        events: &'a mut Events,
-    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+    /// Runs the handler on an event [`decode`](Self::decode) returned.
+    fn call<'a>(&'a self, input: CallInput<'a>) -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+/// What one handler call takes: the consumer's transaction, the decoded
+/// event, its metadata, and the collector of the events the handler records.
+pub(crate) struct CallInput<'a> {
+    pub(crate) tx: &'a mut Transaction<'static, Postgres>,
+    pub(crate) event: Decoded,
+    pub(crate) meta: &'a EventMeta,
+    pub(crate) events: &'a mut Events,
 }
 
 struct Erased<H>(H);
@@ -228,13 +232,13 @@ impl<H: EventHandler> ErasedHandler for Erased<H> {
         }))
     }
 
-    fn call<'a>(
-        &'a self,
-        tx: &'a mut Transaction<'static, Postgres>,
-        event: Decoded,
-        meta: &'a EventMeta,
-        events: &'a mut Events,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn call<'a>(&'a self, input: CallInput<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+        let CallInput {
+            tx,
+            event,
+            meta,
+            events,
+        } = input;
         let event = *event
             .downcast::<H::Event>()
             .expect("decoded by the same handler");

@@ -23,12 +23,12 @@
 //! # Ok(()) }
 //! ```
 
-use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::OpsError;
+use super::status::ProblemRow;
 
 /// Which table's dead letters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -109,41 +109,20 @@ impl Selection {
     }
 }
 
-/// One parked row.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct DeadLetter {
-    /// `outbox_event.id` (`None` for inbox rows).
-    pub id: Option<i64>,
-    /// The event id.
-    pub event_id: Uuid,
-    /// Topic, when known.
-    pub topic: Option<String>,
-    /// Event type, when known.
-    pub event_type: Option<String>,
-    /// Failed attempts before parking.
-    pub attempts: i32,
-    /// The last failure's message.
-    pub last_error: Option<String>,
-    /// When the row was written (`created_at` / `received_at`).
-    pub written_at: DateTime<Utc>,
-    /// When it was parked.
-    pub parked_at: DateTime<Utc>,
-}
-
 /// Parked, not discarded rows of `table` matching `selection`, oldest first,
-/// at most `limit`.
+/// at most `limit` (each with its `parked_at`).
 pub async fn list(
     pool: &PgPool,
     table: Table,
     selection: &Selection,
     limit: i64,
-) -> Result<Vec<DeadLetter>, OpsError> {
+) -> Result<Vec<ProblemRow>, OpsError> {
     let (name, id, written_at, parked) = table.sql();
     let condition = selection.condition();
     // The limit is inlined: the selection owns `$1`.
     let sql = format!(
         "SELECT {id} AS id, t.event_id, t.topic, t.event_type, t.attempts, t.last_error,
-                {written_at} AS written_at, t.parked_at
+                {written_at} AS written_at, t.parked_at, t.next_attempt_at
          FROM {name} t WHERE {parked} AND {condition}
          ORDER BY t.parked_at, t.event_id LIMIT {}",
         limit.max(0)

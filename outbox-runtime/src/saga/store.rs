@@ -63,29 +63,42 @@ pub(super) struct Write<'a> {
     pub event_id: Uuid,
 }
 
+type Query<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
+
+impl Write<'_> {
+    /// Binds the write as `$1` to `$7`: saga type and id, status, state,
+    /// compensations, message type and event id (both statements below
+    /// number them so).
+    fn bind<'q>(&'q self, query: Query<'q>) -> Query<'q> {
+        query
+            .bind(self.saga_type)
+            .bind(self.saga_id)
+            .bind(self.status.as_str())
+            .bind(&self.state)
+            .bind(&self.compensations)
+            .bind(self.message_type)
+            .bind(self.event_id)
+    }
+}
+
 /// Creates the saga's row (version 1). False if a concurrent step created it
 /// first (this one waited for that step's commit).
 pub(super) async fn insert(
     tx: &mut Transaction<'static, Postgres>,
     write: &Write<'_>,
 ) -> Result<bool, HandlerError> {
-    let done = sqlx::query(
+    let query = sqlx::query(
         "INSERT INTO saga_state
              (saga_type, saga_id, status, state, compensations, version,
               last_message_type, last_event_id, finished_at)
          VALUES ($1, $2, $3, $4, $5, 1, $6, $7, CASE WHEN $3 <> 'running' THEN now() END)
          ON CONFLICT (saga_type, saga_id) DO NOTHING",
-    )
-    .bind(write.saga_type)
-    .bind(write.saga_id)
-    .bind(write.status.as_str())
-    .bind(&write.state)
-    .bind(&write.compensations)
-    .bind(write.message_type)
-    .bind(write.event_id)
-    .execute(&mut **tx)
-    .await
-    .map_err(|error| write_failed(write, error))?;
+    );
+    let done = write
+        .bind(query)
+        .execute(&mut **tx)
+        .await
+        .map_err(|error| write_failed(write, error))?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -109,24 +122,19 @@ pub(super) async fn update(
     write: &Write<'_>,
     version: i64,
 ) -> Result<bool, HandlerError> {
-    let done = sqlx::query(
+    let query = sqlx::query(
         "UPDATE saga_state
          SET status = $3, state = $4, compensations = $5, version = version + 1,
              last_message_type = $6, last_event_id = $7, updated_at = now(),
              finished_at = CASE WHEN $3 <> 'running' THEN now() END
          WHERE saga_type = $1 AND saga_id = $2 AND version = $8",
-    )
-    .bind(write.saga_type)
-    .bind(write.saga_id)
-    .bind(write.status.as_str())
-    .bind(&write.state)
-    .bind(&write.compensations)
-    .bind(write.message_type)
-    .bind(write.event_id)
-    .bind(version)
-    .execute(&mut **tx)
-    .await
-    .map_err(|error| write_failed(write, error))?;
+    );
+    let done = write
+        .bind(query)
+        .bind(version)
+        .execute(&mut **tx)
+        .await
+        .map_err(|error| write_failed(write, error))?;
     Ok(done.rows_affected() == 1)
 }
 
