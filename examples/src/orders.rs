@@ -74,7 +74,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// The HTTP API (without the probes of [`observability::router`]).
+/// The HTTP API (without the probes of [`crate::observability::router`]).
 pub fn router(pool: PgPool) -> Router {
     Router::new()
         .route("/orders", post(post_order))

@@ -6,7 +6,7 @@
 
 /// An `#[event_handler]` linked into this binary: which (topic, event type)
 /// it handles. Every `#[event_handler]` registers one; see
-/// [`registered_handlers`].
+/// `registered_handlers`.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct HandlerDescriptor {

@@ -40,7 +40,8 @@ impl Relay {
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use rdkafka::ClientConfig;
-/// use txoutbox_runtime::relay::{Backoff, Relay};
+/// use txoutbox_core::Backoff;
+/// use txoutbox_runtime::relay::Relay;
 ///
 /// let mut kafka = ClientConfig::new();
 /// kafka.set("bootstrap.servers", "localhost:9092").set("compression.type", "lz4");
