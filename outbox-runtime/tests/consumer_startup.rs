@@ -45,11 +45,11 @@ async fn without_dlq() {
     let _ = admin
         .delete_topics(&[&dlq], &rdkafka::admin::AdminOptions::new())
         .await;
-    let wanted = required_for(
-        &[<Lonely as txoutbox_core::DomainEvent>::TOPIC].into(),
-        &BTreeSet::new(),
-        &TopicDefaults::default().partitions(1),
-    );
+    let wanted = topics::Registered {
+        events: [<Lonely as txoutbox_core::DomainEvent>::TOPIC.to_owned()].into(),
+        consumed: BTreeSet::new(),
+    }
+    .required(&TopicDefaults::default().partitions(1));
     let plan = topics::plan(&kafka(), &wanted).await.unwrap();
     topics::apply(&kafka(), &plan).await.unwrap();
 }
@@ -86,11 +86,11 @@ async fn a_missing_dead_letter_topic_is_named_at_start_or_created_on_request(poo
         .unwrap()
         .spawn();
     let plan_has_dlq = || async {
-        let wanted = required_for(
-            &BTreeSet::new(),
-            &[<Lonely as txoutbox_core::DomainEvent>::TOPIC].into(),
-            &TopicDefaults::default().partitions(1),
-        );
+        let wanted = topics::Registered {
+            events: BTreeSet::new(),
+            consumed: [<Lonely as txoutbox_core::DomainEvent>::TOPIC.to_owned()].into(),
+        }
+        .required(&TopicDefaults::default().partitions(1));
         topics::plan(&kafka(), &wanted).await.unwrap().is_complete()
     };
     eventually(
@@ -101,19 +101,4 @@ async fn a_missing_dead_letter_topic_is_named_at_start_or_created_on_request(poo
     .await;
     assert!(created.is_running());
     created.shutdown().await.unwrap();
-}
-
-/// The topics `events` and `consumed` need (as a service whose registries
-/// hold them would).
-fn required_for(
-    events: &BTreeSet<&str>,
-    consumed: &BTreeSet<&str>,
-    defaults: &TopicDefaults,
-) -> Vec<txoutbox_runtime::topics::TopicSpec> {
-    let owned = |set: &BTreeSet<&str>| set.iter().map(|topic| (*topic).to_owned()).collect();
-    txoutbox_runtime::topics::Registered {
-        events: owned(events),
-        consumed: owned(consumed),
-    }
-    .required(defaults)
 }
