@@ -59,7 +59,7 @@ pub(crate) async fn dead_letter(
             Ok(()) => {
                 metrics::counter!(m::DEAD_LETTERED, "group" => ctx.group(), "topic" => message.topic().to_owned(), "reason" => reason.as_str())
                     .increment(1);
-                Totals::add(&ctx.totals.dead_lettered, 1);
+                Totals::add(&ctx.counts.totals.dead_lettered, 1);
                 tracing::warn!(
                     topic = message.topic(),
                     partition = message.partition(),
@@ -141,7 +141,7 @@ async fn park(
     }
     metrics::counter!(m::DEAD_LETTERS_PARKED, "group" => ctx.group(), "topic" => message.topic().to_owned(), "reason" => reason.as_str())
         .increment(1);
-    Totals::add(&ctx.totals.dead_letters_parked, 1);
+    Totals::add(&ctx.counts.totals.dead_letters_parked, 1);
     tracing::error!(
         topic = message.topic(),
         partition = message.partition(),

@@ -193,7 +193,7 @@ impl Consumer {
     /// Runs the consumer on a new task.
     pub fn spawn(self) -> ConsumerHandle {
         let token = self.ctx.token.clone();
-        let totals = Arc::clone(&self.ctx.totals);
+        let totals = Arc::clone(&self.ctx.counts.totals);
         let name = TaskName::new("consumer").label("group", self.ctx.group());
         let shutdown_timeout = self.ctx.settings.shutdown_timeout;
         let group_id = self.ctx.group();
@@ -238,15 +238,17 @@ impl Consumer {
             }
         };
         stop.cancel();
-        for helper in &mut helpers {
-            if let (Ended::Returned(Err(panic)), None) = (helper.shutdown().await, &failure) {
+        // Together: each is bounded by the shutdown timeout, not their sum.
+        let ended = futures::future::join_all(helpers.iter_mut().map(Supervised::shutdown)).await;
+        for ended in ended {
+            if let (Ended::Returned(Err(panic)), None) = (ended, &failure) {
                 failure = Some(panic);
             }
         }
         result?;
         match failure {
             Some(reason) => Err(ConsumerError::Processor(reason)),
-            None => Ok(ctx.totals.summary(true)),
+            None => Ok(ctx.counts.totals.summary(true)),
         }
     }
 

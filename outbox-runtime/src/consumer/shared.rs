@@ -3,8 +3,6 @@
 //! parts every mode uses: its database side ([`Database`]), its handler
 //! calls ([`Calls`]) and its counters ([`Counts`]).
 
-use std::sync::Arc;
-
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -15,7 +13,6 @@ use super::counts::Counts;
 use super::database::Database;
 use super::dlq::DeadLetters;
 use super::handler::Dispatch;
-use super::summary::Totals;
 
 /// State shared by the receiving loop and the inbox processors.
 pub(crate) struct Shared {
@@ -30,10 +27,9 @@ pub(crate) struct Shared {
     pub(crate) db: Database,
     /// Calling handlers, and the wake-up owed after their commits.
     pub(crate) calls: Calls,
-    /// Metrics and the totals of the consumer's summary.
+    /// Metrics and the totals of the consumer's summary (shared with its
+    /// handle).
     pub(crate) counts: Counts,
-    /// What the consumer did so far, for its summary (shared with its handle).
-    pub(crate) totals: Arc<Totals>,
 }
 
 impl Shared {
@@ -62,7 +58,6 @@ impl Shared {
             token,
             db,
             calls,
-            totals: Arc::clone(&counts.totals),
             counts,
         }
     }

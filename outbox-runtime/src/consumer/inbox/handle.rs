@@ -104,7 +104,7 @@ pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Erro
     tx.commit().await?;
     ctx.calls.committed();
     ctx.counts.handled_by_type(outcomes.by_type);
-    Totals::add(&ctx.totals.parked, outcomes.parked.len() as u64);
+    Totals::add(&ctx.counts.totals.parked, outcomes.parked.len() as u64);
     for (event_id, reason, error) in &outcomes.parked {
         metrics::counter!(m::INBOX_PARKED, "group" => ctx.group(), "reason" => reason.as_str())
             .increment(1);
