@@ -13,13 +13,14 @@ use consumer_support::*;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
 use txoutbox_core::DomainEvent;
-use txoutbox_runtime::consumer::{Consumer, event_handler};
+use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
 use txoutbox_runtime::lifecycle::Stopped;
 use txoutbox_runtime::relay::Relay;
 use txoutbox_runtime::service::Service;
 
 /// Tells a test that its handler was entered.
-static ENTERED: [Notify; 3] = [
+static ENTERED: [Notify; 4] = [
+    Notify::const_new(),
     Notify::const_new(),
     Notify::const_new(),
     Notify::const_new(),
@@ -50,6 +51,29 @@ stuck!(
 );
 stuck!(StuckAlone, "consumer-test.service-alone", on_stuck_alone, 1);
 stuck!(StuckIdle, "consumer-test.service-idle", on_stuck_idle, 2);
+test_event!(StuckProcessor, "consumer-test.service-processor", "Stuck");
+
+/// Set when the stuck processor's call is dropped (its task ended).
+static PROCESSOR_CALL_DROPPED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+struct SetOnDrop;
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        PROCESSOR_CALL_DROPPED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[event_handler]
+async fn on_stuck_processor(
+    _tx: &mut Transaction<'_, Postgres>,
+    _event: StuckProcessor,
+) -> Result<(), sqlx::Error> {
+    let _dropped = SetOnDrop;
+    ENTERED[3].notify_one();
+    std::future::pending().await
+}
 
 #[sqlx::test(migrations = false)]
 async fn a_consumer_whose_handler_never_returns_is_stopped_within_its_shutdown_timeout(
@@ -175,4 +199,40 @@ async fn service_is_empty_stops_never() -> bool {
     tokio::time::timeout(Duration::from_millis(100), Service::new().stopped())
         .await
         .is_ok()
+}
+
+/// An inbox processor stuck in a handler that never returns does not
+/// outlive its consumer's aborted shutdown: its call (and transaction) is
+/// dropped with it.
+#[sqlx::test(migrations = false)]
+async fn an_aborted_consumer_takes_its_stuck_processors_with_it(pool: PgPool) {
+    prepare_db(&pool).await;
+    create_topic(StuckProcessor::TOPIC, 1).await;
+    let group = unique_group("service-processor");
+    start_group_at(&group, StuckProcessor::TOPIC, 1, true).await;
+    let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_stuck_processor)
+        .mode(Mode::Inbox)
+        // The processor, not the receive loop, takes the event.
+        .handle_on_receipt(false)
+        .processor_poll_interval(Duration::from_millis(20))
+        .handler_timeout(Duration::MAX)
+        .shutdown_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+        .spawn();
+    let entered = ENTERED[3].notified();
+    produce_event(&producer(), &StuckProcessor::new(3)).await;
+    tokio::time::timeout(Duration::from_secs(30), entered)
+        .await
+        .expect("the processor calls the handler");
+    assert!(!PROCESSOR_CALL_DROPPED.load(std::sync::atomic::Ordering::SeqCst));
+    let summary = consumer.shutdown().await.unwrap();
+    assert!(!summary.clean, "{summary:?}");
+    eventually(
+        "the stuck processor's call ends with its consumer",
+        Duration::from_secs(10),
+        || async { PROCESSOR_CALL_DROPPED.load(std::sync::atomic::Ordering::SeqCst) },
+    )
+    .await;
 }

@@ -216,9 +216,9 @@ impl Consumer {
         let ctx = self.ctx.clone();
         // Our own token also stops the processors and any retry waits.
         let stop = ctx.token.clone();
-        let mut helpers = self.helpers();
+        let mut helpers = Helpers(self.helpers());
         let mut helper_ended: FuturesUnordered<_> =
-            helpers.iter().map(|helper| helper.stopped()).collect();
+            helpers.0.iter().map(|helper| helper.stopped()).collect();
         let receive = self.receive();
         tokio::pin!(receive);
         let mut failure = None;
@@ -239,7 +239,7 @@ impl Consumer {
         };
         stop.cancel();
         // Together: each is bounded by the shutdown timeout, not their sum.
-        let ended = futures::future::join_all(helpers.iter_mut().map(Supervised::shutdown)).await;
+        let ended = futures::future::join_all(helpers.0.iter_mut().map(Supervised::shutdown)).await;
         for ended in ended {
             if let (Ended::Returned(Err(panic)), None) = (ended, &failure) {
                 failure = Some(panic);
@@ -281,6 +281,19 @@ impl Consumer {
             helpers.push(spawn(name, periodic(ctx.clone()).boxed()));
         }
         helpers
+    }
+}
+
+/// The consumer's helper tasks. If the consumer's own task is aborted (at
+/// its shutdown timeout) they are aborted with it instead of running on,
+/// e.g. a processor stuck in a handler that never returns.
+struct Helpers(Vec<Supervised<(), String>>);
+
+impl Drop for Helpers {
+    fn drop(&mut self) {
+        for helper in &mut self.0 {
+            helper.abort();
+        }
     }
 }
 

@@ -75,6 +75,8 @@ pub(crate) struct Supervised<T, E> {
     task: Option<JoinHandle<Result<T, E>>>,
     lifecycle: Lifecycle,
     shutdown_timeout: Duration,
+    /// How messages name the task.
+    called: String,
 }
 
 /// How a supervised task's end came out for the caller of `shutdown` or
@@ -104,6 +106,7 @@ where
         panicked: fn(String) -> E,
     ) -> Self {
         let lifecycle = Lifecycle::new();
+        let called = name.called.clone();
         let task = tokio::spawn({
             let (lifecycle, token) = (lifecycle.clone(), token.clone());
             async move {
@@ -128,6 +131,7 @@ where
             task: Some(task),
             lifecycle,
             shutdown_timeout,
+            called,
         }
     }
 
@@ -135,13 +139,23 @@ where
     /// shutdown timeout; then aborts it.
     pub(crate) async fn shutdown(&mut self) -> Ended<T, E> {
         self.token.cancel();
-        let Some(mut task) = self.task.take() else {
-            return Ended::Aborted;
+        // The task stays in `self` while this waits: if this future is
+        // dropped (its caller aborted), `abort` can still reach it.
+        let waited = match self.task.as_mut() {
+            Some(task) => tokio::time::timeout(self.shutdown_timeout, task).await,
+            None => return Ended::Aborted,
         };
-        let ended = match tokio::time::timeout(self.shutdown_timeout, &mut task).await {
+        let task = self.task.take().expect("present while waited for");
+        let ended = match waited {
             Ok(Ok(result)) => Ended::Returned(result),
             Ok(Err(_cancelled)) => Ended::Aborted,
             Err(_elapsed) => {
+                tracing::warn!(
+                    task = %self.called,
+                    timeout = ?self.shutdown_timeout,
+                    "did not stop within its shutdown timeout; aborted (what it had not \
+                     committed is done again after the restart)"
+                );
                 task.abort();
                 Ended::Aborted
             }
@@ -152,12 +166,23 @@ where
 
     /// Waits for the task to end without asking it to.
     pub(crate) async fn join(&mut self) -> Ended<T, E> {
-        let Some(task) = self.task.take() else {
-            return Ended::Aborted;
+        let joined = match self.task.as_mut() {
+            Some(task) => task.await,
+            None => return Ended::Aborted,
         };
-        match task.await {
+        self.task = None;
+        match joined {
             Ok(result) => Ended::Returned(result),
             Err(_cancelled) => Ended::Aborted,
+        }
+    }
+
+    /// Aborts the task if it still runs (for a supervisor that is itself
+    /// being aborted: its tasks must not outlive it).
+    pub(crate) fn abort(&mut self) {
+        if let Some(task) = self.task.take() {
+            self.token.cancel();
+            task.abort();
         }
     }
 
