@@ -242,8 +242,7 @@ pub fn consumer_config(bootstrap_servers: &str) -> ClientConfig {
     let mut config = kafka_config(bootstrap_servers);
     config
         .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500")
-        .set("fetch.wait.max.ms", "50");
+        .set("heartbeat.interval.ms", "500");
     config
 }
 

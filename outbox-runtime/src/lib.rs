@@ -9,6 +9,11 @@ pub mod kafka_settings;
 pub mod lifecycle;
 pub mod migrations;
 pub mod ops;
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod probe;
+#[cfg(not(feature = "test-hooks"))]
+mod probe;
 mod redact;
 mod registry;
 pub mod relay;

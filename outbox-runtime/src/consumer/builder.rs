@@ -20,6 +20,16 @@ impl Consumer {
     /// scope in `processed_event`; at most 1,024 bytes
     /// ([`MAX_PARTITION_KEY_BYTES`](txoutbox_core::MAX_PARTITION_KEY_BYTES)), as it is
     /// indexed with every row (`build` refuses a longer one).
+    ///
+    /// Of the Kafka settings the consumer sets `group.id`, its offset
+    /// handling (`enable.auto.offset.store=false`, offsets stored after the
+    /// database commit) and, where you set nothing, `auto.offset.reset=earliest`,
+    /// `fetch.message.max.bytes` (from
+    /// [`max_message_bytes`](ConsumerBuilder::max_message_bytes)) and
+    /// `fetch.wait.max.ms=10`: a broker that holds an empty fetch to its end
+    /// (tansu, librdkafka's mock cluster) then delays a record by at most
+    /// 10 ms rather than librdkafka's 500 (docs/consumer.md, "Latency and
+    /// fetch settings").
     pub fn builder(
         pool: PgPool,
         kafka_config: ClientConfig,

@@ -29,6 +29,7 @@ use super::progress::Taken;
 use super::route::{Admit, Routed, route};
 use super::shared::Shared;
 use super::work::{Retry, Work};
+use crate::probe::{self, Stage};
 use crate::wire::dead_letter::DeadLetterReason;
 
 /// Dedup mode's [`Admit`]: a known event is decoded for its handler now
@@ -216,6 +217,10 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
             }
             tx.commit().await?;
             ctx.calls.committed();
+            probe::mark_each(
+                Stage::Committed,
+                work.iter().map(|w| w.envelope.meta.event_id),
+            );
             ctx.counts.handled(handled, work.len() as u64 - handled);
             Ok(Fast::Committed)
         }

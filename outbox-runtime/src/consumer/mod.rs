@@ -79,6 +79,8 @@ pub use hooks::Route;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use inbox::claim_once_for_benchmark;
+#[cfg(feature = "test-hooks")]
+pub(crate) use run::fetch_settings;
 pub use run::{Consumer, ConsumerHandle};
 pub use summary::ConsumerSummary;
 pub use txoutbox_derive::event_handler;

@@ -91,6 +91,7 @@ fn route_unguarded<A: Admit>(
             UnknownEventPolicy::Keep => admit.kept(bounded(envelope)),
         },
         Classified::Known(envelope) => {
+            crate::probe::mark(crate::probe::Stage::Received, envelope.meta.event_id);
             let handler = dispatch
                 .handler(&envelope.meta.topic, &envelope.meta.event_type)
                 .expect("classified as known");

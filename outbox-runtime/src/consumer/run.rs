@@ -149,7 +149,7 @@ impl ConsumerHandle {
 impl Consumer {
     pub(crate) fn new(
         pool: PgPool,
-        mut kafka: ClientConfig,
+        kafka: ClientConfig,
         settings: Settings,
         dispatch: Dispatch,
     ) -> Result<Self, BuildError> {
@@ -159,6 +159,7 @@ impl Consumer {
             settings.group_id.clone(),
             settings.max_message_bytes,
         )?;
+        let mut kafka = fetch_settings(&kafka);
         if kafka.get("auto.offset.reset").is_none() {
             kafka.set("auto.offset.reset", "earliest");
         }
@@ -312,5 +313,42 @@ async fn periodic(ctx: Arc<Shared>) {
         if !ctx.db.pause(ctx.settings.backlog_interval).await {
             return;
         }
+    }
+}
+
+/// How long the broker may hold a fetch that found nothing new, unless the
+/// user sets `fetch.wait.max.ms`: librdkafka's 500 ms suits brokers that
+/// answer a held fetch as soon as a record arrives (Apache Kafka,
+/// Redpanda), but a broker that holds it to the end (tansu, librdkafka's
+/// mock cluster) then delays every record by up to that long. At 10 ms a
+/// record waits at most 10 ms for such a broker, at the cost of up to 100
+/// empty fetches a second per broker connection while idle. See
+/// docs/consumer.md, "Latency and fetch settings".
+pub(crate) const DEFAULT_FETCH_WAIT_MAX_MS: &str = "10";
+
+/// The user's settings with the consumer's fetch defaults where the user
+/// set nothing.
+pub(crate) fn fetch_settings(user: &ClientConfig) -> ClientConfig {
+    let mut kafka = user.clone();
+    if user.get("fetch.wait.max.ms").is_none() {
+        kafka.set("fetch.wait.max.ms", DEFAULT_FETCH_WAIT_MAX_MS);
+    }
+    kafka
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fetch_wait_defaults_to_10_ms_unless_the_user_sets_it() {
+        let config = fetch_settings(&ClientConfig::new());
+        assert_eq!(
+            config.get("fetch.wait.max.ms"),
+            Some(DEFAULT_FETCH_WAIT_MAX_MS)
+        );
+        let mut user = ClientConfig::new();
+        user.set("fetch.wait.max.ms", "500");
+        assert_eq!(fetch_settings(&user).get("fetch.wait.max.ms"), Some("500"));
     }
 }

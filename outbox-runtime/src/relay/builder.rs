@@ -262,6 +262,13 @@ pub(super) fn producer_config(
         }
     }
     let mut kafka = user.clone();
+    // The relay batches by itself (a claim is up to `batch_size` rows, all
+    // enqueued at once), so librdkafka's linger (5 ms by default) would only
+    // delay every batch's acknowledgement; what is enqueued while requests
+    // are in flight still goes out together. See docs/relay.md, "Latency".
+    if user.get("linger.ms").is_none() && user.get("queue.buffering.max.ms").is_none() {
+        kafka.set("linger.ms", DEFAULT_LINGER_MS);
+    }
     kafka
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -272,6 +279,17 @@ pub(super) fn producer_config(
     kafka.remove("request.required.acks");
     kafka.remove("delivery.timeout.ms");
     Ok(kafka)
+}
+
+/// The relay's producer `linger.ms` unless the user sets `linger.ms` (or
+/// its alias `queue.buffering.max.ms`).
+pub(crate) const DEFAULT_LINGER_MS: &str = "0";
+
+/// The producer settings of a relay built from `user` with the default
+/// configuration (benchmarks' plain producers measure the broker with them).
+#[cfg(feature = "test-hooks")]
+pub(crate) fn producer_settings(user: &ClientConfig) -> ClientConfig {
+    producer_config(user, &RelayConfig::default()).unwrap_or_else(|_| user.clone())
 }
 
 #[cfg(test)]
@@ -300,6 +318,21 @@ mod tests {
             );
             assert!(text.contains(key), "{text}");
         }
+    }
+
+    #[test]
+    fn linger_is_zero_unless_the_user_sets_it() {
+        let config = producer_config(&with("client.id", "x"), &RelayConfig::default()).unwrap();
+        assert_eq!(config.get("linger.ms"), Some(DEFAULT_LINGER_MS));
+        let config = producer_config(&with("linger.ms", "20"), &RelayConfig::default()).unwrap();
+        assert_eq!(config.get("linger.ms"), Some("20"));
+        let config = producer_config(
+            &with("queue.buffering.max.ms", "20"),
+            &RelayConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(config.get("queue.buffering.max.ms"), Some("20"));
+        assert_eq!(config.get("linger.ms"), None, "the alias is not overridden");
     }
 
     #[tokio::test]

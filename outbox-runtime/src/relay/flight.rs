@@ -240,6 +240,9 @@ impl Flight {
         let delivered = outcome == Outcome::Delivered;
         if let Some(straggler) = self.stragglers.remove(&(seq, index)) {
             let row = straggler.row;
+            if delivered {
+                crate::probe::mark(crate::probe::Stage::Acked, row.event_id);
+            }
             partitions.reported(
                 &row.topic,
                 partition,
@@ -259,6 +262,9 @@ impl Flight {
             return;
         }
         let row = &batch.rows[index];
+        if delivered {
+            crate::probe::mark(crate::probe::Stage::Acked, row.event_id);
+        }
         partitions.reported(
             &row.topic,
             partition,

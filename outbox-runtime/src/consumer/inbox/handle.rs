@@ -103,6 +103,10 @@ pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Erro
     record(ctx, &mut tx, &outcomes).await?;
     tx.commit().await?;
     ctx.calls.committed();
+    crate::probe::mark_each(
+        crate::probe::Stage::Committed,
+        outcomes.processed.iter().copied(),
+    );
     ctx.counts.handled_by_type(outcomes.by_type);
     Totals::add(&ctx.counts.totals.parked, outcomes.parked.len() as u64);
     for (event_id, reason, error) in &outcomes.parked {

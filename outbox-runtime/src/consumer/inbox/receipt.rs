@@ -127,6 +127,20 @@ pub(super) async fn store(
     }
     tx.commit().await?;
     ctx.calls.committed();
+    // Stored pending (for the processors), or handled on receipt.
+    crate::probe::mark_each(
+        crate::probe::Stage::Stored,
+        later.iter().map(|row| row.meta.event_id),
+    );
+    if !handled_by_type.is_empty() {
+        let pending: HashSet<Uuid> = later.iter().map(|row| row.meta.event_id).collect();
+        crate::probe::mark_each(
+            crate::probe::Stage::Committed,
+            rows.iter()
+                .map(|row| row.meta.event_id)
+                .filter(|id| !pending.contains(id)),
+        );
+    }
     ctx.counts.handled_by_type(handled_by_type);
     Ok(stored)
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use tracing::{Instrument, Span, field};
 
 use super::{BatchError, Worker};
+use crate::probe::{self, Stage};
 use crate::relay::batch::Enqueued;
 use crate::relay::keys::TopicKeys;
 use crate::relay::partitions::Route;
@@ -35,6 +36,7 @@ impl Worker {
         if rows.is_empty() {
             return Ok(0);
         }
+        probe::mark_each(Stage::Claimed, rows.iter().map(|row| row.event_id));
         let span = tracing::info_span!(
             "outbox_relay_batch",
             claimed = rows.len(),
@@ -191,7 +193,10 @@ impl Worker {
                 continue;
             }
             match self.publisher.send(row, deadline).await {
-                Ok(report) => sent.push((index, report, route == Route::Probe)),
+                Ok(report) => {
+                    probe::mark(Stage::Sent, row.event_id);
+                    sent.push((index, report, route == Route::Probe));
+                }
                 Err(outcome) => {
                     if route == Route::Probe {
                         self.partitions

@@ -184,6 +184,13 @@ impl Worker {
             }
         }
         let parked = self.record(&delivered, &retries).await?;
+        crate::probe::mark_each(
+            crate::probe::Stage::Marked,
+            rows.iter()
+                .zip(&outcomes)
+                .filter(|(_, outcome)| **outcome == Outcome::Delivered)
+                .map(|(row, _)| row.event_id),
+        );
 
         span.record("published", delivered.len());
         span.record("held", held);

@@ -1,0 +1,871 @@
+//! Latency across services: a chain of services passing one event along,
+//! each hop a service's commit, its relay, the broker, the next service's
+//! consumer and that service's transaction, measured beside the broker's
+//! own floor in the same run.
+//!
+//! ```text
+//! scripts/services.sh down && scripts/services.sh up   # a fresh broker
+//! cargo bench -p txoutbox-runtime --features test-hooks --bench hops
+//! HOPS_BENCH_CHAINS=1,3,5 HOPS_BENCH_RATES=100,1000 HOPS_BENCH_MODES=dedup,inbox,saga \
+//!     HOPS_BENCH_SECS=4 HOPS_BENCH_ROUNDS=3 cargo bench ...   # the defaults
+//! HOPS_BENCH_KAFKA_fetch.wait.max.ms=50 cargo bench ...      # any librdkafka setting
+//! ```
+//!
+//! A chain of `N` hops is `N + 1` services, each with a database of its own
+//! (scratch databases, dropped at the end): service 0 commits an order-like
+//! row and records `Hop1` in one transaction; service `i` consumes `Hop{i}`
+//! (dedup or inbox mode), writes its effect row and records `Hop{i+1}`, and
+//! its relay publishes it; service `N` only writes its effect. In `saga` mode
+//! the chain has three hops and service 2 runs the step as a saga (load and
+//! lock the saga row, send the next message through the saga context).
+//! Every relay and consumer runs with the framework's defaults.
+//!
+//! Timestamps (wall clock, microseconds; the database server runs on this
+//! host, so its clock is the same): each service takes one when its
+//! transaction body ends (after the events are recorded, before the commit),
+//! and the consumer's handler one when it starts. A hop is the time from
+//! one service's body end to the next one's: the commit, the relay (wake-up,
+//! claim, produce, acknowledgement, mark), the broker, the consumer's fetch
+//! and its transaction up to the effect. The stages come from the runtime's
+//! own probe points (`test-hooks` feature: `txoutbox_runtime::probe`): when
+//! the relay claimed the row, sent it, got its acknowledgement and marked
+//! it; when the consumer received the record, stored it (inbox) and
+//! committed it.
+//!
+//! The broker floor, measured in every round at the same rate: a plain
+//! producer with the relay's producer settings and a plain consumer with the
+//! consumers' fetch settings, one record per chain tick over 100 keys, each
+//! timed from `send` to its acknowledgement and to its arrival at the
+//! consumer. A hop cannot be faster than send-to-arrival.
+//!
+//! Each configuration (mode, hops) runs `HOPS_BENCH_ROUNDS` rounds at each
+//! rate; the summary gives min / median / max over rounds of each
+//! percentile and the per-hop targets (p50 <= 2x the floor's send-to-arrival
+//! p50, p99 <= 3x its p99) per round.
+#![allow(missing_docs)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgPool, Postgres, Transaction};
+use txoutbox_core::{DomainEvent, Events};
+use txoutbox_runtime::consumer::{
+    Consumer, ConsumerBuilder, ConsumerHandle, HandlerError, Mode, event_handler,
+};
+use txoutbox_runtime::probe::{self, Stage};
+use txoutbox_runtime::relay::{Relay, RelayHandle};
+use txoutbox_runtime::saga::{SagaContext, saga};
+use txoutbox_testkit::broker::{brokers, create_topics, unique_group};
+use uuid::Uuid;
+
+const PARTITIONS: i32 = 4;
+const MAX_HOPS: usize = 5;
+const FLOOR_TOPIC: &str = "bench.hops.floor";
+
+/// Microseconds since the epoch, wall clock.
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+/// What one service took of one chain: the event it received (the origin:
+/// the event it sent), when its handler started (the origin: 0), when its
+/// transaction body ended and (the origin only) when its commit returned.
+#[derive(Clone, Copy)]
+struct Stamp {
+    event_id: Uuid,
+    start_us: i64,
+    end_us: i64,
+    commit_us: Option<i64>,
+}
+
+/// Stamps of the running round, by (chain, hop).
+static STAMPS: LazyLock<Mutex<HashMap<(Uuid, usize), Stamp>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Hops of the running configuration: service `HOPS` records nothing.
+static HOPS: AtomicUsize = AtomicUsize::new(0);
+
+fn stamp(chain: Uuid, hop: usize, event_id: Uuid, start_us: i64) {
+    let end_us = now_us();
+    STAMPS.lock().unwrap().insert(
+        (chain, hop),
+        Stamp {
+            event_id,
+            start_us,
+            end_us,
+            commit_us: None,
+        },
+    );
+}
+
+trait HopEvent: DomainEvent {
+    fn new(chain: Uuid) -> Self;
+}
+
+macro_rules! hops {
+    ($($event:ident $topic:tt $hop:literal $handler:ident;)*) => {$(
+        #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, DomainEvent)]
+        #[event(topic = $topic, aggregate = "Chain")]
+        pub struct $event {
+            pub event_id: Uuid,
+            #[partition_key]
+            pub chain: Uuid,
+            pub note: String,
+        }
+
+        impl HopEvent for $event {
+            fn new(chain: Uuid) -> Self {
+                Self { event_id: Uuid::now_v7(), chain, note: "x".repeat(100) }
+            }
+        }
+
+        #[event_handler]
+        async fn $handler(
+            tx: &mut Transaction<'_, Postgres>,
+            event: $event,
+            events: &mut Events,
+        ) -> Result<(), sqlx::Error> {
+            let start = now_us();
+            effect(tx, event.chain, $hop).await?;
+            record_next(events, event.chain, $hop);
+            stamp(event.chain, $hop, event.event_id, start);
+            Ok(())
+        }
+    )*};
+}
+
+hops! {
+    Hop1 "bench.hops.1" 1 on_hop1;
+    Hop2 "bench.hops.2" 2 on_hop2;
+    Hop3 "bench.hops.3" 3 on_hop3;
+    Hop4 "bench.hops.4" 4 on_hop4;
+    Hop5 "bench.hops.5" 5 on_hop5;
+}
+
+const TOPICS: [&str; MAX_HOPS] = [
+    Hop1::TOPIC,
+    Hop2::TOPIC,
+    Hop3::TOPIC,
+    Hop4::TOPIC,
+    Hop5::TOPIC,
+];
+
+async fn effect(tx: &mut sqlx::PgConnection, chain: Uuid, hop: usize) -> sqlx::Result<()> {
+    sqlx::query("INSERT INTO hop_effect (chain, hop) VALUES ($1, $2)")
+        .bind(chain)
+        .bind(hop as i32)
+        .execute(tx)
+        .await
+        .map(drop)
+}
+
+/// Records the event of hop `hop + 1`, unless `hop` is the chain's last.
+fn record_next(events: &mut Events, chain: Uuid, hop: usize) {
+    if hop >= HOPS.load(Ordering::Relaxed) {
+        return;
+    }
+    match hop + 1 {
+        1 => events.record(Hop1::new(chain)),
+        2 => events.record(Hop2::new(chain)),
+        3 => events.record(Hop3::new(chain)),
+        4 => events.record(Hop4::new(chain)),
+        5 => events.record(Hop5::new(chain)),
+        _ => unreachable!("at most {MAX_HOPS} hops"),
+    }
+}
+
+/// The saga hop of `saga` mode: service 2 starts (and completes) one saga
+/// per chain, whose first step sends the chain's next message.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HopSaga {
+    chain: Uuid,
+}
+
+#[saga(name = "bench_hops", id = Uuid, correlate = chain, starts_with(Hop2))]
+impl HopSaga {
+    async fn on_hop2(event: Hop2, ctx: &mut SagaContext<'_>) -> Result<Self, HandlerError> {
+        let start = now_us();
+        effect(ctx.tx(), event.chain, 2).await?;
+        ctx.send(Hop3::new(event.chain));
+        ctx.complete();
+        stamp(event.chain, 2, event.event_id, start);
+        Ok(Self { chain: event.chain })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ChainMode {
+    Dedup,
+    Inbox,
+    Saga,
+}
+
+impl ChainMode {
+    fn parse(name: &str) -> Self {
+        match name.trim() {
+            "dedup" => Self::Dedup,
+            "inbox" => Self::Inbox,
+            "saga" => Self::Saga,
+            other => panic!("HOPS_BENCH_MODES: dedup, inbox or saga, not {other:?}"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Dedup => "dedup",
+            Self::Inbox => "inbox",
+            Self::Saga => "saga",
+        }
+    }
+}
+
+/// Extra librdkafka settings for every client of the bench, from
+/// `HOPS_BENCH_KAFKA_<key>` variables.
+fn kafka() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers());
+    for (key, value) in std::env::vars() {
+        if let Some(key) = key.strip_prefix("HOPS_BENCH_KAFKA_") {
+            config.set(key, value);
+        }
+    }
+    config
+}
+
+fn consumer_kafka() -> ClientConfig {
+    let mut config = kafka();
+    config
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        // A new group starts at the end: earlier runs' records stay unread.
+        .set("auto.offset.reset", "latest");
+    config
+}
+
+/// One service of a chain: its database, and the relay and consumer it runs.
+struct Service {
+    pool: PgPool,
+    database: String,
+    relay: Option<RelayHandle>,
+    consumer: Option<ConsumerHandle>,
+}
+
+/// The services of one configuration.
+struct Chain {
+    mode: ChainMode,
+    hops: usize,
+    services: Vec<Service>,
+}
+
+impl Chain {
+    async fn start(mode: ChainMode, hops: usize) -> Self {
+        HOPS.store(hops, Ordering::Relaxed);
+        let mut services = Vec::new();
+        for index in 0..=hops {
+            let (pool, database) =
+                support::scratch_database(&format!("outbox_bench_hops{index}"), 8).await;
+            sqlx::raw_sql(
+                "CREATE TABLE hop_effect (chain uuid NOT NULL, hop int NOT NULL,
+                                          PRIMARY KEY (chain, hop))",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            let relay = (index < hops).then(|| {
+                Relay::builder(pool.clone(), kafka())
+                    .spawn()
+                    .expect("relay starts")
+            });
+            let consumer = (index > 0).then(|| {
+                let group = unique_group(&format!("bench-hops{index}"));
+                let builder = Consumer::builder(pool.clone(), consumer_kafka(), &group)
+                    .create_missing_dlq_topics(true);
+                let builder = match mode {
+                    ChainMode::Inbox => builder.mode(Mode::Inbox),
+                    _ => builder,
+                };
+                handler_of(builder, mode, index)
+                    .build()
+                    .expect("consumer builds")
+                    .spawn()
+            });
+            services.push(Service {
+                pool,
+                database,
+                relay,
+                consumer,
+            });
+        }
+        let chain = Self {
+            mode,
+            hops,
+            services,
+        };
+        chain.warm_up().await;
+        chain
+    }
+
+    /// Sends chains until three in a row complete (every consumer joined its
+    /// group and was assigned), then forgets them.
+    async fn warm_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut completed = 0;
+        while completed < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "{} x{}: no chain completed within 120 s",
+                self.mode.name(),
+                self.hops
+            );
+            let chain = self.send_chain().await;
+            let wait = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < wait && !self.completed(chain) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            completed = if self.completed(chain) {
+                completed + 1
+            } else {
+                0
+            };
+        }
+        STAMPS.lock().unwrap().clear();
+    }
+
+    fn completed(&self, chain: Uuid) -> bool {
+        STAMPS.lock().unwrap().contains_key(&(chain, self.hops))
+    }
+
+    /// Service 0's transaction: an effect row and `Hop1`, committed; the
+    /// stamp is taken before the commit, as the consumers' are.
+    async fn send_chain(&self) -> Uuid {
+        send_chain(&self.services[0].pool).await
+    }
+
+    /// One round at `rate` chains/s for `secs`: every chain is waited for,
+    /// then the stamps and the probe's points are gathered.
+    async fn round(&self, rate: usize, secs: f64) -> Round {
+        STAMPS.lock().unwrap().clear();
+        probe::take();
+        let total = ((rate as f64) * secs).round().max(1.0) as usize;
+        const WRITERS: usize = 4;
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let pool = self.services[0].pool.clone();
+                let per_writer = (total - w).div_ceil(WRITERS);
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(Duration::from_secs_f64(
+                        WRITERS as f64 / rate as f64,
+                    ));
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                    let mut chains = Vec::with_capacity(per_writer);
+                    for _ in 0..per_writer {
+                        tick.tick().await;
+                        chains.push(send_chain(&pool).await);
+                    }
+                    chains
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        let mut chains = Vec::with_capacity(total);
+        for writer in writers {
+            chains.extend(writer.await.unwrap());
+        }
+        let achieved = chains.len() as f64 / started.elapsed().as_secs_f64();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let done = {
+                let stamps = STAMPS.lock().unwrap();
+                chains
+                    .iter()
+                    .filter(|c| stamps.contains_key(&(**c, self.hops)))
+                    .count()
+            };
+            if done == chains.len() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} x{} at {rate}/s: {done} of {} chains completed within 120 s",
+                self.mode.name(),
+                self.hops,
+                chains.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The relays mark right after the acknowledgement: give the last
+        // marks a moment before reading the points.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let stamps = std::mem::take(&mut *STAMPS.lock().unwrap());
+        let points = probe::take();
+        Round::of(self.hops, &chains, &stamps, &points, achieved)
+    }
+
+    async fn stop(self) {
+        for service in self.services {
+            if let Some(consumer) = service.consumer {
+                consumer.shutdown().await.unwrap();
+            }
+            if let Some(relay) = service.relay {
+                relay.shutdown().await.unwrap();
+            }
+            service.pool.close().await;
+            support::drop_database(&service.database).await;
+        }
+    }
+}
+
+async fn send_chain(pool: &PgPool) -> Uuid {
+    let chain = Uuid::new_v4();
+    let mut tx = pool.begin().await.unwrap();
+    effect(&mut tx, chain, 0).await.unwrap();
+    let mut events = Events::new();
+    let first = Hop1::new(chain);
+    let event_id = first.event_id;
+    events.record(first);
+    let after = events.write(&mut tx).await.unwrap();
+    stamp(chain, 0, event_id, 0);
+    tx.commit().await.unwrap();
+    let committed = now_us();
+    after.committed();
+    if let Some(stamp) = STAMPS.lock().unwrap().get_mut(&(chain, 0)) {
+        stamp.commit_us = Some(committed);
+    }
+    chain
+}
+
+fn handler_of(builder: ConsumerBuilder, mode: ChainMode, index: usize) -> ConsumerBuilder {
+    match (index, mode) {
+        (2, ChainMode::Saga) => builder.saga::<HopSaga>(),
+        (1, _) => builder.handler(on_hop1),
+        (2, _) => builder.handler(on_hop2),
+        (3, _) => builder.handler(on_hop3),
+        (4, _) => builder.handler(on_hop4),
+        (5, _) => builder.handler(on_hop5),
+        _ => unreachable!("at most {MAX_HOPS} hops"),
+    }
+}
+
+/// Where a stage of a hop ends.
+#[derive(Clone, Copy)]
+enum Until {
+    /// The previous service's commit returned (the origin's own stamp, a
+    /// consumer's `Committed` point).
+    PreviousCommit,
+    /// A probe point of the hop's event.
+    Point(Stage),
+    /// The next service's handler started.
+    HandlerStart,
+    /// The next service's transaction body ended.
+    HandlerEnd,
+}
+
+/// The stages of a hop, in the order a record goes through them: each is
+/// the time from the previous stage's end to its own.
+const STAGES: [(Until, &str); 8] = [
+    (
+        Until::PreviousCommit,
+        "writer's commit (and, consumers: the outbox insert)",
+    ),
+    (Until::Point(Stage::Claimed), "relay wake-up and claim"),
+    (Until::Point(Stage::Sent), "claim to produce"),
+    (Until::Point(Stage::Acked), "produce to acknowledgement"),
+    (
+        Until::Point(Stage::Received),
+        "acknowledgement to consumer receipt (fetch)",
+    ),
+    (
+        Until::Point(Stage::Stored),
+        "inbox: receipt to stored pending (not on receipt)",
+    ),
+    (
+        Until::HandlerStart,
+        "to the handler's start (dedup or inbox row, saga row; processor pickup)",
+    ),
+    (Until::HandlerEnd, "handler body"),
+];
+
+/// What one round measured: latencies in milliseconds, each sorted.
+struct Round {
+    achieved: f64,
+    end_to_end: Vec<f64>,
+    per_hop: Vec<f64>,
+    stages: Vec<Vec<f64>>,
+    /// Acknowledgement to mark committed: off the hop's path, shown apart.
+    marked: Vec<f64>,
+}
+
+impl Round {
+    fn of(
+        hops: usize,
+        chains: &[Uuid],
+        stamps: &HashMap<(Uuid, usize), Stamp>,
+        points: &[probe::Point],
+        achieved: f64,
+    ) -> Self {
+        let mut by_event: HashMap<(Uuid, Stage), i64> = HashMap::new();
+        for point in points {
+            by_event
+                .entry((point.event_id, point.stage))
+                .or_insert(point.at_us);
+        }
+        let ms = |from: i64, to: i64| (to - from) as f64 / 1e3;
+        let mut round = Round {
+            achieved,
+            end_to_end: Vec::new(),
+            per_hop: Vec::new(),
+            stages: vec![Vec::new(); STAGES.len()],
+            marked: Vec::new(),
+        };
+        for chain in chains {
+            let stamp = |hop: usize| stamps[&(*chain, hop)];
+            round
+                .end_to_end
+                .push(ms(stamp(0).end_us, stamp(hops).end_us));
+            for hop in 1..=hops {
+                let (from, to) = (stamp(hop - 1), stamp(hop));
+                round.per_hop.push(ms(from.end_us, to.end_us));
+                // The hop's event: the one the next service received.
+                let point = |stage| by_event.get(&(to.event_id, stage)).copied();
+                let mut previous = from.end_us;
+                for (index, (end, _)) in STAGES.iter().enumerate() {
+                    let at = match end {
+                        Until::PreviousCommit => from
+                            .commit_us
+                            .or_else(|| by_event.get(&(from.event_id, Stage::Committed)).copied()),
+                        Until::Point(stage) => point(*stage),
+                        Until::HandlerStart => Some(to.start_us),
+                        Until::HandlerEnd => Some(to.end_us),
+                    };
+                    if let Some(at) = at {
+                        round.stages[index].push(ms(previous, at));
+                        previous = at;
+                    }
+                }
+                if let (Some(acked), Some(marked)) = (point(Stage::Acked), point(Stage::Marked)) {
+                    round.marked.push(ms(acked, marked));
+                }
+            }
+        }
+        for values in std::iter::once(&mut round.end_to_end)
+            .chain(std::iter::once(&mut round.per_hop))
+            .chain(round.stages.iter_mut())
+            .chain(std::iter::once(&mut round.marked))
+        {
+            values.sort_by(f64::total_cmp);
+        }
+        round
+    }
+}
+
+/// The broker floor of one round.
+struct Floor {
+    to_ack: Vec<f64>,
+    to_arrival: Vec<f64>,
+}
+
+/// One record per tick at `rate`/s for `secs` over 100 keys through a plain
+/// producer (the relay's settings) to a plain consumer (the consumers'
+/// fetch settings).
+async fn broker_floor(rate: usize, secs: f64) -> Floor {
+    let total = ((rate as f64) * secs).round().max(1.0) as usize;
+    let producer: FutureProducer = probe::relay_producer_config(&kafka()).create().unwrap();
+    let (ready, is_ready) = tokio::sync::oneshot::channel();
+    let reader = {
+        let config = probe::consumer_fetch_config(&consumer_kafka());
+        tokio::task::spawn_blocking(move || read_floor(config, total, ready))
+    };
+    // Timing starts once the reader gets records (assigned, positioned) and
+    // the producer is warm.
+    tokio::pin!(is_ready);
+    loop {
+        for partition in 0..PARTITIONS {
+            producer
+                .send(
+                    FutureRecord::to(FLOOR_TOPIC)
+                        .key("warm-up")
+                        .payload("{}")
+                        .partition(partition),
+                    Duration::from_secs(10),
+                )
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+        tokio::select! {
+            _ = &mut is_ready => break,
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut acks = Vec::with_capacity(total);
+    for seq in 0..total {
+        tick.tick().await;
+        let key = format!("chain-{}", seq % 100);
+        let sent = now_us();
+        let value = serde_json::json!({"sent_us": sent, "note": "x".repeat(100)}).to_string();
+        let delivery = producer
+            .send_result(FutureRecord::to(FLOOR_TOPIC).key(&key).payload(&value))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        acks.push(tokio::spawn(async move {
+            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+            (now_us() - sent) as f64 / 1e3
+        }));
+    }
+    let mut to_ack = Vec::with_capacity(total);
+    for ack in acks {
+        to_ack.push(ack.await.unwrap());
+    }
+    let mut to_arrival = reader.await.unwrap();
+    assert_eq!(
+        to_arrival.len(),
+        total,
+        "the floor's reader got every record"
+    );
+    to_ack.sort_by(f64::total_cmp);
+    to_arrival.sort_by(f64::total_cmp);
+    Floor { to_ack, to_arrival }
+}
+
+fn read_floor(
+    config: ClientConfig,
+    total: usize,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> Vec<f64> {
+    let mut config = config;
+    let consumer: BaseConsumer = config
+        .set("group.id", unique_group("bench-hops-floor"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        assignment
+            .add_partition_offset(FLOOR_TOPIC, partition, rdkafka::Offset::End)
+            .unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let mut ready = Some(ready);
+    let mut arrivals = Vec::with_capacity(total);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while arrivals.len() < total && Instant::now() < deadline {
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            let message = message.unwrap();
+            let arrived = now_us();
+            let value: serde_json::Value =
+                serde_json::from_slice(message.payload().unwrap_or(b"{}")).unwrap();
+            match value["sent_us"].as_i64() {
+                Some(sent) => arrivals.push((arrived - sent) as f64 / 1e3),
+                None => {
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                }
+            }
+        }
+    }
+    arrivals
+}
+
+/// The value at quantile `q` of `sorted` (nearest rank), or NaN if empty.
+fn at(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+/// `min / median / max` of `values`, one decimal.
+fn spread(values: &[f64]) -> String {
+    let values: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+    if values.is_empty() {
+        return "-".into();
+    }
+    let (min, median, max) = support::spread(&values);
+    format!("{min:.1} / {median:.1} / {max:.1}")
+}
+
+const QUANTILES: [(&str, f64); 3] = [("p50", 0.50), ("p99", 0.99), ("p99.9", 0.999)];
+
+fn list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+#[tokio::main]
+async fn main() {
+    let modes: Vec<ChainMode> = list("HOPS_BENCH_MODES", "dedup,inbox,saga")
+        .iter()
+        .map(|m| ChainMode::parse(m))
+        .collect();
+    let lengths: Vec<usize> = list("HOPS_BENCH_CHAINS", "1,3,5")
+        .iter()
+        .map(|n| n.parse().expect("HOPS_BENCH_CHAINS: numbers"))
+        .inspect(|n| assert!((1..=MAX_HOPS).contains(n), "1 to {MAX_HOPS} hops"))
+        .collect();
+    let rates: Vec<usize> = list("HOPS_BENCH_RATES", "100,1000")
+        .iter()
+        .map(|r| r.parse().expect("HOPS_BENCH_RATES: numbers"))
+        .collect();
+    let secs: f64 = std::env::var("HOPS_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4.0);
+    let rounds = support::env_usize("HOPS_BENCH_ROUNDS", 3).max(1);
+    let mut topics: Vec<(&str, i32)> = TOPICS.iter().map(|t| (*t, PARTITIONS)).collect();
+    topics.push((FLOOR_TOPIC, PARTITIONS));
+    create_topics(&brokers(), &topics).await;
+    probe::enable();
+    println!(
+        "commit {}; {rounds} rounds of {secs} s per rate; {PARTITIONS} partitions per topic",
+        txoutbox_testkit::measured_commit()
+    );
+
+    let mut configurations = Vec::new();
+    for mode in &modes {
+        match mode {
+            ChainMode::Saga => configurations.push((ChainMode::Saga, 3)),
+            _ => configurations.extend(lengths.iter().map(|n| (*mode, *n))),
+        }
+    }
+    let mut summary = Vec::new();
+    for (mode, hops) in configurations {
+        let chain = Chain::start(mode, hops).await;
+        for &rate in &rates {
+            let mut measured = Vec::new();
+            for round in 0..rounds {
+                let floor = broker_floor(rate, secs.min(2.0)).await;
+                let hop_round = chain.round(rate, secs).await;
+                println!(
+                    "{} x{hops} at {rate}/s, round {}: achieved {:.0}/s; end to end p50 {:.1} p99 {:.1} ms; \
+                     per hop p50 {:.1} p99 {:.1} ms; floor send-to-arrival p50 {:.1} p99 {:.1} ms, \
+                     send-to-ack p50 {:.1} p99 {:.1} ms",
+                    mode.name(),
+                    round + 1,
+                    hop_round.achieved,
+                    at(&hop_round.end_to_end, 0.5),
+                    at(&hop_round.end_to_end, 0.99),
+                    at(&hop_round.per_hop, 0.5),
+                    at(&hop_round.per_hop, 0.99),
+                    at(&floor.to_arrival, 0.5),
+                    at(&floor.to_arrival, 0.99),
+                    at(&floor.to_ack, 0.5),
+                    at(&floor.to_ack, 0.99),
+                );
+                measured.push((hop_round, floor));
+            }
+            summary.push((mode, hops, rate, measured));
+        }
+        chain.stop().await;
+    }
+    report(&summary, rounds);
+}
+
+type Measured = (ChainMode, usize, usize, Vec<(Round, Floor)>);
+
+fn report(summary: &[Measured], rounds: usize) {
+    println!("\n## End to end and per hop (ms, min / median / max over {rounds} rounds)\n");
+    println!(
+        "| chain | rate | achieved | end to end p50 | p99 | p99.9 | per hop p50 | p99 | p99.9 | \
+         floor p50 | p99 | hop p50 <= 2x floor | hop p99 <= 3x floor |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (mode, hops, rate, measured) in summary {
+        let of = |pick: &dyn Fn(&(Round, Floor)) -> f64| -> Vec<f64> {
+            measured.iter().map(pick).collect()
+        };
+        let mut cells = vec![
+            format!("{} x{hops}", mode.name()),
+            format!("{rate}/s"),
+            spread(&of(&|(r, _)| r.achieved)),
+        ];
+        for (_, q) in QUANTILES {
+            cells.push(spread(&of(&|(r, _)| at(&r.end_to_end, q))));
+        }
+        for (_, q) in QUANTILES {
+            cells.push(spread(&of(&|(r, _)| at(&r.per_hop, q))));
+        }
+        cells.push(spread(&of(&|(_, f)| at(&f.to_arrival, 0.5))));
+        cells.push(spread(&of(&|(_, f)| at(&f.to_arrival, 0.99))));
+        let met = |q: f64, times: f64| {
+            measured
+                .iter()
+                .filter(|(r, f)| at(&r.per_hop, q) <= times * at(&f.to_arrival, q))
+                .count()
+        };
+        cells.push(format!("{} of {rounds}", met(0.5, 2.0)));
+        cells.push(format!("{} of {rounds}", met(0.99, 3.0)));
+        println!("| {} |", cells.join(" | "));
+    }
+    println!("\n## Where a hop's time goes (ms, p50 / p99, median over rounds)\n");
+    let mut header = vec!["stage".to_owned()];
+    for (mode, hops, rate, _) in summary {
+        header.push(format!("{} x{hops} {rate}/s", mode.name()));
+    }
+    println!("| {} |", header.join(" | "));
+    println!("|{}", "---|".repeat(header.len()));
+    let median = |values: Vec<f64>| -> f64 {
+        let values: Vec<f64> = values.into_iter().filter(|v| !v.is_nan()).collect();
+        if values.is_empty() {
+            f64::NAN
+        } else {
+            support::spread(&values).1
+        }
+    };
+    let row = |label: &str, pick: &dyn Fn(&Round) -> &Vec<f64>| {
+        let mut cells = vec![label.to_owned()];
+        for (_, _, _, measured) in summary {
+            let p50 = median(measured.iter().map(|(r, _)| at(pick(r), 0.5)).collect());
+            let p99 = median(measured.iter().map(|(r, _)| at(pick(r), 0.99)).collect());
+            cells.push(if p50.is_nan() {
+                "-".into()
+            } else {
+                format!("{p50:.1} / {p99:.1}")
+            });
+        }
+        println!("| {} |", cells.join(" | "));
+    };
+    for (index, (_, label)) in STAGES.iter().enumerate() {
+        row(label, &|r| &r.stages[index]);
+    }
+    row("whole hop", &|r| &r.per_hop);
+    row("(off the path) acknowledgement to mark committed", &|r| {
+        &r.marked
+    });
+    let mut floor = vec!["broker floor: send to arrival".to_owned()];
+    let mut ack = vec!["broker floor: send to acknowledgement".to_owned()];
+    for (_, _, _, measured) in summary {
+        for (cells, pick) in [
+            (
+                &mut floor,
+                (|f: &Floor| &f.to_arrival) as fn(&Floor) -> &Vec<f64>,
+            ),
+            (&mut ack, |f: &Floor| &f.to_ack),
+        ] {
+            let p50 = median(measured.iter().map(|(_, f)| at(pick(f), 0.5)).collect());
+            let p99 = median(measured.iter().map(|(_, f)| at(pick(f), 0.99)).collect());
+            cells.push(format!("{p50:.1} / {p99:.1}"));
+        }
+    }
+    println!("| {} |", floor.join(" | "));
+    println!("| {} |", ack.join(" | "));
+}
