@@ -31,6 +31,9 @@ run relay RELAY_BENCH_EVENTS=2000 RELAY_BENCH_BASELINE_EVENTS=100 RELAY_BENCH_PU
     RELAY_BENCH_LATENCY_SECS=1 RELAY_BENCH_LATENCY_ROUNDS=1 RELAY_BENCH_ROUNDS=1 \
     RELAY_BENCH_PARKED_ROWS=5000 RELAY_BENCH_PARKED_EVENTS=2000 \
     cargo bench -p txoutbox-runtime --features test-hooks --bench relay
+run hops HOPS_BENCH_MODES=dedup,inbox,saga HOPS_BENCH_CHAINS=1 HOPS_BENCH_RATES=100 \
+    HOPS_BENCH_ROUNDS=1 HOPS_BENCH_SECS=1 \
+    cargo bench -p txoutbox-runtime --features test-hooks --bench hops
 run capacity CAPACITY_EVENTS=500 CAPACITY_BACKLOG=2000 CAPACITY_RELAYS=1,2 \
     cargo bench -p txoutbox-runtime --bench capacity
 run scheduled SCHEDULED_BENCH_MESSAGES=100 SCHEDULED_BENCH_SPREAD_MS=500 SCHEDULED_BENCH_ROUNDS=1 \

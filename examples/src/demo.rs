@@ -365,7 +365,7 @@ impl std::fmt::Display for DemoSummary {
         }
         write!(
             f,
-            "order commit to confirmed (database clock): {}",
+            "order commit to confirmed, five hops (database clock): {}",
             self.confirmed_latency
                 .map_or_else(|| "none confirmed".to_owned(), |l| l.to_string())
         )

@@ -10,6 +10,7 @@
 //! OUTBOX_BENCH_KEYS=16 cargo bench ...  # 16 partition keys instead of one per event
 //! OUTBOX_BENCH_ROUNDS=5 OUTBOX_BENCH_BASELINE_EVENTS=10000 ...     # the defaults
 //! OUTBOX_BENCH_PROFILE=1 cargo bench ...  # where the database time goes (see `profile`)
+//! OUTBOX_BENCH_KAFKA_fetch.wait.max.ms=500 cargo bench ...  # any librdkafka setting, every client
 //! ```
 //!
 //! Each round drains the same events with the baseline (its first
@@ -94,6 +95,12 @@ fn kafka() -> ClientConfig {
     let mut c = client_config(&brokers());
     c.set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500");
+    // Extra librdkafka settings, e.g. OUTBOX_BENCH_KAFKA_fetch.wait.max.ms=500
+    for (key, value) in std::env::vars() {
+        if let Some(key) = key.strip_prefix("OUTBOX_BENCH_KAFKA_") {
+            c.set(key, value);
+        }
+    }
     c
 }
 

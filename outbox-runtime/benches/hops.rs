@@ -582,10 +582,13 @@ struct Floor {
 /// fetch settings).
 async fn broker_floor(rate: usize, secs: f64) -> Floor {
     let total = ((rate as f64) * secs).round().max(1.0) as usize;
-    let producer: FutureProducer = probe::relay_producer_config(&kafka()).create().unwrap();
+    let producer: FutureProducer =
+        txoutbox_runtime::relay::producer_settings_for_benchmark(&kafka())
+            .create()
+            .unwrap();
     let (ready, is_ready) = tokio::sync::oneshot::channel();
     let reader = {
-        let config = probe::consumer_fetch_config(&consumer_kafka());
+        let config = txoutbox_runtime::consumer::fetch_settings_for_benchmark(&consumer_kafka());
         tokio::task::spawn_blocking(move || read_floor(config, total, ready))
     };
     // Timing starts once the reader gets records (assigned, positioned) and

@@ -33,7 +33,6 @@ mod points {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{SystemTime, UNIX_EPOCH};
 
-    use rdkafka::ClientConfig;
     use uuid::Uuid;
 
     use super::Stage;
@@ -78,23 +77,10 @@ mod points {
             at_us,
         }));
     }
-
-    /// The producer settings a relay built from `kafka` uses (what the
-    /// relay forces and defaults on top of the user's), for a bench's
-    /// plain producer to measure the broker with the same client.
-    pub fn relay_producer_config(kafka: &ClientConfig) -> ClientConfig {
-        crate::relay::producer_settings(kafka)
-    }
-
-    /// The fetch settings a consumer built from `kafka` uses, for a
-    /// bench's plain consumer.
-    pub fn consumer_fetch_config(kafka: &ClientConfig) -> ClientConfig {
-        crate::consumer::fetch_settings(kafka)
-    }
 }
 
 #[cfg(feature = "test-hooks")]
-pub use points::{Point, consumer_fetch_config, enable, relay_producer_config, take};
+pub use points::{Point, enable, take};
 
 /// Marks `ids` as having reached `stage` now.
 #[inline]

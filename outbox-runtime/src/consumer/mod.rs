@@ -80,7 +80,7 @@ pub use hooks::Route;
 #[doc(hidden)]
 pub use inbox::claim_once_for_benchmark;
 #[cfg(feature = "test-hooks")]
-pub(crate) use run::fetch_settings;
+pub use run::fetch_settings_for_benchmark;
 pub use run::{Consumer, ConsumerHandle};
 pub use summary::ConsumerSummary;
 pub use txoutbox_derive::event_handler;

@@ -326,6 +326,13 @@ async fn periodic(ctx: Arc<Shared>) {
 /// docs/consumer.md, "Latency and fetch settings".
 pub(crate) const DEFAULT_FETCH_WAIT_MAX_MS: &str = "10";
 
+/// Benchmarks only: the fetch settings of a consumer built from `user`,
+/// for a bench's plain consumer. Not a public API.
+#[cfg(feature = "test-hooks")]
+pub fn fetch_settings_for_benchmark(user: &ClientConfig) -> ClientConfig {
+    fetch_settings(user)
+}
+
 /// The user's settings with the consumer's fetch defaults where the user
 /// set nothing.
 pub(crate) fn fetch_settings(user: &ClientConfig) -> ClientConfig {

@@ -285,10 +285,11 @@ pub(super) fn producer_config(
 /// its alias `queue.buffering.max.ms`).
 pub(crate) const DEFAULT_LINGER_MS: &str = "0";
 
-/// The producer settings of a relay built from `user` with the default
-/// configuration (benchmarks' plain producers measure the broker with them).
+/// Benchmarks only: the producer settings of a relay built from `user`
+/// with the default configuration, for a bench's plain producer to measure
+/// the broker with the relay's client settings. Not a public API.
 #[cfg(feature = "test-hooks")]
-pub(crate) fn producer_settings(user: &ClientConfig) -> ClientConfig {
+pub fn producer_settings_for_benchmark(user: &ClientConfig) -> ClientConfig {
     producer_config(user, &RelayConfig::default()).unwrap_or_else(|_| user.clone())
 }
 

@@ -58,7 +58,7 @@ mod worker;
 
 pub use builder::RelayBuilder;
 #[cfg(feature = "test-hooks")]
-pub(crate) use builder::producer_settings;
+pub use builder::producer_settings_for_benchmark;
 pub use config::{DEFAULT_LEASE_TIMEOUT, DEFAULT_REBALANCE_INTERVAL};
 pub use error::{BuildError, RelayError};
 pub use run::{Relay, RelayHandle};
