@@ -4,12 +4,17 @@
 //! own floor in the same run.
 //!
 //! ```text
-//! scripts/services.sh down && scripts/services.sh up   # a fresh broker
+//! scripts/services.sh up   # PostgreSQL, and the tansu binary the bench starts
 //! cargo bench -p txoutbox-runtime --features test-hooks --bench hops
 //! HOPS_BENCH_CHAINS=1,3,5 HOPS_BENCH_RATES=100,1000 HOPS_BENCH_MODES=dedup,inbox,saga \
 //!     HOPS_BENCH_SECS=4 HOPS_BENCH_ROUNDS=3 cargo bench ...   # the defaults
 //! HOPS_BENCH_KAFKA_fetch.wait.max.ms=50 cargo bench ...      # any librdkafka setting
+//! HOPS_BENCH_OWN_BROKER=0 KAFKA_BROKERS_TEST=kafka:9092 cargo bench ...  # a broker of yours
 //! ```
+//!
+//! By default each configuration runs against a fresh tansu of its own
+//! (memory storage, a free port; `TANSU_BIN` or where `scripts/services.sh`
+//! installs it), because tansu slows down as groups and topics pile up.
 //!
 //! A chain of `N` hops is `N + 1` services, each with a database of its own
 //! (scratch databases, dropped at the end): service 0 commits an order-like
@@ -65,7 +70,9 @@ use txoutbox_runtime::consumer::{
 use txoutbox_runtime::probe::{self, Stage};
 use txoutbox_runtime::relay::{Relay, RelayHandle};
 use txoutbox_runtime::saga::{SagaContext, saga};
-use txoutbox_testkit::broker::{brokers, create_topics, unique_group};
+use txoutbox_testkit::broker::{
+    brokers, create_topics, free_port, spawn_tansu, unique_group, wait_listening_async,
+};
 use uuid::Uuid;
 
 const PARTITIONS: i32 = 4;
@@ -234,9 +241,9 @@ impl ChainMode {
 
 /// Extra librdkafka settings for every client of the bench, from
 /// `HOPS_BENCH_KAFKA_<key>` variables.
-fn kafka() -> ClientConfig {
+fn kafka(broker: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", brokers());
+    config.set("bootstrap.servers", broker);
     for (key, value) in std::env::vars() {
         if let Some(key) = key.strip_prefix("HOPS_BENCH_KAFKA_") {
             config.set(key, value);
@@ -245,8 +252,8 @@ fn kafka() -> ClientConfig {
     config
 }
 
-fn consumer_kafka() -> ClientConfig {
-    let mut config = kafka();
+fn consumer_kafka(broker: &str) -> ClientConfig {
+    let mut config = kafka(broker);
     config
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500")
@@ -271,7 +278,7 @@ struct Chain {
 }
 
 impl Chain {
-    async fn start(mode: ChainMode, hops: usize) -> Self {
+    async fn start(mode: ChainMode, hops: usize, broker: &str) -> Self {
         HOPS.store(hops, Ordering::Relaxed);
         let mut services = Vec::new();
         for index in 0..=hops {
@@ -285,13 +292,13 @@ impl Chain {
             .await
             .unwrap();
             let relay = (index < hops).then(|| {
-                Relay::builder(pool.clone(), kafka())
+                Relay::builder(pool.clone(), kafka(broker))
                     .spawn()
                     .expect("relay starts")
             });
             let consumer = (index > 0).then(|| {
                 let group = unique_group(&format!("bench-hops{index}"));
-                let builder = Consumer::builder(pool.clone(), consumer_kafka(), &group)
+                let builder = Consumer::builder(pool.clone(), consumer_kafka(broker), &group)
                     .create_missing_dlq_topics(true);
                 let builder = match mode {
                     ChainMode::Inbox => builder.mode(Mode::Inbox),
@@ -330,7 +337,7 @@ impl Chain {
                 self.mode.name(),
                 self.hops
             );
-            let chain = self.send_chain().await;
+            let chain = send_chain(&self.services[0].pool).await;
             let wait = Instant::now() + Duration::from_secs(3);
             while Instant::now() < wait && !self.completed(chain) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -348,12 +355,6 @@ impl Chain {
         STAMPS.lock().unwrap().contains_key(&(chain, self.hops))
     }
 
-    /// Service 0's transaction: an effect row and `Hop1`, committed; the
-    /// stamp is taken before the commit, as the consumers' are.
-    async fn send_chain(&self) -> Uuid {
-        send_chain(&self.services[0].pool).await
-    }
-
     /// One round at `rate` chains/s for `secs`: every chain is waited for,
     /// then the stamps and the probe's points are gathered.
     async fn round(&self, rate: usize, secs: f64) -> Round {
@@ -364,7 +365,7 @@ impl Chain {
         let writers: Vec<_> = (0..WRITERS)
             .map(|w| {
                 let pool = self.services[0].pool.clone();
-                let per_writer = (total - w).div_ceil(WRITERS);
+                let per_writer = (w..total).step_by(WRITERS).count();
                 tokio::spawn(async move {
                     let mut tick = tokio::time::interval(Duration::from_secs_f64(
                         WRITERS as f64 / rate as f64,
@@ -428,6 +429,8 @@ impl Chain {
     }
 }
 
+/// Service 0's transaction: an effect row and `Hop1`, committed; the stamp
+/// is taken before the commit, as the consumers' are.
 async fn send_chain(pool: &PgPool) -> Uuid {
     let chain = Uuid::new_v4();
     let mut tx = pool.begin().await.unwrap();
@@ -580,15 +583,16 @@ struct Floor {
 /// One record per tick at `rate`/s for `secs` over 100 keys through a plain
 /// producer (the relay's settings) to a plain consumer (the consumers'
 /// fetch settings).
-async fn broker_floor(rate: usize, secs: f64) -> Floor {
+async fn broker_floor(broker: &str, rate: usize, secs: f64) -> Floor {
     let total = ((rate as f64) * secs).round().max(1.0) as usize;
     let producer: FutureProducer =
-        txoutbox_runtime::relay::producer_settings_for_benchmark(&kafka())
+        txoutbox_runtime::relay::producer_settings_for_benchmark(&kafka(broker))
             .create()
             .unwrap();
     let (ready, is_ready) = tokio::sync::oneshot::channel();
     let reader = {
-        let config = txoutbox_runtime::consumer::fetch_settings_for_benchmark(&consumer_kafka());
+        let config =
+            txoutbox_runtime::consumer::fetch_settings_for_benchmark(&consumer_kafka(broker));
         tokio::task::spawn_blocking(move || read_floor(config, total, ready))
     };
     // Timing starts once the reader gets records (assigned, positioned) and
@@ -714,6 +718,50 @@ fn list(name: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
+/// The broker of one configuration. tansu slows down as groups and topics
+/// pile up in its memory, so by default every configuration gets a fresh
+/// one of its own on a free port (stopped when dropped);
+/// `HOPS_BENCH_OWN_BROKER=0` uses `KAFKA_BROKERS_TEST` instead (a real
+/// Kafka, say).
+struct Broker {
+    address: String,
+    own: Option<std::process::Child>,
+}
+
+impl Broker {
+    async fn start() -> Self {
+        let own = std::env::var("HOPS_BENCH_OWN_BROKER").map_or(true, |v| v != "0");
+        let broker = if own {
+            let port = free_port();
+            let address = format!("127.0.0.1:{port}");
+            let child = spawn_tansu(port, &address);
+            wait_listening_async(port).await;
+            Self {
+                address,
+                own: Some(child),
+            }
+        } else {
+            Self {
+                address: brokers(),
+                own: None,
+            }
+        };
+        let mut topics: Vec<(&str, i32)> = TOPICS.iter().map(|t| (*t, PARTITIONS)).collect();
+        topics.push((FLOOR_TOPIC, PARTITIONS));
+        create_topics(&broker.address, &topics).await;
+        broker
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(child) = self.own.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let modes: Vec<ChainMode> = list("HOPS_BENCH_MODES", "dedup,inbox,saga")
@@ -734,9 +782,6 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(4.0);
     let rounds = support::env_usize("HOPS_BENCH_ROUNDS", 3).max(1);
-    let mut topics: Vec<(&str, i32)> = TOPICS.iter().map(|t| (*t, PARTITIONS)).collect();
-    topics.push((FLOOR_TOPIC, PARTITIONS));
-    create_topics(&brokers(), &topics).await;
     probe::enable();
     println!(
         "commit {}; {rounds} rounds of {secs} s per rate; {PARTITIONS} partitions per topic",
@@ -752,11 +797,12 @@ async fn main() {
     }
     let mut summary = Vec::new();
     for (mode, hops) in configurations {
-        let chain = Chain::start(mode, hops).await;
+        let broker = Broker::start().await;
+        let chain = Chain::start(mode, hops, &broker.address).await;
         for &rate in &rates {
             let mut measured = Vec::new();
             for round in 0..rounds {
-                let floor = broker_floor(rate, secs.min(2.0)).await;
+                let floor = broker_floor(&broker.address, rate, secs.min(2.0)).await;
                 let hop_round = chain.round(rate, secs).await;
                 println!(
                     "{} x{hops} at {rate}/s, round {}: achieved {:.0}/s; end to end p50 {:.1} p99 {:.1} ms; \
@@ -779,6 +825,7 @@ async fn main() {
             summary.push((mode, hops, rate, measured));
         }
         chain.stop().await;
+        drop(broker);
     }
     report(&summary, rounds);
 }

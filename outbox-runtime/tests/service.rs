@@ -75,6 +75,16 @@ async fn on_stuck_processor(
     std::future::pending().await
 }
 
+/// Produces `event` and waits until the handler that signals `ENTERED[index]`
+/// (and then never returns) has it.
+async fn deliver_to_stuck_handler<E: DomainEvent>(event: &E, index: usize) {
+    let entered = ENTERED[index].notified();
+    produce_event(&producer(), event).await;
+    tokio::time::timeout(Duration::from_secs(30), entered)
+        .await
+        .expect("the stuck handler is called");
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_consumer_whose_handler_never_returns_is_stopped_within_its_shutdown_timeout(
     pool: PgPool,
@@ -101,11 +111,7 @@ async fn a_consumer_whose_handler_never_returns_is_stopped_within_its_shutdown_t
     assert_eq!(names, ["relay".to_owned(), format!("consumer {group}")]);
     assert!(status.is_live());
 
-    let entered = ENTERED[0].notified();
-    produce_event(&producer(), &StuckService::new(1)).await;
-    tokio::time::timeout(Duration::from_secs(30), entered)
-        .await
-        .expect("the handler is called");
+    deliver_to_stuck_handler(&StuckService::new(1), 0).await;
 
     let asked = Instant::now();
     service.shutdown().await.expect("no task had failed");
@@ -143,11 +149,7 @@ async fn an_aborted_consumer_says_its_shutdown_was_not_clean(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    let entered = ENTERED[1].notified();
-    produce_event(&producer(), &StuckAlone::new(2)).await;
-    tokio::time::timeout(Duration::from_secs(30), entered)
-        .await
-        .expect("the handler is called");
+    deliver_to_stuck_handler(&StuckAlone::new(2), 1).await;
     let summary = consumer.shutdown().await.unwrap();
     assert!(!summary.clean, "{summary:?}");
     assert_eq!(summary.handled, 0);
@@ -221,11 +223,7 @@ async fn an_aborted_consumer_takes_its_stuck_processors_with_it(pool: PgPool) {
         .build()
         .unwrap()
         .spawn();
-    let entered = ENTERED[3].notified();
-    produce_event(&producer(), &StuckProcessor::new(3)).await;
-    tokio::time::timeout(Duration::from_secs(30), entered)
-        .await
-        .expect("the processor calls the handler");
+    deliver_to_stuck_handler(&StuckProcessor::new(3), 3).await;
     assert!(!PROCESSOR_CALL_DROPPED.load(std::sync::atomic::Ordering::SeqCst));
     let summary = consumer.shutdown().await.unwrap();
     assert!(!summary.clean, "{summary:?}");

@@ -265,7 +265,8 @@ pub(super) fn producer_config(
     // The relay batches by itself (a claim is up to `batch_size` rows, all
     // enqueued at once), so librdkafka's linger (5 ms by default) would only
     // delay every batch's acknowledgement; what is enqueued while requests
-    // are in flight still goes out together. See docs/relay.md, "Latency".
+    // are in flight still goes out together. See docs/relay.md, "Producer
+    // settings".
     if user.get("linger.ms").is_none() && user.get("queue.buffering.max.ms").is_none() {
         kafka.set("linger.ms", DEFAULT_LINGER_MS);
     }

@@ -132,6 +132,8 @@ pub(super) async fn store(
         crate::probe::Stage::Stored,
         later.iter().map(|row| row.meta.event_id),
     );
+    // The set is built only for the probe (benchmarks), never in production.
+    #[cfg(feature = "test-hooks")]
     if !handled_by_type.is_empty() {
         let pending: HashSet<Uuid> = later.iter().map(|row| row.meta.event_id).collect();
         crate::probe::mark_each(
