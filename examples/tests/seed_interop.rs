@@ -228,4 +228,7 @@ async fn the_orders_service_output_is_read_by_a_seed_format_consumer() {
     assert_eq!(json!(key), order_id);
     readable_by_the_seed(&payload).unwrap();
     assert_eq!(payload["amount"], 1999);
+    // `order.events` carries OrderCreated and OrderCancelled: a reader of
+    // the value alone tells them apart by the type the value names.
+    assert_eq!(payload["event_type"], "OrderCreated");
 }

@@ -81,6 +81,11 @@ pub(crate) struct ReplayArgs {
     /// Events enqueued before awaiting their deliveries.
     #[arg(long, value_name = "N", default_value_t = Replay::DEFAULT_BATCH_SIZE as i64, value_parser = args::positive)]
     batch_size: i64,
+    /// The names of the event's headers: `default` (event_id, event_type,
+    /// ...) or `debezium` (id, eventType), as the service's relay sends
+    /// them (RelayBuilder::header_names).
+    #[arg(long, value_name = "NAMES", default_value = "default", value_parser = ["default", "debezium"])]
+    header_names: String,
     /// Only count the selected events.
     #[arg(long)]
     dry_run: bool,
@@ -125,6 +130,9 @@ pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<E
     }
     if let Some(rate) = args.rate {
         run = run.rate(rate as f64);
+    }
+    if args.header_names == "debezium" {
+        run = run.header_names(txoutbox_runtime::relay::HeaderNames::debezium());
     }
     let mode = if args.rebuild_topic.is_some() {
         "rebuild"

@@ -26,6 +26,22 @@ pub enum Error {
         /// What it serialized to instead.
         found: &'static str,
     },
+    /// An event's payload holds a field the framework fills itself
+    /// (`event_type`) with another value: a field the derive cannot see (a
+    /// `#[serde(flatten)]`ed one, a hand-written `Serialize`) put it there.
+    /// The derive refuses a field of that name at compile time.
+    #[error(
+        "event `{event_type}` serializes `{field}` as {found}, but the framework puts the event \
+         type there: rename the field that produces it"
+    )]
+    ReservedPayloadField {
+        /// The event type that failed.
+        event_type: &'static str,
+        /// The payload field, `event_type`.
+        field: &'static str,
+        /// What the payload held instead (shortened JSON).
+        found: String,
+    },
     /// An event's partition key is longer than
     /// [`MAX_PARTITION_KEY_BYTES`](crate::MAX_PARTITION_KEY_BYTES) bytes (UTF-8):
     /// the outbox refuses it when the event is recorded, before anything is

@@ -28,6 +28,7 @@
 //! assert_eq!(event.partition_key(), event.order_id.to_string());
 //! let record = txoutbox_core::OutboxRecord::from_event(&event).unwrap();
 //! assert_eq!(record.payload["event_id"], event.event_id.to_string());
+//! assert_eq!(record.payload["event_type"], "OrderCreated");
 //! ```
 //!
 //! Write them with a command handler: `#[outbox_handler]` (or the plain

@@ -1,7 +1,7 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::{DomainEvent, Error, trace};
+use crate::{DomainEvent, Error, trace, wire};
 
 /// Longest partition key the outbox accepts, in bytes of UTF-8: 1024.
 ///
@@ -27,7 +27,8 @@ pub struct OutboxRecord {
     pub aggregate_id: String,
     /// Event type name, e.g. `OrderCreated`.
     pub event_type: String,
-    /// The event's JSON; always an object carrying `"event_id"`.
+    /// The event's JSON; always an object carrying `"event_id"` and, when
+    /// built by [`OutboxRecord::from_event`], `"event_type"`.
     pub payload: Value,
     /// Destination topic.
     pub topic: String,
@@ -59,8 +60,28 @@ impl OutboxRecord {
         // Receivers written in any language dedup on payload["event_id"], so it is
         // always present, even if serde renamed or skipped the field.
         let event_id = event.event_id();
-        map.entry("event_id")
+        map.entry(wire::PAYLOAD_EVENT_ID)
             .or_insert_with(|| Value::String(event_id.to_string()));
+        // Readers of the value alone (the seed's consumer) tell the events of
+        // one topic apart by payload["event_type"].
+        match map.get(wire::PAYLOAD_EVENT_TYPE) {
+            None => {
+                map.insert(wire::PAYLOAD_EVENT_TYPE.into(), E::EVENT_TYPE.into());
+            }
+            Some(Value::String(name)) if name == E::EVENT_TYPE => {}
+            Some(other) => {
+                let mut found = other.to_string();
+                if let Some((end, _)) = found.char_indices().nth(64) {
+                    found.truncate(end);
+                    found.push_str("...");
+                }
+                return Err(Error::ReservedPayloadField {
+                    event_type: E::EVENT_TYPE,
+                    field: wire::PAYLOAD_EVENT_TYPE,
+                    found,
+                });
+            }
+        }
         Ok(Self {
             event_id,
             aggregate_type: E::AGGREGATE_TYPE.to_owned(),

@@ -4,6 +4,10 @@
 
 /// Header carrying the event id (UUID, hyphenated text).
 pub const HEADER_EVENT_ID: &str = "event_id";
+/// Header a consumer reads the event id from when the payload and the
+/// `event_id` header have none: Debezium's outbox event router puts the
+/// outbox row's `id` there by default.
+pub const HEADER_ID: &str = "id";
 /// Header carrying the event type, e.g. `OrderCreated`.
 pub const HEADER_EVENT_TYPE: &str = "event_type";
 /// Header carrying the aggregate type, e.g. `Order`.

@@ -202,7 +202,10 @@ fn payload_is_the_serde_output() {
         amount: 99,
     };
     let record = OutboxRecord::from_event(&event).unwrap();
-    assert_eq!(record.payload, serde_json::to_value(&event).unwrap());
+    let mut expected = serde_json::to_value(&event).unwrap();
+    // The framework names the type in the value, for readers of the value alone.
+    expected["event_type"] = "OrderCreated".into();
+    assert_eq!(record.payload, expected);
     assert_eq!(record.payload["event_id"], uuid(11).to_string());
     assert_eq!(record.event_id, uuid(11));
     assert_eq!(record.topic, "order.events");
@@ -222,8 +225,56 @@ fn payload_gains_event_id_when_the_id_field_has_another_name() {
     let record = OutboxRecord::from_event(&event).unwrap();
     let mut expected = serde_json::to_value(&event).unwrap();
     expected["event_id"] = uuid(21).to_string().into();
+    expected["event_type"] = "ledger.entry.posted.v2".into();
     assert_eq!(record.payload, expected);
     assert_eq!(record.payload["id"], uuid(21).to_string());
+}
+
+/// A flattened struct is out of the derive's sight: it can put its own
+/// `event_type` in the payload, which the recording then refuses (unless it
+/// names the event's own type).
+#[derive(serde::Serialize)]
+struct Envelope {
+    event_type: &'static str,
+}
+
+#[derive(DomainEvent, serde::Serialize, schemars::JsonSchema)]
+#[event(topic = "order.events", aggregate = "Order")]
+struct OrderFlattened {
+    event_id: Uuid,
+    #[partition_key]
+    order_id: Uuid,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    envelope: Envelope,
+}
+
+#[test]
+fn a_flattened_event_type_must_name_the_events_own_type() {
+    let mut event = OrderFlattened {
+        event_id: uuid(31),
+        order_id: uuid(32),
+        envelope: Envelope {
+            event_type: "OrderFlattened",
+        },
+    };
+    let record = OutboxRecord::from_event(&event).unwrap();
+    assert_eq!(record.payload["event_type"], "OrderFlattened");
+
+    event.envelope.event_type = "SomethingElse";
+    let error = OutboxRecord::from_event(&event).unwrap_err();
+    assert!(
+        matches!(
+            &error,
+            txoutbox_core::Error::ReservedPayloadField { event_type: "OrderFlattened", field: "event_type", found }
+                if found == "\"SomethingElse\""
+        ),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("puts the event type there"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -23,7 +23,7 @@ use txoutbox_runtime::consumer::{
 };
 use txoutbox_runtime::ops::OpsError;
 use txoutbox_runtime::ops::replay::{self, Replay, ReplayFilter};
-use txoutbox_runtime::relay::Relay;
+use txoutbox_runtime::relay::{HeaderNames, Relay};
 
 #[sqlx::test(migrations = false)]
 async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: PgPool) {
@@ -76,9 +76,12 @@ async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: P
 
     let received = read_back(topic).await;
     assert_eq!(received.len(), 3);
-    // The value is byte for byte what the relay sends: the row's jsonb as text.
+    // The value is byte for byte what the relay sends: the row's jsonb as
+    // text, named by its event type (these rows were stored without it).
     let stored: Vec<(uuid::Uuid, String, String)> = sqlx::query_as(
-        "SELECT event_id, partition_key, payload::text FROM outbox_event WHERE event_id = ANY($1) ORDER BY id",
+        "SELECT event_id, partition_key,
+                (payload || jsonb_build_object('event_type', event_type))::text
+         FROM outbox_event WHERE event_id = ANY($1) ORDER BY id",
     )
     .bind(vec![e1, e2, e3])
     .fetch_all(&pool)
@@ -157,6 +160,43 @@ async fn replay_honours_the_rate_and_the_target_topic(pool: PgPool) {
     let keys: Vec<_> = received.iter().map(|r| r.key.as_str()).collect();
     let expected: Vec<String> = (0..15).map(|i| i.to_string()).collect();
     assert_eq!(keys, expected, "id order");
+}
+
+/// A replay sends the header names the service's relay uses.
+#[sqlx::test(migrations = false)]
+async fn a_replay_with_debeziums_header_names_sends_them(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    let target = new_topic().await;
+    let (_, event_id) = OutboxRow::new("cli-replay-debezium")
+        .published(60, 30)
+        .insert(&pool)
+        .await;
+    let filter = ReplayFilter {
+        topic: Some("cli-replay-debezium".into()),
+        ..Default::default()
+    };
+    let refused = Replay::new(filter.clone())
+        .header_names(HeaderNames::debezium().event_type(""))
+        .run(&pool, &producer(), |_| {})
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, OpsError::HeaderNames(problem) if problem.contains("empty")),
+        "{refused}"
+    );
+    Replay::new(filter)
+        .target_topic(target.clone())
+        .header_names(HeaderNames::debezium())
+        .run(&pool, &producer(), |_| {})
+        .await
+        .unwrap();
+    let received = read_back(&target).await;
+    assert_eq!(received.len(), 1);
+    let headers = &received[0].headers;
+    assert_eq!(headers["id"], event_id.to_string());
+    assert_eq!(headers["eventType"], "OrderCreated");
+    assert!(!headers.contains_key("event_id") && !headers.contains_key("event_type"));
+    assert!(headers.contains_key(HEADER_REPLAY));
 }
 
 #[sqlx::test(migrations = false)]

@@ -42,6 +42,8 @@ async fn drains_a_backlog_with_key_value_and_headers(pool: PgPool) {
         assert_eq!(got.key, event.key);
         assert_eq!(got.value["event_id"], id.to_string());
         assert_eq!(got.value["seq"], event.seq);
+        // Stored without it, the type goes out in the value too.
+        assert_eq!(got.value["event_type"], "OrderCreated");
         assert_eq!(got.headers["event_type"], "OrderCreated");
         assert_eq!(got.headers["aggregate_type"], "Order");
         assert_eq!(got.headers["aggregate_id"], event.key);
@@ -57,6 +59,66 @@ async fn drains_a_backlog_with_key_value_and_headers(pool: PgPool) {
             .await
             .unwrap();
     assert_eq!(published_at_set, 2_500, "rows are marked, never deleted");
+}
+
+/// Rows another writer stored: the value names the row's type when the
+/// payload lacks `event_type`, keeps the payload's own when it has one, and
+/// leaves a payload that is not an object alone; the rows are not changed.
+#[sqlx::test(migrations = false)]
+async fn the_value_names_the_event_type_whoever_wrote_the_row(pool: PgPool) {
+    migrated(&pool).await;
+    let brokers = brokers();
+    let topic = unique_topic("value-type");
+    create_topic(&brokers, &topic, 1).await;
+    let payloads = [
+        serde_json::json!({"event_id": "00000000-0000-0000-0000-000000000001", "n": 1}),
+        serde_json::json!({"event_id": "00000000-0000-0000-0000-000000000002", "event_type": "Legacy"}),
+        serde_json::json!(["not", "an", "object"]),
+    ];
+    for (n, payload) in payloads.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
+                                       topic, partition_key)
+             VALUES ($1, 'Order', 'k', 'OrderShipped', $2, $3, 'k')",
+        )
+        .bind(uuid::Uuid::from_u128(n as u128 + 1))
+        .bind(payload)
+        .bind(&topic)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let stored_before: Vec<String> =
+        sqlx::query_scalar("SELECT payload::text FROM outbox_event ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let relay = Relay::builder(pool.clone(), kafka_config(&brokers))
+        .spawn()
+        .unwrap();
+    all_published(&pool, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+
+    let mut received = read_topic(&brokers, &topic, 3, Duration::from_secs(20)).await;
+    received.sort_by_key(|r| r.offset);
+    let values: Vec<_> = received.iter().map(|r| r.value.clone()).collect();
+    assert_eq!(
+        values,
+        [
+            serde_json::json!({"event_id": "00000000-0000-0000-0000-000000000001", "n": 1, "event_type": "OrderShipped"}),
+            payloads[1].clone(),
+            payloads[2].clone(),
+        ]
+    );
+    let stored_after: Vec<String> =
+        sqlx::query_scalar("SELECT payload::text FROM outbox_event ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored_before, stored_after,
+        "the stored rows are not changed"
+    );
 }
 
 #[sqlx::test(migrations = false)]

@@ -42,7 +42,7 @@ pub(super) fn event_schema(event: &EventDescriptor, id: &str) -> Result<Value, E
     schema
         .entry("title")
         .or_insert_with(|| event.event_type.into());
-    ensure_event_id(&mut schema);
+    ensure_framework_fields(&mut schema, event.event_type);
 
     let has_key_field = schema
         .get("properties")
@@ -65,10 +65,11 @@ pub(super) fn event_schema(event: &EventDescriptor, id: &str) -> Result<Value, E
     Ok(Value::Object(schema))
 }
 
-/// `OutboxRecord::from_event` adds `event_id` to every payload even when serde
-/// renamed or skipped the field, so the schema promises it too: consumers in
-/// other languages dedup on `payload["event_id"]`.
-fn ensure_event_id(schema: &mut Map<String, Value>) {
+/// `OutboxRecord::from_event` adds `event_id` (even when serde renamed or
+/// skipped the field) and `event_type` to every payload, so the schema
+/// promises both: consumers in other languages dedup on `payload["event_id"]`
+/// and tell the events of a topic apart by `payload["event_type"]`.
+fn ensure_framework_fields(schema: &mut Map<String, Value>, event_type: &str) {
     let properties = schema
         .entry("properties")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -76,14 +77,20 @@ fn ensure_event_id(schema: &mut Map<String, Value>) {
         properties
             .entry(wire::PAYLOAD_EVENT_ID)
             .or_insert_with(|| json!({ "type": "string", "format": "uuid" }));
+        properties.insert(
+            wire::PAYLOAD_EVENT_TYPE.into(),
+            json!({ "type": "string", "const": event_type }),
+        );
     }
     let required = schema
         .entry("required")
         .or_insert_with(|| Value::Array(Vec::new()));
-    if let Value::Array(required) = required
-        && !required.iter().any(|r| r == wire::PAYLOAD_EVENT_ID)
-    {
-        required.push(wire::PAYLOAD_EVENT_ID.into());
+    if let Value::Array(required) = required {
+        for field in [wire::PAYLOAD_EVENT_ID, wire::PAYLOAD_EVENT_TYPE] {
+            if !required.iter().any(|r| r == field) {
+                required.push(field.into());
+            }
+        }
     }
 }
 

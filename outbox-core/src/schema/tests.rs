@@ -152,12 +152,13 @@ fn export_of_two_events_produces_expected_files() {
             "type": "object",
             "properties": {
                 "event_id": { "type": "string", "format": "uuid" },
+                "event_type": { "type": "string", "const": "OrderPlaced" },
                 "order_id": { "type": "string", "format": "uuid" },
                 "amount": { "type": "integer", "format": "int64" },
                 "note": { "type": ["string", "null"] },
                 "lines": { "type": "array", "items": { "$ref": "#/$defs/Line" } },
             },
-            "required": ["event_id", "order_id", "amount", "lines"],
+            "required": ["event_id", "order_id", "amount", "lines", "event_type"],
             "$defs": {
                 "Line": {
                     "type": "object",
@@ -176,9 +177,17 @@ fn export_of_two_events_produces_expected_files() {
         })
     );
 
-    // The renamed id field stays, and `event_id` is promised on top of it.
+    // The renamed id field stays, and `event_id` is promised on top of it;
+    // so is the event type, under `event_type`.
     let payment = json_file(&export, "test.payments/payment-settled.json");
-    assert_eq!(payment["required"], json!(["id", "payment_id", "event_id"]));
+    assert_eq!(
+        payment["required"],
+        json!(["id", "payment_id", "event_id", "event_type"])
+    );
+    assert_eq!(
+        payment["properties"]["event_type"],
+        json!({ "type": "string", "const": "payment-settled" })
+    );
     assert_eq!(
         payment["properties"]["event_id"],
         json!({ "type": "string", "format": "uuid" })

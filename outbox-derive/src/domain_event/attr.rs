@@ -49,6 +49,8 @@ pub(crate) struct Container<'a> {
     pub krate: Key<syn::Path>,
     /// `#[serde(rename_all = "...")]` (or its `serialize = ...` form).
     pub rename_all: Option<RenameRule>,
+    /// Where `#[serde(deny_unknown_fields)]` was written, if it was.
+    pub deny_unknown_fields: Option<Span>,
     /// An `#[event]` attribute could not be parsed at all; "missing key"
     /// errors would only repeat that error.
     pub malformed: bool,
@@ -67,6 +69,7 @@ impl<'a> Container<'a> {
             aggregate: Key::default(),
             krate: Key::default(),
             rename_all: None,
+            deny_unknown_fields: None,
             malformed: false,
             misspelt: Vec::new(),
         };
@@ -91,9 +94,10 @@ impl<'a> Container<'a> {
                 container.event_attr.get_or_insert(attr);
                 container.malformed = true;
             } else if attr.path().is_ident("serde") {
-                if let Some(rule) = serde_rename_all(attr) {
-                    container.rename_all = Some(rule);
-                }
+                let serde = serde_container(attr);
+                container.rename_all = serde.rename_all.or(container.rename_all);
+                container.deny_unknown_fields =
+                    serde.deny_unknown_fields.or(container.deny_unknown_fields);
             } else if let Some(marker) = field_marker(attr) {
                 errors.spanned(
                     attr,
@@ -312,20 +316,31 @@ fn parse_marker(attr: &Attribute, marker: &str, slot: &mut Option<Span>, errors:
     }
 }
 
-/// The container's `rename_all` rule, if it has one we understand.
-fn serde_rename_all(attr: &Attribute) -> Option<RenameRule> {
-    let mut rule = None;
+/// The container-level serde attributes that matter here.
+#[derive(Default)]
+struct SerdeContainer {
+    rename_all: Option<RenameRule>,
+    deny_unknown_fields: Option<Span>,
+}
+
+/// Reads `rename_all` (a rule we understand) and `deny_unknown_fields` from a
+/// container's `#[serde(...)]`; the rest, malformed parts included, is
+/// serde's to report.
+fn serde_container(attr: &Attribute) -> SerdeContainer {
+    let mut found = SerdeContainer::default();
     let _ = attr.parse_nested_meta(|meta| {
         if meta.path.is_ident("rename_all") {
             if let Some(name) = serialize_name(&meta)? {
-                rule = RenameRule::from_name(&name);
+                found.rename_all = RenameRule::from_name(&name);
             }
+        } else if meta.path.is_ident("deny_unknown_fields") {
+            found.deny_unknown_fields = Some(meta.path.span());
         } else {
             skip_value(&meta)?;
         }
         Ok(())
     });
-    rule
+    found
 }
 
 /// The serialize-side value of `key = "..."` or `key(serialize = "...", ...)`.

@@ -30,6 +30,9 @@ pub(crate) struct Event<'a> {
     pub aggregate_id: Option<&'a Field<'a>>,
 }
 
+/// The payload field carrying the event type (`txoutbox_core::wire::PAYLOAD_EVENT_TYPE`).
+const PAYLOAD_EVENT_TYPE: &str = "event_type";
+
 fn supported(kind: Kind) -> String {
     format!(
         "`#[derive({})]` supports structs with named fields and no generic parameters",
@@ -279,6 +282,35 @@ fn check_fields<'a>(
                 );
             }
         }
+    }
+
+    // The framework adds the event type under `event_type`, so that readers
+    // of the value alone can tell the events of one topic apart; a field of
+    // that name would contradict it.
+    for field in fields {
+        if field.attrs.serde_hidden.is_none() && serialized(field) == PAYLOAD_EVENT_TYPE {
+            errors.spanned(
+                field.ident,
+                format!(
+                    "this field is serialized as `event_type`, which the framework fills with \
+                     the {noun}'s type (`{}`)\n\
+                     help: readers of the value alone tell events apart by \
+                     `payload[\"event_type\"]`; rename the field or give it \
+                     `#[serde(rename = \"...\")]`",
+                    event.event_type,
+                    noun = input.attrs.kind.noun(),
+                ),
+            );
+        }
+    }
+    if let Some(span) = input.attrs.deny_unknown_fields {
+        errors.at(
+            span,
+            "`#[serde(deny_unknown_fields)]` would refuse the payload's own fields: the \
+             framework adds `event_id` and `event_type` to every payload, and an added optional \
+             field is a compatible change only for readers that ignore fields they do not know\n\
+             help: remove `deny_unknown_fields`",
+        );
     }
 
     // #[aggregate_id]: at most one; defaults to the partition key.

@@ -95,6 +95,7 @@ impl ConsumerBuilder {
                 dlq_suffix: ".dlq".to_owned(),
                 unknown_events: UnknownEventPolicy::Skip,
                 max_message_bytes: 1024 * 1024,
+                event_type_headers: Vec::new(),
                 batch_size: 500,
                 batch_max_bytes: 16 * 1024 * 1024,
                 handler_timeout: Duration::from_secs(30),
@@ -180,6 +181,34 @@ impl ConsumerBuilder {
     /// What to do with event types that have no handler. Default [`UnknownEventPolicy::Skip`].
     pub fn unknown_events(mut self, policy: UnknownEventPolicy) -> Self {
         self.settings.unknown_events = policy;
+        self
+    }
+
+    /// Also reads the event type from the header `name`, before the
+    /// framework's own `event_type` header and the payload's `event_type`
+    /// field; call it again for more names (read in the order given).
+    /// Default: none.
+    ///
+    /// For records from another producer that names the type its own way:
+    /// Debezium's outbox event router puts it in a header of the name its
+    /// `table.fields.additional.placement` gives (commonly `eventType`). Its
+    /// other defaults need no setting: the event id comes from the `id`
+    /// header when the payload has none, and a value that is a JSON string
+    /// holding the payload object is read as that object (see
+    /// `docs/wire-format.md`, "Records from Debezium's outbox event router").
+    /// An empty name is ignored.
+    ///
+    /// ```
+    /// # fn f(pool: sqlx::PgPool, kafka: rdkafka::ClientConfig) {
+    /// let consumer = txoutbox_runtime::consumer::Consumer::builder(pool, kafka, "billing")
+    ///     .event_type_header("eventType");
+    /// # }
+    /// ```
+    pub fn event_type_header(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        if !name.is_empty() && !self.settings.event_type_headers.contains(&name) {
+            self.settings.event_type_headers.push(name);
+        }
         self
     }
 

@@ -65,6 +65,8 @@ pub(crate) struct Settings {
     pub(crate) dlq_suffix: String,
     pub(crate) unknown_events: UnknownEventPolicy,
     pub(crate) max_message_bytes: usize,
+    /// Headers read for the event type before `event_type`, in order.
+    pub(crate) event_type_headers: Vec<String>,
     pub(crate) batch_size: usize,
     pub(crate) batch_max_bytes: usize,
     pub(crate) handler_timeout: Duration,

@@ -41,14 +41,18 @@ pub(crate) enum Classified {
     Bad(DeadLetterReason, String),
 }
 
-/// Checks a record's size and envelope and resolves its event type:
-/// the `event_type` header, else the payload's `event_type` field, else the
-/// topic's only handler (so producers without headers still work). The
-/// event id is the payload's `event_id`, else the `event_id` header.
+/// Checks a record's size and envelope and resolves its event type: the
+/// first of `type_headers` (the consumer's
+/// [`event_type_header`](super::ConsumerBuilder::event_type_header)s) and
+/// then `event_type` that the record has as a header, else the payload's
+/// `event_type` field, else the topic's only handler (so producers without
+/// headers still work). The event id is the payload's `event_id`, else the
+/// `event_id` header, else the `id` header (Debezium's).
 pub(crate) fn classify(
     message: &OwnedMessage,
     dispatch: &Dispatch,
     max_bytes: usize,
+    type_headers: &[String],
 ) -> Classified {
     let value = message.payload().unwrap_or_default();
     let size = value.len() + message.key().map_or(0, <[u8]>::len);
@@ -64,31 +68,41 @@ pub(crate) fn classify(
     };
     let headers = message.headers().map(raw_headers).unwrap_or_default();
     let (event_id, payload) = match scanned.event_id {
-        Some(Ok(id)) => (id, scanned.text.to_owned()),
+        Some(Ok(id)) => (id, scanned.text.into_owned()),
         Some(Err(error)) => return Classified::Bad(DeadLetterReason::InvalidEventId, error),
-        None => match header(&headers, wire::HEADER_EVENT_ID) {
-            Some(text) => match Uuid::parse_str(text) {
-                Ok(id) => (id, with_event_id(scanned.text, id, scanned.null_event_id)),
-                Err(e) => {
+        None => {
+            let found = [wire::HEADER_EVENT_ID, wire::HEADER_ID]
+                .into_iter()
+                .find_map(|name| Some((name, header(&headers, name)?)));
+            match found {
+                Some((name, text)) => match Uuid::parse_str(text) {
+                    Ok(id) => (id, with_event_id(&scanned.text, id, scanned.null_event_id)),
+                    Err(e) => {
+                        return Classified::Bad(
+                            DeadLetterReason::InvalidEventId,
+                            format!(
+                                "payload has no `event_id` and the `{name}` header {:?} is not a UUID: {e}",
+                                shorten(text)
+                            ),
+                        );
+                    }
+                },
+                None => {
                     return Classified::Bad(
-                        DeadLetterReason::InvalidEventId,
-                        format!(
-                            "payload has no `event_id` and the `event_id` header {:?} is not a UUID: {e}",
-                            shorten(text)
-                        ),
+                        DeadLetterReason::MissingEventId,
+                        "payload has no `event_id` and the record no `event_id` (or `id`) header"
+                            .into(),
                     );
                 }
-            },
-            None => {
-                return Classified::Bad(
-                    DeadLetterReason::MissingEventId,
-                    "payload has no `event_id` and the record no `event_id` header".into(),
-                );
             }
-        },
+        }
     };
     let topic = message.topic();
-    let named = header(&headers, wire::HEADER_EVENT_TYPE)
+    let named = type_headers
+        .iter()
+        .map(String::as_str)
+        .chain([wire::HEADER_EVENT_TYPE])
+        .find_map(|name| header(&headers, name))
         .map(str::to_owned)
         .or(scanned.event_type)
         .filter(|name| !name.is_empty());

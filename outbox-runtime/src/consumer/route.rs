@@ -78,7 +78,12 @@ fn route_unguarded<A: Admit>(
         envelope.meta.max_attempts = settings.max_attempts;
         envelope
     };
-    match classify(message, dispatch, settings.max_message_bytes) {
+    match classify(
+        message,
+        dispatch,
+        settings.max_message_bytes,
+        &settings.event_type_headers,
+    ) {
         Classified::Bad(reason, error) => Routed::DeadLetter(reason, error),
         // A record that names no event type at all is `Bad` (malformed)
         // already: the policy is for types that another service handles.

@@ -37,6 +37,11 @@ pub enum OpsError {
     /// do not have.
     #[error("inbox rows have no numeric id; select them by event id")]
     InboxRowsHaveNoId,
+    /// The header names given to
+    /// [`Replay::header_names`](replay::Replay::header_names) cannot be used
+    /// (see [`HeaderNames::problem`](crate::relay::HeaderNames::problem)).
+    #[error("invalid header names: {0}")]
+    HeaderNames(String),
     /// A rebuild ([`Replay::rebuild`](replay::Replay::rebuild)) was asked
     /// without the live topic in its filter.
     #[error("a rebuild replays one live topic: set the filter's topic (--topic)")]

@@ -204,6 +204,31 @@ impl RelayBuilder {
         shutdown_timeout: Duration;
     }
 
+    /// The names of the event's headers on every record this relay sends.
+    /// Default: the wire format's (`event_id`, `event_type`,
+    /// `aggregate_type`, `aggregate_id`). [`HeaderNames::debezium`] gives
+    /// the names of Debezium's outbox event router, for a service that
+    /// replaces it without its consumers noticing (`docs/wire-format.md`,
+    /// "Moving a service from Debezium to this relay"). `build` refuses
+    /// names that are empty, repeated or the framework's own
+    /// ([`BuildError::HeaderNames`]).
+    ///
+    /// ```no_run
+    /// # fn f(pool: sqlx::PgPool, kafka: rdkafka::ClientConfig) -> Result<(), txoutbox_runtime::relay::BuildError> {
+    /// use txoutbox_runtime::relay::{HeaderNames, Relay};
+    ///
+    /// let relay = Relay::builder(pool, kafka)
+    ///     .header_names(HeaderNames::debezium())
+    ///     .spawn()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`HeaderNames::debezium`]: super::HeaderNames::debezium
+    pub fn header_names(mut self, names: super::HeaderNames) -> Self {
+        self.config.header_names = names;
+        self
+    }
+
     /// Testing only: abandons every batch after delivery and before
     /// marking, as a crash at that point would. Not a public API.
     #[cfg(feature = "test-hooks")]

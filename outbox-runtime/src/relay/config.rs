@@ -35,6 +35,8 @@ pub(crate) struct RelayConfig {
     pub(crate) database_timeout: Duration,
     pub(crate) listen_notify: bool,
     pub(crate) shutdown_timeout: Duration,
+    /// The names of the event's headers (see [`super::HeaderNames`]).
+    pub(crate) header_names: super::HeaderNames,
     /// Testing only (feature `test-hooks`): abandon every batch after
     /// delivery and before marking, as a crash at that point would.
     #[cfg(feature = "test-hooks")]
@@ -59,6 +61,7 @@ impl Default for RelayConfig {
             database_timeout: Duration::from_secs(5),
             listen_notify: false,
             shutdown_timeout: Duration::from_secs(45),
+            header_names: super::HeaderNames::default(),
             #[cfg(feature = "test-hooks")]
             crash_before_mark: false,
         }
@@ -93,6 +96,9 @@ pub(super) fn validate(config: &RelayConfig) -> Result<(), BuildError> {
     }
     if config.database_timeout.is_zero() {
         return invalid("database_timeout must be positive");
+    }
+    if let Some(problem) = config.header_names.problem() {
+        return Err(BuildError::HeaderNames(problem));
     }
     if config.database_timeout + renew_every(config) >= config.lease_timeout {
         // A healthy relay renews within the renewal period plus one statement.

@@ -19,6 +19,11 @@ pub enum BuildError {
     /// A tuning value is out of range.
     #[error("invalid relay configuration: {0}")]
     InvalidConfig(&'static str),
+    /// The [`HeaderNames`](super::HeaderNames) given to
+    /// [`RelayBuilder::header_names`](super::RelayBuilder::header_names)
+    /// cannot be used (empty, the same twice, or a header the framework sets).
+    #[error("invalid relay header names: {0}")]
+    HeaderNames(String),
     /// librdkafka refused the configuration.
     #[error("could not create the relay's kafka producer: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),

@@ -13,7 +13,7 @@ use txoutbox_core::trace;
 
 use super::partitioner::Partitioner;
 use super::store::ClaimedRow;
-use crate::wire::encode::{WireRow, record_headers};
+use crate::wire::encode::{HeaderNames, WireRow, record_headers};
 
 /// What became of one row of a batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +50,8 @@ pub(crate) enum Outcome {
 /// The idempotent producer, rebuilt from its configuration after a fatal error.
 pub(crate) struct Publisher {
     config: ClientConfig,
+    /// The names of the event's headers on every record.
+    header_names: HeaderNames,
     producer: FutureProducer,
     /// Counts rebuilds: rows sent through an earlier producer hold their
     /// keys until they settle (see `Flight::held_keys`).
@@ -57,10 +59,11 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    pub(crate) fn new(config: ClientConfig) -> Result<Self, KafkaError> {
+    pub(crate) fn new(config: ClientConfig, header_names: HeaderNames) -> Result<Self, KafkaError> {
         let producer = config.create()?;
         Ok(Self {
             config,
+            header_names,
             producer,
             generation: 0,
         })
@@ -144,7 +147,7 @@ impl Publisher {
         let mut record = FutureRecord::to(&row.topic)
             .key(row.partition_key.as_str())
             .payload(row.payload.as_str())
-            .headers(headers(row, traceparent.as_deref()));
+            .headers(headers(row, traceparent.as_deref(), &self.header_names));
         async {
             loop {
                 match self.producer.send_result(record) {
@@ -182,14 +185,17 @@ pub(crate) fn report_outcome(
     }
 }
 
-fn headers(row: &ClaimedRow, traceparent: Option<&str>) -> OwnedHeaders {
-    record_headers(&WireRow {
-        event_id: &row.event_id.to_string(),
-        event_type: &row.event_type,
-        aggregate_type: &row.aggregate_type,
-        aggregate_id: &row.aggregate_id,
-        traceparent,
-    })
+fn headers(row: &ClaimedRow, traceparent: Option<&str>, names: &HeaderNames) -> OwnedHeaders {
+    record_headers(
+        &WireRow {
+            event_id: &row.event_id.to_string(),
+            event_type: &row.event_type,
+            aggregate_type: &row.aggregate_type,
+            aggregate_id: &row.aggregate_id,
+            traceparent,
+        },
+        names,
+    )
 }
 
 /// What a failure says about the record: refused for itself (counted),

@@ -2,6 +2,8 @@
 //! are `ops::dead_letters`; the scheduler's statements are in `scheduler.rs`).
 
 use sqlx::{PgConnection, PgPool};
+
+use crate::wire::encode::payload_text_with_event_type;
 use uuid::Uuid;
 
 /// One claimed row, as it goes to Kafka.
@@ -60,9 +62,12 @@ pub(crate) async fn claim(
         .await
 }
 
-/// The claim statement (see [`claim`]).
-const CLAIM: &str = "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-        o.payload::text AS payload, o.topic, o.partition_key, o.traceparent, o.attempts
+/// The claim statement (see [`claim`]); the payload names its event type
+/// (see [`payload_text_with_event_type`]).
+const CLAIM: &str = concat!(
+    "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, ",
+    payload_text_with_event_type!("o"),
+    " AS payload, o.topic, o.partition_key, o.traceparent, o.attempts
  FROM outbox_event o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL
    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
@@ -76,7 +81,8 @@ const CLAIM: &str = "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, 
          AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now())
  ORDER BY o.id
  LIMIT $3
- FOR UPDATE OF o SKIP LOCKED";
+ FOR UPDATE OF o SKIP LOCKED"
+);
 
 /// Tests only (feature `test-hooks`): runs the relay's claim statement under
 /// `EXPLAIN (ANALYZE, FORMAT JSON)` over every lane (nothing in flight) and

@@ -8,6 +8,7 @@
 //! 16 MiB as a `serde_json::Value`; here it costs its bytes. Headers are
 //! read as bytes ([`super::raw_headers`]); only UTF-8 ones count as text.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -65,8 +66,9 @@ pub(crate) fn shorten(text: &str) -> String {
 /// What one pass over a record's value found.
 #[derive(Debug)]
 pub(crate) struct Scanned<'a> {
-    /// The value as text (a JSON object).
-    pub(crate) text: &'a str,
+    /// The value as text (a JSON object): the record's own bytes, or what a
+    /// JSON string value held (see [`scan`]).
+    pub(crate) text: Cow<'a, str>,
     /// The payload's `event_id`: `None` if absent or null.
     pub(crate) event_id: Option<Result<Uuid, String>>,
     /// Whether the payload has `"event_id": null`.
@@ -80,7 +82,45 @@ pub(crate) struct Scanned<'a> {
 /// Reads `value` once: checks that it is one JSON object and nothing else,
 /// and picks out what [`Scanned`] holds. serde_json's recursion limit
 /// bounds the nesting, so no input can exhaust the stack.
+///
+/// A value that is a JSON string holding a JSON object is read as that
+/// object: Debezium's outbox event router, with Kafka Connect's
+/// `JsonConverter` and its default `table.expand.json.payload=false`, sends
+/// the payload column that way. One level only: a string in a string is not
+/// an event.
 pub(crate) fn scan(value: &[u8]) -> Result<Scanned<'_>, (DeadLetterReason, String)> {
+    if value.trim_ascii_start().first() != Some(&b'"') {
+        return scan_object(value);
+    }
+    let inner: String = serde_json::from_slice(value).map_err(|error| {
+        (
+            DeadLetterReason::NotJson,
+            format!("payload is not JSON: {error}"),
+        )
+    })?;
+    if inner.trim_start().starts_with('"') {
+        return Err((
+            DeadLetterReason::NotJson,
+            "payload is a JSON string holding a JSON string, not an object".into(),
+        ));
+    }
+    let found = scan_object(inner.as_bytes()).map_err(|(reason, error)| {
+        (
+            reason,
+            format!("{error} (in the JSON string the value holds)"),
+        )
+    })?;
+    Ok(Scanned {
+        text: Cow::Owned(found.text.into_owned()),
+        event_id: found.event_id,
+        null_event_id: found.null_event_id,
+        event_type: found.event_type,
+        nul: found.nul,
+    })
+}
+
+/// [`scan`] of a value that must be a JSON object itself.
+fn scan_object(value: &[u8]) -> Result<Scanned<'_>, (DeadLetterReason, String)> {
     let not_json = |error: serde_json::Error| {
         let what = if error.is_data() {
             "payload is not a JSON object"
@@ -106,7 +146,7 @@ pub(crate) fn scan(value: &[u8]) -> Result<Scanned<'_>, (DeadLetterReason, Strin
         ));
     }
     Ok(Scanned {
-        text,
+        text: Cow::Borrowed(text),
         event_id: top.event_id,
         null_event_id: top.null_event_id,
         event_type: top.event_type,
@@ -380,6 +420,10 @@ mod tests {
         for bad in [
             "[1, 2]",
             "\"text\"",
+            "\"[1]\"",
+            "\"\\\"{}\\\"\"",
+            "\"{\\\"a\\\": 1} trailing\"",
+            "\"{\" ",
             "{\"a\": 1} trailing",
             "{",
             "",
@@ -401,6 +445,29 @@ mod tests {
         assert!(matches!(id, Some(Err(_))));
         let (id, ..) = scanned(r#"{"event_id": null}"#).unwrap();
         assert!(id.is_none());
+    }
+
+    /// Debezium's outbox router with `JsonConverter` sends the payload
+    /// column as a JSON string: the object it holds is the event.
+    #[test]
+    fn a_json_string_holding_an_object_is_read_as_that_object() {
+        let id = Uuid::new_v4();
+        let object = format!(r#"{{"event_id": "{id}", "event_type": "Paid", "n": "a\u0000"}}"#);
+        let value = serde_json::to_string(&object).unwrap();
+        assert!(value.starts_with('"'));
+        let found = scan(value.as_bytes()).unwrap();
+        assert_eq!(found.text, object);
+        assert_eq!(found.event_id, Some(Ok(id)));
+        assert_eq!(found.event_type.as_deref(), Some("Paid"));
+        assert!(found.nul);
+        // The router's documented example: no event id in the payload.
+        let found = scan(br#" "{\"id\": 1, \"lineItems\": []}" "#).unwrap();
+        assert_eq!(found.text, r#"{"id": 1, "lineItems": []}"#);
+        assert_eq!(found.event_id, None);
+        // Bad JSON inside the string says where it was.
+        let (reason, error) = scan(br#""{\"a\": }""#).unwrap_err();
+        assert_eq!(reason, DeadLetterReason::NotJson);
+        assert!(error.contains("in the JSON string"), "{error}");
     }
 
     #[test]

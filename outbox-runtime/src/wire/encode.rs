@@ -5,6 +5,156 @@
 use rdkafka::message::{Header, OwnedHeaders};
 use txoutbox_core::wire;
 
+/// SQL: the `payload` column of the table aliased `$alias`, as JSON text
+/// that names its event type under `event_type`. Rows written by
+/// `OutboxRecord::from_event` have it already (`jsonb ?` finds it, the
+/// stored object goes out as it is); rows written before the framework added
+/// it, or by another writer, get it from the row's `event_type` column. The
+/// relay's claim and `outbox replay` read payloads through here, so every
+/// record they send names its type in the value.
+macro_rules! payload_text_with_event_type {
+    ($alias:literal) => {
+        concat!(
+            "CASE WHEN jsonb_typeof(",
+            $alias,
+            ".payload) = 'object' AND NOT ",
+            $alias,
+            ".payload ? 'event_type' THEN ",
+            $alias,
+            ".payload || jsonb_build_object('event_type', ",
+            $alias,
+            ".event_type) ELSE ",
+            $alias,
+            ".payload END::text"
+        )
+    };
+}
+pub(crate) use payload_text_with_event_type;
+
+/// The names of the headers the relay (and `outbox replay`) put on every
+/// record, for consumers that expect other names: a service moving from
+/// Debezium's outbox event router to this relay keeps its consumers
+/// unchanged with [`HeaderNames::debezium`]. Default: the wire format's
+/// names (`event_id`, `event_type`, `aggregate_type`, `aggregate_id`, see
+/// `docs/wire-format.md`). `content-type` and `traceparent` keep their
+/// names.
+///
+/// Renaming costs this framework's consumers nothing: they read the event
+/// id and type from the value first (the framework puts both there), and
+/// can be told a header name with
+/// [`ConsumerBuilder::event_type_header`](crate::consumer::ConsumerBuilder::event_type_header).
+///
+/// ```
+/// use txoutbox_runtime::relay::HeaderNames;
+///
+/// let names = HeaderNames::default().event_type("eventType").event_id("id");
+/// assert_eq!(names, HeaderNames::debezium());
+/// assert_eq!(names.event_id_name(), "id");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    event_id: String,
+    event_type: String,
+    aggregate_type: String,
+    aggregate_id: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        Self {
+            event_id: wire::HEADER_EVENT_ID.to_owned(),
+            event_type: wire::HEADER_EVENT_TYPE.to_owned(),
+            aggregate_type: wire::HEADER_AGGREGATE_TYPE.to_owned(),
+            aggregate_id: wire::HEADER_AGGREGATE_ID.to_owned(),
+        }
+    }
+}
+
+impl HeaderNames {
+    /// The names Debezium's outbox event router gives by default and with
+    /// the usual `table.fields.additional.placement=type:header:eventType`:
+    /// the event id in `id`, the event type in `eventType`; the aggregate's
+    /// headers keep their names (the router sends none by default, so its
+    /// consumers do not read them).
+    pub fn debezium() -> Self {
+        Self::default()
+            .event_id(wire::HEADER_ID)
+            .event_type("eventType")
+    }
+
+    /// The header carrying the event id. Default `event_id`.
+    pub fn event_id(mut self, name: impl Into<String>) -> Self {
+        self.event_id = name.into();
+        self
+    }
+
+    /// The header carrying the event type. Default `event_type`.
+    pub fn event_type(mut self, name: impl Into<String>) -> Self {
+        self.event_type = name.into();
+        self
+    }
+
+    /// The header carrying the aggregate type. Default `aggregate_type`.
+    pub fn aggregate_type(mut self, name: impl Into<String>) -> Self {
+        self.aggregate_type = name.into();
+        self
+    }
+
+    /// The header carrying the aggregate id. Default `aggregate_id`.
+    pub fn aggregate_id(mut self, name: impl Into<String>) -> Self {
+        self.aggregate_id = name.into();
+        self
+    }
+
+    /// The event id header's name.
+    pub fn event_id_name(&self) -> &str {
+        &self.event_id
+    }
+
+    /// The event type header's name.
+    pub fn event_type_name(&self) -> &str {
+        &self.event_type
+    }
+
+    /// Why these names cannot be used, if they cannot: a name is empty,
+    /// two are the same, or one is a header the framework sets itself
+    /// (`content-type`, `traceparent`, `replay`).
+    pub fn problem(&self) -> Option<String> {
+        let names = self.names();
+        for (i, (what, name)) in names.iter().enumerate() {
+            if name.is_empty() {
+                return Some(format!("the {what} header name is empty"));
+            }
+            if [
+                wire::HEADER_CONTENT_TYPE,
+                wire::HEADER_TRACEPARENT,
+                wire::HEADER_REPLAY,
+            ]
+            .contains(name)
+            {
+                return Some(format!(
+                    "the {what} header cannot be named `{name}`: the framework sets that header itself"
+                ));
+            }
+            if let Some((other, _)) = names[..i].iter().find(|(_, n)| n == name) {
+                return Some(format!(
+                    "the {other} and {what} headers are both named `{name}`"
+                ));
+            }
+        }
+        None
+    }
+
+    fn names(&self) -> [(&'static str, &str); 4] {
+        [
+            ("event id", &self.event_id),
+            ("event type", &self.event_type),
+            ("aggregate type", &self.aggregate_type),
+            ("aggregate id", &self.aggregate_id),
+        ]
+    }
+}
+
 /// What the wire-format headers of an outbox row are made of.
 pub(crate) struct WireRow<'a> {
     pub(crate) event_id: &'a str,
@@ -14,15 +164,16 @@ pub(crate) struct WireRow<'a> {
     pub(crate) traceparent: Option<&'a str>,
 }
 
-/// The headers `docs/wire-format.md` specifies for an outbox row. The one
-/// place they are built: the relay and `outbox replay` send the same record.
-pub(crate) fn record_headers(row: &WireRow<'_>) -> OwnedHeaders {
+/// The headers `docs/wire-format.md` specifies for an outbox row, under
+/// `names`. The one place they are built: the relay and `outbox replay`
+/// send the same record.
+pub(crate) fn record_headers(row: &WireRow<'_>, names: &HeaderNames) -> OwnedHeaders {
     let mut headers = OwnedHeaders::new_with_capacity(7);
     for (key, value) in [
-        (wire::HEADER_EVENT_ID, row.event_id),
-        (wire::HEADER_EVENT_TYPE, row.event_type),
-        (wire::HEADER_AGGREGATE_TYPE, row.aggregate_type),
-        (wire::HEADER_AGGREGATE_ID, row.aggregate_id),
+        (names.event_id.as_str(), row.event_id),
+        (names.event_type.as_str(), row.event_type),
+        (names.aggregate_type.as_str(), row.aggregate_type),
+        (names.aggregate_id.as_str(), row.aggregate_id),
         (wire::HEADER_CONTENT_TYPE, wire::CONTENT_TYPE_JSON),
     ] {
         headers = headers.insert(Header {
@@ -37,4 +188,30 @@ pub(crate) fn record_headers(row: &WireRow<'_>) -> OwnedHeaders {
         });
     }
     headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HeaderNames;
+
+    #[test]
+    fn header_names_must_be_distinct_non_empty_and_not_the_frameworks_own() {
+        assert_eq!(HeaderNames::default().problem(), None);
+        assert_eq!(HeaderNames::debezium().problem(), None);
+        let problem = |names: HeaderNames| names.problem().unwrap_or_default();
+        assert!(
+            problem(HeaderNames::default().event_id("")).contains("event id header name is empty")
+        );
+        assert!(
+            problem(HeaderNames::default().aggregate_id("event_type"))
+                .contains("event type and aggregate id headers are both named `event_type`")
+        );
+        for taken in ["content-type", "traceparent", "replay"] {
+            assert!(
+                problem(HeaderNames::default().event_type(taken))
+                    .contains("sets that header itself"),
+                "{taken}"
+            );
+        }
+    }
 }

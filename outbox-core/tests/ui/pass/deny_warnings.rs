@@ -33,7 +33,7 @@ pub struct OrderCreated {
 #[derive(DomainEvent, Serialize, JsonSchema)]
 #[event(topic = "a_b-c.9")]
 #[event(aggregate = "Thing")]
-#[serde(deny_unknown_fields, rename_all(serialize = "kebab-case"))]
+#[serde(bound = "", rename_all(serialize = "kebab-case"))]
 pub struct ThingHappened {
     /// Found by name.
     pub event_id: Uuid,

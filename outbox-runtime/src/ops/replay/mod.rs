@@ -124,6 +124,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::OpsError;
+use crate::wire::encode::HeaderNames;
 
 mod handover;
 
@@ -251,6 +252,7 @@ pub struct Replay {
     group: Option<(String, ClientConfig)>,
     batch_size: usize,
     rate: Option<f64>,
+    header_names: HeaderNames,
 }
 
 /// Shows the settings; the group's librdkafka settings with secrets replaced
@@ -270,6 +272,7 @@ impl std::fmt::Debug for Replay {
             )
             .field("batch_size", &self.batch_size)
             .field("rate", &self.rate)
+            .field("header_names", &self.header_names)
             .finish()
     }
 }
@@ -325,7 +328,18 @@ impl Replay {
             group: None,
             batch_size: Self::DEFAULT_BATCH_SIZE,
             rate: None,
+            header_names: HeaderNames::default(),
         }
+    }
+
+    /// The names of the event's headers, as the relay's
+    /// [`RelayBuilder::header_names`](crate::relay::RelayBuilder::header_names):
+    /// give a replay the names the service's relay uses, so its consumers
+    /// read the replayed records as they read the live ones. Default: the
+    /// wire format's.
+    pub fn header_names(mut self, names: HeaderNames) -> Self {
+        self.header_names = names;
+        self
     }
 
     /// Sends every event to `topic` instead of its own (no hand-over: see
@@ -389,6 +403,9 @@ impl Replay {
         producer: &FutureProducer,
         mut on_progress: impl FnMut(u64),
     ) -> Result<ReplayReport, OpsError> {
+        if let Some(problem) = self.header_names.problem() {
+            return Err(OpsError::HeaderNames(problem));
+        }
         // A rebuild reads the end offsets first, then takes its snapshot:
         // that order is what makes the hand-over exact (module docs).
         let mut handover = match self.mode {
@@ -522,8 +539,9 @@ impl Replay {
         };
         let sql = format!(
             "SELECT t.id, t.event_id, t.aggregate_type, t.aggregate_id, t.event_type,
-                    t.payload::text AS payload, t.topic, t.partition_key, t.traceparent
+                    {} AS payload, t.topic, t.partition_key, t.traceparent
              {} AND t.id > $8 ORDER BY t.id LIMIT $9",
+            crate::wire::encode::payload_text_with_event_type!("t"),
             self.mode.selection()
         );
         let run = run_id.to_string();
@@ -606,7 +624,7 @@ impl Replay {
         let mut record = FutureRecord::to(topic)
             .key(row.partition_key.as_bytes())
             .payload(row.payload.as_str())
-            .headers(headers(row, &event_id, run));
+            .headers(headers(row, &event_id, run, &self.header_names));
         loop {
             match producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),
@@ -668,14 +686,17 @@ impl Sent {
 }
 
 /// The relay's headers (see `txoutbox_core::wire`) plus [`HEADER_REPLAY`].
-fn headers(row: &Row, event_id: &str, run: &str) -> OwnedHeaders {
-    crate::wire::encode::record_headers(&crate::wire::encode::WireRow {
-        event_id,
-        event_type: &row.event_type,
-        aggregate_type: &row.aggregate_type,
-        aggregate_id: &row.aggregate_id,
-        traceparent: row.traceparent.as_deref(),
-    })
+fn headers(row: &Row, event_id: &str, run: &str, names: &HeaderNames) -> OwnedHeaders {
+    crate::wire::encode::record_headers(
+        &crate::wire::encode::WireRow {
+            event_id,
+            event_type: &row.event_type,
+            aggregate_type: &row.aggregate_type,
+            aggregate_id: &row.aggregate_id,
+            traceparent: row.traceparent.as_deref(),
+        },
+        names,
+    )
     .insert(Header {
         key: HEADER_REPLAY,
         value: Some(run),
