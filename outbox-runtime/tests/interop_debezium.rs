@@ -226,7 +226,7 @@ async fn a_relay_with_debeziums_header_names_replaces_the_router(pool: PgPool) {
     events.record(created.clone());
     events.record(cancelled.clone());
     let mut conn = pool.acquire().await.unwrap();
-    txoutbox_core::insert_events(&mut *conn, &events)
+    txoutbox_core::insert_events(&mut conn, &events)
         .await
         .unwrap();
     drop(conn);
