@@ -18,6 +18,12 @@ pub trait DomainEvent: serde::Serialize + Send + Sync + 'static {
     const AGGREGATE_TYPE: &'static str;
     /// Name of the field (as serialized) that holds the partition key; used in schemas.
     const PARTITION_KEY_FIELD: &'static str;
+    /// Headers of the user's own that every record of this type carries
+    /// (`#[event(headers("name" = "value", ...))]`), as (name, value).
+    /// Default: none. Headers given when an event is recorded
+    /// ([`Events::with_headers`](crate::Events::with_headers)) come after
+    /// these; see `docs/wire-format.md`, "Headers of your own".
+    const HEADERS: &'static [(&'static str, &'static str)] = &[];
 
     /// Unique id of this event; receivers deduplicate on it.
     fn event_id(&self) -> Uuid;

@@ -42,6 +42,17 @@ pub enum Error {
         /// What the payload held instead (shortened JSON).
         found: String,
     },
+    /// An event's headers of its own cannot be sent: a name that is not a
+    /// valid header name or is one of the framework's, a name given twice, a
+    /// value too long or holding a NUL, or too many or too large in all (see
+    /// [`wire::user_headers_problem`](crate::wire::user_headers_problem)).
+    #[error("event `{event_type}` cannot carry these headers: {problem}")]
+    InvalidHeaders {
+        /// The event type that failed.
+        event_type: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
     /// An event's partition key is longer than
     /// [`MAX_PARTITION_KEY_BYTES`](crate::MAX_PARTITION_KEY_BYTES) bytes (UTF-8):
     /// the outbox refuses it when the event is recorded, before anything is

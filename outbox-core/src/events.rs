@@ -117,10 +117,83 @@ impl Events {
     /// A failed event is not recorded and does not fail the unit of work by
     /// itself; propagate the error with `?` to roll back.
     pub fn try_record<E: DomainEvent>(&mut self, event: E) -> Result<(), Error> {
-        let record = OutboxRecord::from_event(&event)?;
-        self.records.push(record);
+        self.push(event, Vec::new(), None)
+    }
+
+    /// Gives the event recorded next headers of your own (a tenant, a
+    /// correlation id, a routing hint), after its type's static ones
+    /// (`#[event(headers(...))]`): call `record`, `try_record`,
+    /// `record_after`, `record_at` (or their `try_` forms) on the result.
+    ///
+    /// They are checked when the event is recorded (see
+    /// [`wire::user_headers_problem`](crate::wire::user_headers_problem):
+    /// valid names that are not the framework's, at most
+    /// [`MAX_USER_HEADERS`](crate::wire::MAX_USER_HEADERS) of them, values of
+    /// at most [`MAX_USER_HEADER_VALUE_BYTES`](crate::wire::MAX_USER_HEADER_VALUE_BYTES));
+    /// a refusal is [`Error::InvalidHeaders`], deferred by `record` like a
+    /// serialization failure (the unit of work rolls back) or returned at once
+    /// by `try_record`. They are stored with the row, published after the
+    /// framework's headers, re-sent by `outbox replay`, and consumer handlers
+    /// find them in `EventMeta::headers`.
+    ///
+    /// ```
+    /// # use txoutbox_core::{DomainEvent, Error, Events};
+    /// # #[derive(serde::Serialize, schemars::JsonSchema, DomainEvent)]
+    /// # #[event(topic = "orders", aggregate = "Order")]
+    /// # struct OrderCreated { event_id: uuid::Uuid, #[partition_key] order_id: u64 }
+    /// let mut events = Events::new();
+    /// events
+    ///     .with_headers([("tenant", "acme"), ("correlation-id", "req-42")])
+    ///     .record(OrderCreated { event_id: uuid::Uuid::new_v4(), order_id: 7 });
+    /// assert_eq!(events.records()[0].headers[0], ("tenant".into(), "acme".into()));
+    ///
+    /// let refused = events
+    ///     .with_headers([("event_type", "Other")])
+    ///     .try_record(OrderCreated { event_id: uuid::Uuid::new_v4(), order_id: 8 });
+    /// assert!(matches!(refused, Err(Error::InvalidHeaders { .. })));
+    /// ```
+    pub fn with_headers<I, N, V>(&mut self, headers: I) -> WithHeaders<'_>
+    where
+        I: IntoIterator<Item = (N, V)>,
+        N: Into<String>,
+        V: Into<String>,
+    {
+        WithHeaders {
+            events: self,
+            headers: headers
+                .into_iter()
+                .map(|(name, value)| (name.into(), value.into()))
+                .collect(),
+        }
+    }
+
+    /// Records `event` with `headers` (after its type's), now or not before `at`.
+    fn push<E: DomainEvent>(
+        &mut self,
+        event: E,
+        headers: Vec<(String, String)>,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<(), Error> {
+        let record = if headers.is_empty() {
+            OutboxRecord::from_event(&event)?
+        } else {
+            OutboxRecord::from_event_with_headers(&event, headers)?
+        };
+        match at {
+            None => self.records.push(record),
+            Some(at) => self.scheduled.push(ScheduledRecord {
+                record,
+                deliver_after: at,
+            }),
+        }
         self.values.push(Box::new(event));
         Ok(())
+    }
+
+    fn defer(&mut self, result: Result<(), Error>) {
+        if let Err(error) = result {
+            self.failure.get_or_insert(error);
+        }
     }
 
     /// Records `event` to be delivered not before `delay` from now (the
@@ -193,13 +266,7 @@ impl Events {
         event: E,
         at: DateTime<Utc>,
     ) -> Result<(), Error> {
-        let record = OutboxRecord::from_event(&event)?;
-        self.scheduled.push(ScheduledRecord {
-            record,
-            deliver_after: at,
-        });
-        self.values.push(Box::new(event));
-        Ok(())
+        self.push(event, Vec::new(), Some(at))
     }
 
     /// The records to deliver at once, in the order they were recorded
@@ -255,6 +322,50 @@ impl Events {
             Some(error) => Err(error),
             None => Ok(()),
         }
+    }
+}
+
+/// The event recorded next, with headers of your own: made by
+/// [`Events::with_headers`], used up by one of its `record` methods, each the
+/// same as the [`Events`] method of the same name.
+#[must_use = "the headers are given to the event recorded through this; call `record` on it"]
+#[derive(Debug)]
+pub struct WithHeaders<'a> {
+    events: &'a mut Events,
+    headers: Vec<(String, String)>,
+}
+
+impl WithHeaders<'_> {
+    /// [`Events::record`] with these headers.
+    pub fn record<E: DomainEvent>(self, event: E) {
+        let result = self.events.push(event, self.headers, None);
+        self.events.defer(result);
+    }
+
+    /// [`Events::try_record`] with these headers.
+    pub fn try_record<E: DomainEvent>(self, event: E) -> Result<(), Error> {
+        self.events.push(event, self.headers, None)
+    }
+
+    /// [`Events::record_after`] with these headers.
+    pub fn record_after<E: DomainEvent>(self, event: E, delay: Duration) {
+        self.record_at(event, after(Utc::now(), delay));
+    }
+
+    /// [`Events::try_record_after`] with these headers.
+    pub fn try_record_after<E: DomainEvent>(self, event: E, delay: Duration) -> Result<(), Error> {
+        self.try_record_at(event, after(Utc::now(), delay))
+    }
+
+    /// [`Events::record_at`] with these headers.
+    pub fn record_at<E: DomainEvent>(self, event: E, at: DateTime<Utc>) {
+        let result = self.events.push(event, self.headers, Some(at));
+        self.events.defer(result);
+    }
+
+    /// [`Events::try_record_at`] with these headers.
+    pub fn try_record_at<E: DomainEvent>(self, event: E, at: DateTime<Utc>) -> Result<(), Error> {
+        self.events.push(event, self.headers, Some(at))
     }
 }
 

@@ -10,19 +10,21 @@ use crate::{Events, MAX_PARTITION_KEY_BYTES, OutboxRecord, ScheduledRecord};
 /// `UNNEST` yields the rows in array order, so identity ids follow recording order.
 const INSERT_OUTBOX: &str = "\
 INSERT INTO outbox_event
-    (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, traceparent)
+    (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, traceparent,
+     headers)
 SELECT * FROM UNNEST(
-    $1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[], $8::text[])";
+    $1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[], $8::text[],
+    $9::jsonb[])";
 
 /// The same for scheduled events, into `outbox_scheduled` (migration 0007),
 /// with their due time; the relay moves them into `outbox_event` when due.
 const INSERT_SCHEDULED: &str = "\
 INSERT INTO outbox_scheduled
     (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, traceparent,
-     deliver_after)
+     headers, deliver_after)
 SELECT * FROM UNNEST(
     $1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[], $8::text[],
-    $9::timestamptz[])";
+    $9::jsonb[], $10::timestamptz[])";
 
 /// Removes a scheduled event that is not due yet. A row being moved by a
 /// relay at this moment is locked: the delete waits for the move to commit,
@@ -59,7 +61,7 @@ const CANCEL_SCHEDULED: &str = "DELETE FROM outbox_scheduled WHERE event_id = $1
 pub async fn insert_events(conn: &mut PgConnection, events: &Events) -> Result<u64, sqlx::Error> {
     let scheduled = events.scheduled();
     // Check everything before sending anything.
-    check_keys(
+    check_records(
         events
             .records()
             .iter()
@@ -135,21 +137,35 @@ async fn insert_records(
     Ok(done.rows_affected())
 }
 
-/// Refuses a record whose partition key is longer than [`MAX_PARTITION_KEY_BYTES`].
-fn check_keys<'a>(mut records: impl Iterator<Item = &'a OutboxRecord>) -> Result<(), sqlx::Error> {
-    match records.find(|r| r.partition_key.len() > MAX_PARTITION_KEY_BYTES) {
-        Some(record) => Err(sqlx::Error::InvalidArgument(format!(
-            "event {} ({}) has a partition key of {} bytes; the outbox accepts at most {}",
-            record.event_id,
-            record.event_type,
-            record.partition_key.len(),
-            MAX_PARTITION_KEY_BYTES
-        ))),
-        None => Ok(()),
+/// Refuses a record whose partition key is longer than
+/// [`MAX_PARTITION_KEY_BYTES`] or whose headers cannot be sent (a record
+/// built by hand: `OutboxRecord::from_event` checks both).
+fn check_records<'a>(records: impl Iterator<Item = &'a OutboxRecord>) -> Result<(), sqlx::Error> {
+    for record in records {
+        if record.partition_key.len() > MAX_PARTITION_KEY_BYTES {
+            return Err(sqlx::Error::InvalidArgument(format!(
+                "event {} ({}) has a partition key of {} bytes; the outbox accepts at most {}",
+                record.event_id,
+                record.event_type,
+                record.partition_key.len(),
+                MAX_PARTITION_KEY_BYTES
+            )));
+        }
+        if !record.headers.is_empty()
+            && let Some(problem) = crate::wire::user_headers_problem(
+                record.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+            )
+        {
+            return Err(sqlx::Error::InvalidArgument(format!(
+                "event {} ({}) cannot carry its headers: {problem}",
+                record.event_id, record.event_type
+            )));
+        }
     }
+    Ok(())
 }
 
-/// The message columns of some records, as the arrays `$1`..`$8` of
+/// The message columns of some records, as the arrays `$1`..`$9` of
 /// [`INSERT_OUTBOX`] and [`INSERT_SCHEDULED`].
 struct Columns<'a> {
     event_ids: Vec<Uuid>,
@@ -160,6 +176,8 @@ struct Columns<'a> {
     topics: Vec<&'a str>,
     partition_keys: Vec<&'a str>,
     traceparents: Vec<Option<&'a str>>,
+    /// The user's headers as a JSON object; NULL when there are none.
+    headers: Vec<Option<Value>>,
 }
 
 impl<'a> Columns<'a> {
@@ -173,6 +191,7 @@ impl<'a> Columns<'a> {
             topics: Vec::new(),
             partition_keys: Vec::new(),
             traceparents: Vec::new(),
+            headers: Vec::new(),
         };
         for r in records {
             columns.event_ids.push(r.event_id);
@@ -183,6 +202,7 @@ impl<'a> Columns<'a> {
             columns.topics.push(&r.topic);
             columns.partition_keys.push(&r.partition_key);
             columns.traceparents.push(r.traceparent.as_deref());
+            columns.headers.push(headers_json(&r.headers));
         }
         columns
     }
@@ -203,5 +223,20 @@ impl<'a> Columns<'a> {
             .bind(self.topics)
             .bind(self.partition_keys)
             .bind(self.traceparents)
+            .bind(self.headers)
     }
+}
+
+/// The `headers` column of a record: its user headers as a JSON object of
+/// strings, `None` (NULL) when it has none.
+fn headers_json(headers: &[(String, String)]) -> Option<Value> {
+    if headers.is_empty() {
+        return None;
+    }
+    Some(Value::Object(
+        headers
+            .iter()
+            .map(|(name, value)| (name.clone(), Value::String(value.clone())))
+            .collect(),
+    ))
 }

@@ -58,7 +58,7 @@ pub mod wire;
 pub use committable::{check_committable, not_committable};
 pub use domain_event::{DomainEvent, PartitionKey};
 pub use error::{DbErrorDisplay, Error};
-pub use events::{Events, ScheduledRecord};
+pub use events::{Events, ScheduledRecord, WithHeaders};
 pub use insert::{cancel_scheduled, insert_events};
 pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
 pub use retry::Backoff;

@@ -36,15 +36,30 @@ pub struct OutboxRecord {
     pub partition_key: String,
     /// W3C `traceparent` current when the event was recorded, if any.
     pub traceparent: Option<String>,
+    /// Headers of the user's own, as (name, value): the event type's
+    /// [`DomainEvent::HEADERS`], then those given when it was recorded
+    /// ([`Events::with_headers`](crate::Events::with_headers)). Stored in
+    /// the `headers` column (NULL when empty) and sent after the
+    /// framework's headers.
+    pub headers: Vec<(String, String)>,
 }
 
 impl OutboxRecord {
     /// Builds the record of `event`, serializing its payload and capturing the
     /// current trace context (see [`trace::current_traceparent`]).
     ///
-    /// Fails if the event does not serialize to a JSON object, or if its
-    /// partition key is longer than [`MAX_PARTITION_KEY_BYTES`].
+    /// Fails if the event does not serialize to a JSON object, if its
+    /// partition key is longer than [`MAX_PARTITION_KEY_BYTES`], or if its
+    /// type's [`DomainEvent::HEADERS`] cannot be sent.
     pub fn from_event<E: DomainEvent>(event: &E) -> Result<Self, Error> {
+        // The derive checks static headers at compile time; a hand-written
+        // `DomainEvent` impl's are checked here.
+        let record = Self::without_header_check(event)?;
+        record.check_headers::<E>()?;
+        Ok(record)
+    }
+
+    fn without_header_check<E: DomainEvent>(event: &E) -> Result<Self, Error> {
         let mut payload = serde_json::to_value(event).map_err(|source| Error::Serialize {
             event_type: E::EVENT_TYPE,
             source,
@@ -91,7 +106,43 @@ impl OutboxRecord {
             topic: E::TOPIC.to_owned(),
             partition_key,
             traceparent: trace::current_traceparent(),
+            headers: E::HEADERS
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
         })
+    }
+
+    /// [`from_event`](Self::from_event) with `headers` after the event
+    /// type's own, all checked together
+    /// ([`wire::user_headers_problem`]): fails with
+    /// [`Error::InvalidHeaders`] if they cannot be sent.
+    pub fn from_event_with_headers<E: DomainEvent>(
+        event: &E,
+        headers: Vec<(String, String)>,
+    ) -> Result<Self, Error> {
+        let mut record = Self::without_header_check(event)?;
+        record.headers.extend(headers);
+        record.check_headers::<E>()?;
+        Ok(record)
+    }
+
+    /// Refuses headers [`wire::user_headers_problem`] refuses (none is fine).
+    fn check_headers<E: DomainEvent>(&self) -> Result<(), Error> {
+        if self.headers.is_empty() {
+            return Ok(());
+        }
+        if let Some(problem) = wire::user_headers_problem(
+            self.headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str())),
+        ) {
+            return Err(Error::InvalidHeaders {
+                event_type: E::EVENT_TYPE,
+                problem,
+            });
+        }
+        Ok(())
     }
 }
 

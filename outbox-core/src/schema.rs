@@ -60,6 +60,9 @@ pub struct EventDescriptor {
     pub rust_type: &'static str,
     /// Whether the type is an event or a command (which derive declared it).
     pub kind: MessageKind,
+    /// Its static headers ([`DomainEvent::HEADERS`](crate::DomainEvent::HEADERS)),
+    /// described in the AsyncAPI document's message headers.
+    pub headers: &'static [(&'static str, &'static str)],
     /// The event's JSON Schema (schemars); [`json_schema_for`] builds the
     /// one the export expects.
     pub schema: fn() -> schemars::Schema,

@@ -43,3 +43,126 @@ pub const HEADER_DLQ_GROUP: &str = "dlq_consumer_group";
 /// Header set to `true` when the value was too large even for the dead-letter
 /// topic and was left out (key and headers are kept).
 pub const HEADER_DLQ_VALUE_DROPPED: &str = "dlq_value_dropped";
+
+/// Most headers of the user's own on one event (static ones of the event
+/// type and dynamic ones given when it is recorded, together): 16.
+pub const MAX_USER_HEADERS: usize = 16;
+/// Longest name of a user header, in bytes: 128.
+pub const MAX_USER_HEADER_NAME_BYTES: usize = 128;
+/// Longest value of a user header, in bytes of UTF-8: 1,024.
+pub const MAX_USER_HEADER_VALUE_BYTES: usize = 1024;
+/// Most bytes of names and values of one event's user headers together: 8 KiB.
+pub const MAX_USER_HEADERS_BYTES: usize = 8 * 1024;
+
+/// Header names a user header cannot have, compared without regard to
+/// case: the framework's own (including the names Debezium's outbox router
+/// uses, which `txoutbox_runtime::relay::HeaderNames::debezium` gives the
+/// relay, and `tracestate`, W3C's companion of `traceparent`).
+pub const RESERVED_HEADER_NAMES: &[&str] = &[
+    HEADER_EVENT_ID,
+    HEADER_EVENT_TYPE,
+    HEADER_AGGREGATE_TYPE,
+    HEADER_AGGREGATE_ID,
+    HEADER_CONTENT_TYPE,
+    HEADER_TRACEPARENT,
+    "tracestate",
+    HEADER_REPLAY,
+    HEADER_ID,
+    "eventType",
+];
+/// Prefixes a user header name cannot start with, compared without regard
+/// to case: `ce_` (CloudEvents attributes in the Kafka binding) and `dlq_`
+/// (dead-letter bookkeeping).
+pub const RESERVED_HEADER_PREFIXES: &[&str] = &["ce_", "dlq_"];
+
+/// Why `name` cannot be the name of a user header, if it cannot: it must be
+/// 1 to [`MAX_USER_HEADER_NAME_BYTES`] bytes of ASCII letters, digits, `-`,
+/// `_` and `.`, and not one of [`RESERVED_HEADER_NAMES`] nor start with one
+/// of [`RESERVED_HEADER_PREFIXES`]. `#[derive(DomainEvent)]` applies the same
+/// rule to `#[event(headers(...))]` at compile time.
+///
+/// ```
+/// use txoutbox_core::wire::user_header_name_problem;
+///
+/// assert_eq!(user_header_name_problem("tenant"), None);
+/// assert!(user_header_name_problem("event_type").is_some());
+/// assert!(user_header_name_problem("x tenant").is_some());
+/// ```
+pub fn user_header_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("a header name cannot be empty".into());
+    }
+    if name.len() > MAX_USER_HEADER_NAME_BYTES {
+        return Some(format!(
+            "a header name is at most {MAX_USER_HEADER_NAME_BYTES} bytes, this one has {}",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Some(format!(
+            "a header name is made of ASCII letters, digits, `-`, `_` and `.`; {bad:?} is not allowed"
+        ));
+    }
+    if let Some(taken) = RESERVED_HEADER_NAMES
+        .iter()
+        .find(|reserved| reserved.eq_ignore_ascii_case(name))
+    {
+        return Some(format!("`{taken}` is a header the framework sets itself"));
+    }
+    if let Some(prefix) = RESERVED_HEADER_PREFIXES.iter().find(|prefix| {
+        name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
+    }) {
+        return Some(format!(
+            "names starting with `{prefix}` are the framework's (CloudEvents attributes, dead-letter bookkeeping)"
+        ));
+    }
+    None
+}
+
+/// Why `headers` (name, value) cannot be one event's user headers, if they
+/// cannot: a name [`user_header_name_problem`] refuses, a name given twice,
+/// a value longer than [`MAX_USER_HEADER_VALUE_BYTES`] or holding a NUL
+/// character (PostgreSQL cannot store it), more than [`MAX_USER_HEADERS`]
+/// headers, or more than [`MAX_USER_HEADERS_BYTES`] in all.
+pub fn user_headers_problem<'a>(
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Option<String> {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut bytes = 0;
+    for (name, value) in headers {
+        if let Some(problem) = user_header_name_problem(name) {
+            return Some(format!("header {name:?}: {problem}"));
+        }
+        if seen.contains(&name) {
+            return Some(format!("header `{name}` is given twice"));
+        }
+        seen.push(name);
+        if value.len() > MAX_USER_HEADER_VALUE_BYTES {
+            return Some(format!(
+                "header `{name}`: a value is at most {MAX_USER_HEADER_VALUE_BYTES} bytes, this one has {}",
+                value.len()
+            ));
+        }
+        if value.contains('\0') {
+            return Some(format!(
+                "header `{name}`: a value cannot hold a NUL character (PostgreSQL cannot store it)"
+            ));
+        }
+        bytes += name.len() + value.len();
+    }
+    if seen.len() > MAX_USER_HEADERS {
+        return Some(format!(
+            "an event has at most {MAX_USER_HEADERS} headers of its own, this one has {}",
+            seen.len()
+        ));
+    }
+    if bytes > MAX_USER_HEADERS_BYTES {
+        return Some(format!(
+            "an event's own headers are at most {MAX_USER_HEADERS_BYTES} bytes in all, these have {bytes}"
+        ));
+    }
+    None
+}

@@ -58,6 +58,7 @@ fn record(topic: &str, i: usize) -> OutboxRecord {
         topic: topic.into(),
         partition_key: order,
         traceparent: None,
+        headers: Vec::new(),
     }
 }
 

@@ -95,6 +95,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "inbox_payload_bytes",
         sql: include_str!("../migrations/0013_inbox_payload_bytes.sql"),
     },
+    Migration {
+        version: 14,
+        description: "event_headers",
+        sql: include_str!("../migrations/0014_event_headers.sql"),
+    },
 ];
 
 /// Failure to migrate.

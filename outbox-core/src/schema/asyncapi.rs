@@ -359,7 +359,7 @@ impl Reference {
 /// The Kafka headers of one message (see `docs/wire-format.md`); values are
 /// UTF-8 text.
 fn headers_schema(d: &EventDescriptor) -> Value {
-    super::json::sorted(json!({
+    let mut schema = json!({
         "type": "object",
         "required": [
             wire::HEADER_EVENT_ID,
@@ -387,5 +387,18 @@ fn headers_schema(d: &EventDescriptor) -> Value {
                 "description": "W3C trace context, present when the event was recorded inside a trace.",
             },
         },
-    }))
+    });
+    // The event type's own static headers (`#[event(headers(...))]`): on
+    // every record of it.
+    for (name, value) in d.headers {
+        schema["properties"][*name] = json!({
+            "type": "string",
+            "const": value,
+            "description": "A header of the event type's own (static).",
+        });
+        if let Some(required) = schema["required"].as_array_mut() {
+            required.push((*name).into());
+        }
+    }
+    super::json::sorted(schema)
 }

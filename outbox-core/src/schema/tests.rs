@@ -79,6 +79,7 @@ const fn descriptor<E: DomainEvent + JsonSchema>(rust_type: &'static str) -> Eve
         partition_key_field: E::PARTITION_KEY_FIELD,
         rust_type,
         kind: MessageKind::Event,
+        headers: E::HEADERS,
         schema: json_schema_for::<E>,
     }
 }
@@ -578,6 +579,27 @@ fn yaml_to_json(text: &str) -> Value {
     let docs = yaml_rust2::YamlLoader::load_from_str(text).expect("valid YAML");
     assert_eq!(docs.len(), 1, "one document");
     convert(&docs[0])
+}
+
+#[test]
+fn static_headers_are_described_in_the_message_headers() {
+    static TAGGED: EventDescriptor = EventDescriptor {
+        headers: &[("schema-version", "2")],
+        ..descriptor::<OrderPlaced>("tests::OrderPlaced")
+    };
+    let export = SchemaExport::from_descriptors(&[&TAGGED]).unwrap();
+    let doc: Value = yaml_to_json(export.file("asyncapi.yaml").unwrap());
+    let headers = &doc["components"]["messages"]["test.orders.OrderPlaced"]["headers"];
+    assert_eq!(
+        headers["properties"]["schema-version"]["const"], "2",
+        "{headers}"
+    );
+    assert!(
+        headers["required"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("schema-version"))
+    );
 }
 
 #[test]

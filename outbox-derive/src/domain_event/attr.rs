@@ -49,6 +49,8 @@ pub(crate) struct Container<'a> {
     pub krate: Key<syn::Path>,
     /// `#[serde(rename_all = "...")]` (or its `serialize = ...` form).
     pub rename_all: Option<RenameRule>,
+    /// `headers("name" = "value", ...)`, every pair of every such key, in order.
+    pub headers: Vec<(LitStr, LitStr)>,
     /// Where `#[serde(deny_unknown_fields)]` was written, if it was.
     pub deny_unknown_fields: Option<Span>,
     /// An `#[event]` attribute could not be parsed at all; "missing key"
@@ -70,6 +72,7 @@ impl<'a> Container<'a> {
             krate: Key::default(),
             rename_all: None,
             deny_unknown_fields: None,
+            headers: Vec::new(),
             malformed: false,
             misspelt: Vec::new(),
         };
@@ -161,6 +164,7 @@ impl<'a> Container<'a> {
                 set_key(&mut self.event_type, item, &name, kind, errors);
             }
             "aggregate" => set_key(&mut self.aggregate, item, &name, kind, errors),
+            "headers" => self.parse_headers(item, errors),
             "crate" => {
                 // The value is a path inside a string (serde's convention), so
                 // it goes through a string slot first.
@@ -189,6 +193,36 @@ impl<'a> Container<'a> {
                 }
                 errors.spanned(path, suggest::unknown_key(&name, kind.attr(), keys, close));
             }
+        }
+    }
+}
+
+impl Container<'_> {
+    /// `headers("name" = "value", ...)`: string pairs, checked later.
+    fn parse_headers(&mut self, item: &Meta, errors: &mut Errors) {
+        let help = format!(
+            "help: write `#[{}(headers(\"schema-version\" = \"2\", \"team\" = \"billing\"))]`",
+            self.kind.attr()
+        );
+        let Meta::List(list) = item else {
+            errors.spanned(
+                item,
+                format!("`headers` takes a list of `\"name\" = \"value\"` pairs\n{help}"),
+            );
+            return;
+        };
+        let pair = |input: syn::parse::ParseStream<'_>| -> syn::Result<(LitStr, LitStr)> {
+            let name: LitStr = input.parse()?;
+            input.parse::<Token![=]>()?;
+            let value: LitStr = input.parse()?;
+            Ok((name, value))
+        };
+        let parser = |input: syn::parse::ParseStream<'_>| {
+            Punctuated::<(LitStr, LitStr), Token![,]>::parse_terminated_with(input, pair)
+        };
+        match syn::parse::Parser::parse2(parser, list.tokens.clone()) {
+            Ok(pairs) => self.headers.extend(pairs),
+            Err(error) => errors.at(error.span(), format!("{error}\n{help}")),
         }
     }
 }

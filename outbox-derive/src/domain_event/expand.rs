@@ -52,6 +52,9 @@ pub(crate) fn event(input: &Input<'_>, event: &Event<'_>, complete: bool) -> Tok
         None => quote!(<Self as #krate::DomainEvent>::partition_key(self)),
     };
 
+    let header_names = event.headers.iter().map(|(name, _)| name);
+    let header_values = event.headers.iter().map(|(_, value)| value);
+
     let registration = if complete {
         register(ident, krate, event.kind)
     } else {
@@ -65,6 +68,7 @@ pub(crate) fn event(input: &Input<'_>, event: &Event<'_>, complete: bool) -> Tok
             const EVENT_TYPE: &'static str = #event_type;
             const AGGREGATE_TYPE: &'static str = #aggregate;
             const PARTITION_KEY_FIELD: &'static str = #key_field;
+            const HEADERS: &'static [(&'static str, &'static str)] = &[#((#header_names, #header_values)),*];
 
             #[inline]
             fn event_id(&self) -> #krate::__private::uuid::Uuid {
@@ -119,6 +123,7 @@ fn register(ident: &syn::Ident, krate: &syn::Path, kind: Kind) -> TokenStream {
                     partition_key_field: <#ident as #krate::DomainEvent>::PARTITION_KEY_FIELD,
                     rust_type: ::core::concat!(::core::module_path!(), "::", #name),
                     kind: #kind,
+                    headers: <#ident as #krate::DomainEvent>::HEADERS,
                     schema,
                 }
             }

@@ -88,8 +88,8 @@ impl Kind {
     /// Keys accepted in the struct-level attribute, in the order the docs list them.
     pub(crate) fn keys(self) -> &'static [&'static str] {
         match self {
-            Kind::Event => &["topic", "event_type", "aggregate", "crate"],
-            Kind::Command => &["topic", "command_type", "aggregate", "crate"],
+            Kind::Event => &["topic", "event_type", "aggregate", "headers", "crate"],
+            Kind::Command => &["topic", "command_type", "aggregate", "headers", "crate"],
         }
     }
 

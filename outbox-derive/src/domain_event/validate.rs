@@ -28,10 +28,124 @@ pub(crate) struct Event<'a> {
     pub partition_key: Option<(&'a Field<'a>, String)>,
     /// The explicit `#[aggregate_id]` field; `None` means "same as the partition key".
     pub aggregate_id: Option<&'a Field<'a>>,
+    /// `headers(...)`: (name, value), the valid ones.
+    pub headers: Vec<(String, String)>,
 }
 
 /// The payload field carrying the event type (`txoutbox_core::wire::PAYLOAD_EVENT_TYPE`).
 const PAYLOAD_EVENT_TYPE: &str = "event_type";
+
+// The rules of `txoutbox_core::wire::user_headers_problem`, at compile time
+// (a proc-macro crate cannot call into txoutbox-core, which re-exports it):
+// keep the two in step; `docs/wire-format.md` states them once.
+const MAX_USER_HEADERS: usize = 16;
+const MAX_USER_HEADER_NAME_BYTES: usize = 128;
+const MAX_USER_HEADER_VALUE_BYTES: usize = 1024;
+const MAX_USER_HEADERS_BYTES: usize = 8 * 1024;
+const RESERVED_HEADER_NAMES: &[&str] = &[
+    "event_id",
+    "event_type",
+    "aggregate_type",
+    "aggregate_id",
+    "content-type",
+    "traceparent",
+    "tracestate",
+    "replay",
+    "id",
+    "eventType",
+];
+const RESERVED_HEADER_PREFIXES: &[&str] = &["ce_", "dlq_"];
+
+/// Checks `headers("name" = "value", ...)`, reporting every bad pair at its
+/// literal; returns the good ones.
+fn check_headers(
+    pairs: &[(syn::LitStr, syn::LitStr)],
+    errors: &mut Errors,
+) -> Vec<(String, String)> {
+    let mut good: Vec<(String, String)> = Vec::new();
+    let mut bytes = 0;
+    for (name_lit, value_lit) in pairs {
+        let (name, value) = (name_lit.value(), value_lit.value());
+        if let Some(problem) = header_name_problem(&name) {
+            errors.spanned(
+                name_lit,
+                format!(
+                    "{problem}\nhelp: a header name is 1 to {MAX_USER_HEADER_NAME_BYTES} ASCII \
+                     letters, digits, `-`, `_` and `.`, not one the framework sets, e.g. \
+                     \"schema-version\""
+                ),
+            );
+            continue;
+        }
+        if good.iter().any(|(seen, _)| *seen == name) {
+            errors.spanned(
+                name_lit,
+                format!("header `{name}` is given twice\nhelp: give each header once"),
+            );
+            continue;
+        }
+        if value.len() > MAX_USER_HEADER_VALUE_BYTES || value.contains('\0') {
+            errors.spanned(
+                value_lit,
+                format!(
+                    "the value of header `{name}` must be at most {MAX_USER_HEADER_VALUE_BYTES} \
+                     bytes without a NUL character (PostgreSQL stores it)"
+                ),
+            );
+            continue;
+        }
+        bytes += name.len() + value.len();
+        good.push((name, value));
+    }
+    if good.len() > MAX_USER_HEADERS {
+        errors.spanned(
+            &pairs[MAX_USER_HEADERS].0,
+            format!(
+                "an event has at most {MAX_USER_HEADERS} headers of its own\nhelp: \
+                 put related values into one header"
+            ),
+        );
+    } else if bytes > MAX_USER_HEADERS_BYTES {
+        errors.spanned(
+            &pairs[pairs.len() - 1].0,
+            format!("an event's own headers are at most {MAX_USER_HEADERS_BYTES} bytes in all"),
+        );
+    }
+    good
+}
+
+fn header_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("a header name cannot be empty".into());
+    }
+    if name.len() > MAX_USER_HEADER_NAME_BYTES {
+        return Some(format!(
+            "header name of {} bytes; at most {MAX_USER_HEADER_NAME_BYTES}",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Some(format!("{bad:?} is not allowed in a header name"));
+    }
+    if let Some(taken) = RESERVED_HEADER_NAMES
+        .iter()
+        .find(|reserved| reserved.eq_ignore_ascii_case(name))
+    {
+        return Some(format!("`{taken}` is a header the framework sets itself"));
+    }
+    if let Some(prefix) = RESERVED_HEADER_PREFIXES.iter().find(|prefix| {
+        name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
+    }) {
+        return Some(format!(
+            "names starting with `{prefix}` are the framework's (CloudEvents attributes, \
+             dead-letter bookkeeping)"
+        ));
+    }
+    None
+}
 
 fn supported(kind: Kind) -> String {
     format!(
@@ -142,6 +256,7 @@ pub(crate) fn event<'a>(input: &'a Input<'a>, errors: &mut Errors) -> Event<'a> 
         event_id: None,
         partition_key: None,
         aggregate_id: None,
+        headers: check_headers(&attrs.headers, errors),
     };
     match &input.shape {
         Shape::Named(fields) => check_fields(input, fields, &mut event, errors),

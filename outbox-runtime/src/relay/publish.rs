@@ -193,6 +193,7 @@ fn headers(row: &ClaimedRow, traceparent: Option<&str>, names: &HeaderNames) -> 
             aggregate_type: &row.aggregate_type,
             aggregate_id: &row.aggregate_id,
             traceparent,
+            user_headers: row.headers.as_deref(),
         },
         names,
     )

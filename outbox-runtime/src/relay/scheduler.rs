@@ -234,12 +234,12 @@ async fn move_due(pool: &PgPool, limit: usize) -> sqlx::Result<Moved> {
                           LIMIT $1
                           FOR UPDATE SKIP LOCKED)
              RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload, topic,
-                       partition_key, traceparent, deliver_after),
+                       partition_key, traceparent, headers, deliver_after),
          moved AS (
              INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload,
-                                       topic, partition_key, traceparent, deliver_after)
+                                       topic, partition_key, traceparent, headers, deliver_after)
              SELECT event_id, aggregate_type, aggregate_id, event_type, payload, topic,
-                    partition_key, traceparent, deliver_after
+                    partition_key, traceparent, headers, deliver_after
              FROM due
              ORDER BY deliver_after, id
              ON CONFLICT (event_id) DO NOTHING

@@ -2,9 +2,9 @@
 //! are `ops::dead_letters`; the scheduler's statements are in `scheduler.rs`).
 
 use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
 
 use crate::wire::encode::payload_text_with_event_type;
-use uuid::Uuid;
 
 /// One claimed row, as it goes to Kafka.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -20,6 +20,8 @@ pub(crate) struct ClaimedRow {
     pub partition_key: String,
     pub traceparent: Option<String>,
     pub attempts: i32,
+    /// The user's headers as JSON text (`headers::text`), NULL for none.
+    pub headers: Option<String>,
 }
 
 /// Claims up to `limit` publishable rows of the given lanes, in id order,
@@ -67,7 +69,8 @@ pub(crate) async fn claim(
 const CLAIM: &str = concat!(
     "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, ",
     payload_text_with_event_type!("o"),
-    " AS payload, o.topic, o.partition_key, o.traceparent, o.attempts
+    " AS payload, o.topic, o.partition_key, o.traceparent, o.attempts,
+        o.headers::text AS headers
  FROM outbox_event o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL
    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())

@@ -156,6 +156,18 @@ pub(crate) fn records_to_json(records: &[OutboxRecord]) -> Value {
                     r.traceparent.clone().map_or(Value::Null, Value::String),
                 );
                 object.insert("payload".into(), r.payload.clone());
+                if !r.headers.is_empty() {
+                    // Pairs, not an object: the order is kept.
+                    object.insert(
+                        "headers".into(),
+                        Value::Array(
+                            r.headers
+                                .iter()
+                                .map(|(n, v)| Value::from(vec![n.as_str(), v.as_str()]))
+                                .collect(),
+                        ),
+                    );
+                }
                 Value::Object(object)
             })
             .collect(),
@@ -193,6 +205,19 @@ pub(crate) fn json_to_records(value: &Value) -> Result<Vec<OutboxRecord>, String
                     .get("payload")
                     .cloned()
                     .ok_or("a compensation has no `payload`")?,
+                headers: match item.get("headers") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(Value::Array(pairs)) => pairs
+                        .iter()
+                        .map(|pair| match pair.as_array().map(Vec::as_slice) {
+                            Some([Value::String(n), Value::String(v)]) => {
+                                Ok((n.clone(), v.clone()))
+                            }
+                            _ => Err("a compensation's header is not a [name, value] pair"),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    Some(_) => return Err("a compensation's `headers` is not an array".into()),
+                },
             })
         })
         .collect()
@@ -213,9 +238,21 @@ mod tests {
             topic: "inventory.commands".into(),
             partition_key: "o-1".into(),
             traceparent: None,
+            headers: Vec::new(),
         };
         let json = records_to_json(std::slice::from_ref(&record));
-        assert_eq!(json_to_records(&json).unwrap(), vec![record]);
+        assert_eq!(json_to_records(&json).unwrap(), vec![record.clone()]);
+        let with_headers = OutboxRecord {
+            headers: vec![("tenant".into(), "acme".into()), ("a".into(), "1".into())],
+            ..record
+        };
+        let json = records_to_json(std::slice::from_ref(&with_headers));
+        assert_eq!(json_to_records(&json).unwrap(), vec![with_headers]);
+        assert!(json_to_records(&serde_json::json!([{
+            "event_id": Uuid::nil(), "aggregate_type": "a", "aggregate_id": "b", "event_type": "c",
+            "topic": "d", "partition_key": "e", "payload": {}, "headers": [["only-a-name"]]
+        }]))
+        .is_err());
         assert!(json_to_records(&serde_json::json!({})).is_err());
         assert!(json_to_records(&serde_json::json!([{"event_id": "x"}])).is_err());
     }

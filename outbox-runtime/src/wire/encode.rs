@@ -162,6 +162,8 @@ pub(crate) struct WireRow<'a> {
     pub(crate) aggregate_type: &'a str,
     pub(crate) aggregate_id: &'a str,
     pub(crate) traceparent: Option<&'a str>,
+    /// The row's `headers` column as JSON text (see [`user_headers`]).
+    pub(crate) user_headers: Option<&'a str>,
 }
 
 /// The headers `docs/wire-format.md` specifies for an outbox row, under
@@ -187,12 +189,60 @@ pub(crate) fn record_headers(row: &WireRow<'_>, names: &HeaderNames) -> OwnedHea
             value: Some(traceparent),
         });
     }
+    for (key, value) in user_headers(row.user_headers) {
+        headers = headers.insert(Header {
+            key: &key,
+            value: Some(&value),
+        });
+    }
     headers
+}
+
+/// The user's headers of a row, from its `headers` column (JSON text, NULL
+/// for none), in the column's order. Rows written through the framework hold
+/// an object of strings; a value of another JSON type (another writer's) is
+/// sent as its JSON text, and a column that is not an object is not sent at
+/// all (logged): the record still goes out, with the framework's headers.
+pub(crate) fn user_headers(stored: Option<&str>) -> Vec<(String, String)> {
+    let Some(stored) = stored else {
+        return Vec::new();
+    };
+    match serde_json::from_str::<serde_json::Value>(stored) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .map(|(name, value)| match value {
+                serde_json::Value::String(text) => (name, text),
+                other => (name, other.to_string()),
+            })
+            .collect(),
+        _ => {
+            tracing::warn!(
+                headers = %super::decode::shorten(stored),
+                "an outbox row's `headers` column is not a JSON object; the record is sent without them"
+            );
+            Vec::new()
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::HeaderNames;
+    use super::{HeaderNames, user_headers};
+
+    #[test]
+    fn stored_user_headers_are_read_leniently() {
+        assert!(user_headers(None).is_empty());
+        assert_eq!(
+            user_headers(Some(r#"{"tenant": "acme", "v": 2, "flag": null}"#)),
+            [
+                ("tenant".to_owned(), "acme".to_owned()),
+                ("v".to_owned(), "2".to_owned()),
+                ("flag".to_owned(), "null".to_owned()),
+            ]
+        );
+        assert!(user_headers(Some(r#"["not", "an", "object"]"#)).is_empty());
+        assert!(user_headers(Some("not json")).is_empty());
+    }
 
     #[test]
     fn header_names_must_be_distinct_non_empty_and_not_the_frameworks_own() {

@@ -32,7 +32,7 @@ pub struct OrderCreated {
 /// serde attributes the derive has to read past.
 #[derive(DomainEvent, Serialize, JsonSchema)]
 #[event(topic = "a_b-c.9")]
-#[event(aggregate = "Thing")]
+#[event(aggregate = "Thing", headers("schema-version" = "2", "team" = "things"))]
 #[serde(bound = "", rename_all(serialize = "kebab-case"))]
 pub struct ThingHappened {
     /// Found by name.
@@ -57,5 +57,10 @@ fn main() {
         shard_no: 3,
     };
     assert_eq!(thing.aggregate_id(), "3");
+    assert_eq!(
+        ThingHappened::HEADERS,
+        [("schema-version", "2"), ("team", "things")]
+    );
+    assert!(OrderCreated::HEADERS.is_empty());
     assert_eq!(txoutbox_core::schema::registered_events().len(), 2);
 }

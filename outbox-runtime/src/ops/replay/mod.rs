@@ -239,6 +239,8 @@ struct Row {
     topic: String,
     partition_key: String,
     traceparent: Option<String>,
+    /// The user's headers as JSON text, NULL for none.
+    headers: Option<String>,
 }
 
 /// A replay run's settings.
@@ -539,7 +541,8 @@ impl Replay {
         };
         let sql = format!(
             "SELECT t.id, t.event_id, t.aggregate_type, t.aggregate_id, t.event_type,
-                    {} AS payload, t.topic, t.partition_key, t.traceparent
+                    {} AS payload, t.topic, t.partition_key, t.traceparent,
+                    t.headers::text AS headers
              {} AND t.id > $8 ORDER BY t.id LIMIT $9",
             crate::wire::encode::payload_text_with_event_type!("t"),
             self.mode.selection()
@@ -694,6 +697,7 @@ fn headers(row: &Row, event_id: &str, run: &str, names: &HeaderNames) -> OwnedHe
             aggregate_type: &row.aggregate_type,
             aggregate_id: &row.aggregate_id,
             traceparent: row.traceparent.as_deref(),
+            user_headers: row.headers.as_deref(),
         },
         names,
     )

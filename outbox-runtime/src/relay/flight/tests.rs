@@ -22,6 +22,7 @@ fn row(id: i64, key: &str) -> ClaimedRow {
         partition_key: key.into(),
         traceparent: None,
         attempts: 0,
+        headers: None,
     }
 }
 
