@@ -23,7 +23,7 @@ use txoutbox_runtime::consumer::{
 };
 use txoutbox_runtime::ops::OpsError;
 use txoutbox_runtime::ops::replay::{self, Replay, ReplayFilter};
-use txoutbox_runtime::relay::{HeaderNames, Relay};
+use txoutbox_runtime::relay::{CloudEvents, HeaderNames, Relay};
 
 #[sqlx::test(migrations = false)]
 async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: PgPool) {
@@ -197,6 +197,39 @@ async fn a_replay_with_debeziums_header_names_sends_them(pool: PgPool) {
     assert_eq!(headers["eventType"], "OrderCreated");
     assert!(!headers.contains_key("event_id") && !headers.contains_key("event_type"));
     assert!(headers.contains_key(HEADER_REPLAY));
+}
+
+/// A replay sends CloudEvents' binary-mode headers as the relay does.
+#[sqlx::test(migrations = false)]
+async fn a_replay_with_cloudevents_sends_the_ce_headers(pool: PgPool) {
+    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    let target = new_topic().await;
+    let (_, event_id) = OutboxRow::new("cli-replay-cloudevents")
+        .published(60, 30)
+        .insert(&pool)
+        .await;
+    Replay::new(ReplayFilter {
+        topic: Some("cli-replay-cloudevents".into()),
+        ..Default::default()
+    })
+    .target_topic(target.clone())
+    .cloudevents(CloudEvents::binary())
+    .run(&pool, &producer(), |_| {})
+    .await
+    .unwrap();
+    let received = read_back(&target).await;
+    assert_eq!(received.len(), 1);
+    let headers = &received[0].headers;
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(headers["ce_id"], event_id.to_string());
+    assert_eq!(headers["ce_type"], "OrderCreated");
+    assert_eq!(headers["ce_specversion"], "1.0");
+    assert_eq!(headers["ce_source"], format!("/txoutbox/{database}"));
+    assert_eq!(headers["event_id"], event_id.to_string(), "next to ours");
+    assert!(headers.contains_key("ce_time"));
 }
 
 #[sqlx::test(migrations = false)]

@@ -36,6 +36,7 @@ pub(super) fn render(
     version: &str,
     description: Option<&str>,
     events: &[DocumentEvent<'_>],
+    cloudevents: bool,
 ) -> Result<String, String> {
     let mut channels = BTreeMap::<String, Channel>::new();
     let mut operations = BTreeMap::<String, Operation>::new();
@@ -68,6 +69,7 @@ pub(super) fn render(
             Message::new(
                 d,
                 Reference::to(format!("#/components/schemas/{component_key}")),
+                cloudevents,
             ),
         );
     }
@@ -281,7 +283,7 @@ struct Message {
 }
 
 impl Message {
-    fn new(d: &EventDescriptor, payload: Reference) -> Self {
+    fn new(d: &EventDescriptor, payload: Reference, cloudevents: bool) -> Self {
         Self {
             name: d.event_type.to_owned(),
             title: d.event_type.to_owned(),
@@ -296,7 +298,7 @@ impl Message {
                 ),
             },
             content_type: wire::CONTENT_TYPE_JSON,
-            headers: headers_schema(d),
+            headers: headers_schema(d, cloudevents),
             payload,
             bindings: KafkaBinding::new(MessageBinding {
                 key: json!({
@@ -358,7 +360,7 @@ impl Reference {
 
 /// The Kafka headers of one message (see `docs/wire-format.md`); values are
 /// UTF-8 text.
-fn headers_schema(d: &EventDescriptor) -> Value {
+fn headers_schema(d: &EventDescriptor, cloudevents: bool) -> Value {
     let mut schema = json!({
         "type": "object",
         "required": [
@@ -400,5 +402,63 @@ fn headers_schema(d: &EventDescriptor) -> Value {
             required.push((*name).into());
         }
     }
+    if cloudevents {
+        add_cloudevents_headers(&mut schema, d);
+    }
     super::json::sorted(schema)
+}
+
+/// CloudEvents' binary content mode (`txoutbox_runtime::relay::CloudEvents`):
+/// the attributes as `ce_` headers.
+fn add_cloudevents_headers(schema: &mut Value, d: &EventDescriptor) {
+    let text = |description: &str| json!({ "type": "string", "description": description });
+    let headers = [
+        (
+            "ce_specversion",
+            json!({ "type": "string", "const": "1.0" }),
+            true,
+        ),
+        ("ce_id", text("CloudEvents `id`: the event id."), true),
+        (
+            "ce_source",
+            text("CloudEvents `source`: the producing service."),
+            true,
+        ),
+        (
+            "ce_type",
+            json!({ "type": "string", "const": d.event_type }),
+            true,
+        ),
+        (
+            "ce_subject",
+            text("CloudEvents `subject`: the aggregate id."),
+            true,
+        ),
+        (
+            "ce_time",
+            json!({ "type": "string", "format": "date-time", "description": "CloudEvents `time`: when the event was recorded." }),
+            true,
+        ),
+        (
+            "ce_partitionkey",
+            text("Partitioning extension: the record key."),
+            true,
+        ),
+        (
+            "ce_dataschema",
+            json!({ "type": "string", "format": "uri", "description": "CloudEvents `dataschema`, when the relay is given a base URI." }),
+            false,
+        ),
+        (
+            "ce_traceparent",
+            text("Distributed tracing extension: the W3C trace context, when the record has one."),
+            false,
+        ),
+    ];
+    for (name, property, required) in headers {
+        schema["properties"][name] = property;
+        if required && let Some(list) = schema["required"].as_array_mut() {
+            list.push(name.into());
+        }
+    }
 }

@@ -34,6 +34,7 @@ pub struct ExportOptions {
     version: String,
     description: Option<String>,
     id_base: String,
+    cloudevents: bool,
 }
 
 impl Default for ExportOptions {
@@ -52,6 +53,7 @@ impl ExportOptions {
             version: "0.1.0".to_owned(),
             description: None,
             id_base: String::new(),
+            cloudevents: false,
         }
     }
 
@@ -77,6 +79,15 @@ impl ExportOptions {
     /// published at, ending in `/`); the relative path is appended.
     pub fn id_base(mut self, id_base: impl Into<String>) -> Self {
         self.id_base = id_base.into();
+        self
+    }
+
+    /// Describes the `ce_` headers of CloudEvents' binary content mode in
+    /// every message of the AsyncAPI document: set it when the relay
+    /// publishes with `RelayBuilder::cloudevents` (the ones it always sends
+    /// as required, the others as optional). Default `false`.
+    pub fn cloudevents(mut self, on: bool) -> Self {
+        self.cloudevents = on;
         self
     }
 
@@ -140,6 +151,7 @@ impl ExportOptions {
             &self.version,
             self.description.as_deref(),
             &document_events,
+            self.cloudevents,
         )
         .map_err(|e| ExportError {
             problems: vec![ExportProblem::Yaml(e)],

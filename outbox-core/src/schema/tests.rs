@@ -603,6 +603,35 @@ fn static_headers_are_described_in_the_message_headers() {
 }
 
 #[test]
+fn the_cloudevents_headers_are_described_when_on() {
+    let off = ExportOptions::new().export(&[&ORDER_PLACED]).unwrap();
+    let on = ExportOptions::new()
+        .cloudevents(true)
+        .export(&[&ORDER_PLACED])
+        .unwrap();
+    let headers = |export: &SchemaExport| {
+        yaml_to_json(export.file("asyncapi.yaml").unwrap())["components"]["messages"]
+            ["test.orders.OrderPlaced"]["headers"]
+            .clone()
+    };
+    assert!(headers(&off)["properties"].get("ce_id").is_none());
+    let on = headers(&on);
+    assert_eq!(on["properties"]["ce_type"]["const"], "OrderPlaced");
+    let required = on["required"].as_array().unwrap();
+    assert!(required.contains(&json!("ce_specversion")) && required.contains(&json!("ce_source")));
+    assert!(!required.contains(&json!("ce_dataschema")));
+    // The schemas themselves are the same.
+    assert_eq!(
+        off.file("test.orders/OrderPlaced.json"),
+        ExportOptions::new()
+            .cloudevents(true)
+            .export(&[&ORDER_PLACED])
+            .unwrap()
+            .file("test.orders/OrderPlaced.json")
+    );
+}
+
+#[test]
 fn commands_are_marked_in_the_schema_file_and_the_document() {
     static RESERVE: EventDescriptor = EventDescriptor {
         topic: "test.inventory.commands",

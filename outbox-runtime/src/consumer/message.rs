@@ -8,8 +8,9 @@ use txoutbox_core::wire;
 use uuid::Uuid;
 
 use super::handler::{Dispatch, EventMeta};
+use crate::wire::cloudevents;
 use crate::wire::dead_letter::DeadLetterReason;
-use crate::wire::decode::{header, scan, shorten, text_headers, with_event_id};
+use crate::wire::decode::{header, scan, scan_text, shorten, text_headers, with_event_id};
 use crate::wire::raw_headers::raw_headers;
 
 /// Where in `envelope` a NUL character is, if anywhere: PostgreSQL cannot
@@ -62,18 +63,40 @@ pub(crate) fn classify(
             format!("message of {size} bytes exceeds the limit of {max_bytes} bytes"),
         );
     }
-    let scanned = match scan(value) {
-        Ok(scanned) => scanned,
-        Err(bad) => return Classified::Bad(bad.0, bad.1),
-    };
     let headers = message.headers().map(raw_headers).unwrap_or_default();
+    // A structured CloudEvent carries the event under `data`, its id, type
+    // and trace context as attributes next to it.
+    let structured =
+        header(&headers, wire::HEADER_CONTENT_TYPE).is_some_and(cloudevents::is_structured);
+    let (scanned, attributes) = if structured {
+        match cloudevents::structured(value).and_then(|mut event| {
+            let data = std::mem::take(&mut event.data);
+            Ok((scan_text(data)?, Some(event)))
+        }) {
+            Ok(found) => found,
+            Err(bad) => return Classified::Bad(bad.0, bad.1),
+        }
+    } else {
+        match scan(value) {
+            Ok(scanned) => (scanned, None),
+            Err(bad) => return Classified::Bad(bad.0, bad.1),
+        }
+    };
+    let attribute = |pick: fn(&cloudevents::Structured) -> Option<&String>| {
+        attributes.as_ref().and_then(pick).map(String::as_str)
+    };
     let (event_id, payload) = match scanned.event_id {
         Some(Ok(id)) => (id, scanned.text.into_owned()),
         Some(Err(error)) => return Classified::Bad(DeadLetterReason::InvalidEventId, error),
         None => {
-            let found = [wire::HEADER_EVENT_ID, wire::HEADER_ID]
-                .into_iter()
-                .find_map(|name| Some((name, header(&headers, name)?)));
+            let found = [
+                wire::HEADER_EVENT_ID,
+                cloudevents::HEADER_ID,
+                wire::HEADER_ID,
+            ]
+            .into_iter()
+            .find_map(|name| Some((name, header(&headers, name)?)))
+            .or_else(|| Some(("CloudEvent `id`", attribute(|e| e.id.as_ref())?)));
             match found {
                 Some((name, text)) => match Uuid::parse_str(text) {
                     Ok(id) => (id, with_event_id(&scanned.text, id, scanned.null_event_id)),
@@ -90,7 +113,8 @@ pub(crate) fn classify(
                 None => {
                     return Classified::Bad(
                         DeadLetterReason::MissingEventId,
-                        "payload has no `event_id` and the record no `event_id` (or `id`) header"
+                        "payload has no `event_id` and the record no `event_id` (or `ce_id`, \
+                         `id`) header"
                             .into(),
                     );
                 }
@@ -101,8 +125,9 @@ pub(crate) fn classify(
     let named = type_headers
         .iter()
         .map(String::as_str)
-        .chain([wire::HEADER_EVENT_TYPE])
+        .chain([wire::HEADER_EVENT_TYPE, cloudevents::HEADER_TYPE])
         .find_map(|name| header(&headers, name))
+        .or_else(|| attribute(|e| e.event_type.as_ref()))
         .map(str::to_owned)
         .or(scanned.event_type)
         .filter(|name| !name.is_empty());
@@ -137,7 +162,10 @@ pub(crate) fn classify(
     } else {
         None
     };
-    let traceparent = header(&headers, wire::HEADER_TRACEPARENT).map(str::to_owned);
+    let traceparent = header(&headers, wire::HEADER_TRACEPARENT)
+        .or_else(|| attribute(|e| e.traceparent.as_ref()))
+        .or_else(|| header(&headers, cloudevents::HEADER_TRACEPARENT))
+        .map(str::to_owned);
     let meta = EventMeta {
         event_id,
         event_type,

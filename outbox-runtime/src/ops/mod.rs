@@ -42,6 +42,10 @@ pub enum OpsError {
     /// (see [`HeaderNames::problem`](crate::relay::HeaderNames::problem)).
     #[error("invalid header names: {0}")]
     HeaderNames(String),
+    /// The CloudEvents setting given to
+    /// [`Replay::cloudevents`](replay::Replay::cloudevents) cannot be used.
+    #[error("invalid CloudEvents setting: {0}")]
+    CloudEvents(String),
     /// A rebuild ([`Replay::rebuild`](replay::Replay::rebuild)) was asked
     /// without the live topic in its filter.
     #[error("a rebuild replays one live topic: set the filter's topic (--topic)")]

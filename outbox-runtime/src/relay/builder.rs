@@ -229,6 +229,26 @@ impl RelayBuilder {
         self
     }
 
+    /// Publishes every record as a CloudEvent in binary content mode as
+    /// well: the `ce_` headers of [`CloudEvents`](super::CloudEvents) next to
+    /// (or, with `without_framework_headers`, instead of) the framework's,
+    /// the value unchanged. Default: off. See `docs/wire-format.md`,
+    /// "CloudEvents".
+    ///
+    /// ```no_run
+    /// # fn f(pool: sqlx::PgPool, kafka: rdkafka::ClientConfig) -> Result<(), txoutbox_runtime::relay::BuildError> {
+    /// use txoutbox_runtime::relay::{CloudEvents, Relay};
+    ///
+    /// let relay = Relay::builder(pool, kafka)
+    ///     .cloudevents(CloudEvents::binary().source("https://orders.example.com"))
+    ///     .spawn()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cloudevents(mut self, cloudevents: super::CloudEvents) -> Self {
+        self.config.cloudevents = Some(cloudevents);
+        self
+    }
+
     /// Testing only: abandons every batch after delivery and before
     /// marking, as a crash at that point would. Not a public API.
     #[cfg(feature = "test-hooks")]
@@ -245,8 +265,18 @@ impl RelayBuilder {
     /// `acks` (the relay's producer is always idempotent with `acks=all`), if
     /// a tuning value is out of range, or if librdkafka refuses the
     /// configuration.
-    pub fn build(self) -> Result<Relay, BuildError> {
+    pub fn build(mut self) -> Result<Relay, BuildError> {
         validate(&self.config)?;
+        let database = self
+            .pool
+            .connect_options()
+            .get_database()
+            .map(str::to_owned);
+        self.config.cloudevents = self
+            .config
+            .cloudevents
+            .take()
+            .map(|cloudevents| cloudevents.resolved(database.as_deref()));
         let kafka = producer_config(&self.kafka, &self.config)?;
         Relay::new(self.pool, kafka, self.config)
     }

@@ -37,6 +37,8 @@ pub(crate) struct RelayConfig {
     pub(crate) shutdown_timeout: Duration,
     /// The names of the event's headers (see [`super::HeaderNames`]).
     pub(crate) header_names: super::HeaderNames,
+    /// CloudEvents binary mode, if on (see [`super::CloudEvents`]).
+    pub(crate) cloudevents: Option<super::CloudEvents>,
     /// Testing only (feature `test-hooks`): abandon every batch after
     /// delivery and before marking, as a crash at that point would.
     #[cfg(feature = "test-hooks")]
@@ -62,6 +64,7 @@ impl Default for RelayConfig {
             listen_notify: false,
             shutdown_timeout: Duration::from_secs(45),
             header_names: super::HeaderNames::default(),
+            cloudevents: None,
             #[cfg(feature = "test-hooks")]
             crash_before_mark: false,
         }
@@ -99,6 +102,13 @@ pub(super) fn validate(config: &RelayConfig) -> Result<(), BuildError> {
     }
     if let Some(problem) = config.header_names.problem() {
         return Err(BuildError::HeaderNames(problem));
+    }
+    if let Some(problem) = config
+        .cloudevents
+        .as_ref()
+        .and_then(super::CloudEvents::problem)
+    {
+        return Err(BuildError::CloudEvents(problem));
     }
     if config.database_timeout + renew_every(config) >= config.lease_timeout {
         // A healthy relay renews within the renewal period plus one statement.

@@ -24,6 +24,10 @@ pub enum BuildError {
     /// cannot be used (empty, the same twice, or a header the framework sets).
     #[error("invalid relay header names: {0}")]
     HeaderNames(String),
+    /// The [`CloudEvents`](super::CloudEvents) setting cannot be used (an
+    /// empty source or data schema base).
+    #[error("invalid CloudEvents setting: {0}")]
+    CloudEvents(String),
     /// librdkafka refused the configuration.
     #[error("could not create the relay's kafka producer: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),

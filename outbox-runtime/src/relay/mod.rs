@@ -56,6 +56,7 @@ pub mod telemetry;
 mod wakeup;
 mod worker;
 
+pub use crate::wire::cloudevents::CloudEvents;
 pub use crate::wire::encode::HeaderNames;
 pub use builder::RelayBuilder;
 #[cfg(feature = "test-hooks")]

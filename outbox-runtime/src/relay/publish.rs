@@ -13,6 +13,7 @@ use txoutbox_core::trace;
 
 use super::partitioner::Partitioner;
 use super::store::ClaimedRow;
+use crate::wire::cloudevents::CloudEvents;
 use crate::wire::encode::{HeaderNames, WireRow, record_headers};
 
 /// What became of one row of a batch.
@@ -52,6 +53,8 @@ pub(crate) struct Publisher {
     config: ClientConfig,
     /// The names of the event's headers on every record.
     header_names: HeaderNames,
+    /// CloudEvents binary mode, if on.
+    cloudevents: Option<CloudEvents>,
     producer: FutureProducer,
     /// Counts rebuilds: rows sent through an earlier producer hold their
     /// keys until they settle (see `Flight::held_keys`).
@@ -59,11 +62,16 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    pub(crate) fn new(config: ClientConfig, header_names: HeaderNames) -> Result<Self, KafkaError> {
+    pub(crate) fn new(
+        config: ClientConfig,
+        header_names: HeaderNames,
+        cloudevents: Option<CloudEvents>,
+    ) -> Result<Self, KafkaError> {
         let producer = config.create()?;
         Ok(Self {
             config,
             header_names,
+            cloudevents,
             producer,
             generation: 0,
         })
@@ -147,7 +155,12 @@ impl Publisher {
         let mut record = FutureRecord::to(&row.topic)
             .key(row.partition_key.as_str())
             .payload(row.payload.as_str())
-            .headers(headers(row, traceparent.as_deref(), &self.header_names));
+            .headers(headers(
+                row,
+                traceparent.as_deref(),
+                &self.header_names,
+                self.cloudevents.as_ref(),
+            ));
         async {
             loop {
                 match self.producer.send_result(record) {
@@ -185,7 +198,12 @@ pub(crate) fn report_outcome(
     }
 }
 
-fn headers(row: &ClaimedRow, traceparent: Option<&str>, names: &HeaderNames) -> OwnedHeaders {
+fn headers(
+    row: &ClaimedRow,
+    traceparent: Option<&str>,
+    names: &HeaderNames,
+    cloudevents: Option<&CloudEvents>,
+) -> OwnedHeaders {
     record_headers(
         &WireRow {
             event_id: &row.event_id.to_string(),
@@ -194,8 +212,12 @@ fn headers(row: &ClaimedRow, traceparent: Option<&str>, names: &HeaderNames) -> 
             aggregate_id: &row.aggregate_id,
             traceparent,
             user_headers: row.headers.as_deref(),
+            topic: &row.topic,
+            partition_key: &row.partition_key,
+            created_at: Some(row.created_at),
         },
         names,
+        cloudevents,
     )
 }
 

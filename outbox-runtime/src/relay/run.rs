@@ -47,7 +47,11 @@ impl Relay {
         kafka: ClientConfig,
         config: RelayConfig,
     ) -> Result<Self, BuildError> {
-        let publisher = Publisher::new(kafka, config.header_names.clone())?;
+        let publisher = Publisher::new(
+            kafka,
+            config.header_names.clone(),
+            config.cloudevents.clone(),
+        )?;
         let partitions = Partitions::new(
             publisher.partitioner(),
             config.delivery_timeout,

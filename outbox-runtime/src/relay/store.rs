@@ -22,6 +22,8 @@ pub(crate) struct ClaimedRow {
     pub attempts: i32,
     /// The user's headers as JSON text (`headers::text`), NULL for none.
     pub headers: Option<String>,
+    /// When the event was recorded (CloudEvents' `time`).
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// Claims up to `limit` publishable rows of the given lanes, in id order,
@@ -70,7 +72,7 @@ const CLAIM: &str = concat!(
     "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, ",
     payload_text_with_event_type!("o"),
     " AS payload, o.topic, o.partition_key, o.traceparent, o.attempts,
-        o.headers::text AS headers
+        o.headers::text AS headers, o.created_at
  FROM outbox_event o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL
    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())

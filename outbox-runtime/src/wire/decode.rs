@@ -119,6 +119,27 @@ pub(crate) fn scan(value: &[u8]) -> Result<Scanned<'_>, (DeadLetterReason, Strin
     })
 }
 
+/// [`scan`] of JSON text the consumer made (a structured CloudEvent's
+/// `data`): must be one JSON object.
+pub(crate) fn scan_text(text: String) -> Result<Scanned<'static>, (DeadLetterReason, String)> {
+    let (event_id, null_event_id, event_type, nul) = {
+        let found = scan_object(text.as_bytes())?;
+        (
+            found.event_id,
+            found.null_event_id,
+            found.event_type,
+            found.nul,
+        )
+    };
+    Ok(Scanned {
+        text: Cow::Owned(text),
+        event_id,
+        null_event_id,
+        event_type,
+        nul,
+    })
+}
+
 /// [`scan`] of a value that must be a JSON object itself.
 fn scan_object(value: &[u8]) -> Result<Scanned<'_>, (DeadLetterReason, String)> {
     let not_json = |error: serde_json::Error| {

@@ -5,6 +5,8 @@
 use rdkafka::message::{Header, OwnedHeaders};
 use txoutbox_core::wire;
 
+use super::cloudevents::CloudEvents;
+
 /// SQL: the `payload` column of the table aliased `$alias`, as JSON text
 /// that names its event type under `event_type`. Rows written by
 /// `OutboxRecord::from_event` have it already (`jsonb ?` finds it, the
@@ -164,24 +166,56 @@ pub(crate) struct WireRow<'a> {
     pub(crate) traceparent: Option<&'a str>,
     /// The row's `headers` column as JSON text (see [`user_headers`]).
     pub(crate) user_headers: Option<&'a str>,
+    /// For the CloudEvents headers: the record's topic and key, and when
+    /// the event was recorded.
+    pub(crate) topic: &'a str,
+    pub(crate) partition_key: &'a str,
+    pub(crate) created_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The headers `docs/wire-format.md` specifies for an outbox row, under
-/// `names`. The one place they are built: the relay and `outbox replay`
-/// send the same record.
-pub(crate) fn record_headers(row: &WireRow<'_>, names: &HeaderNames) -> OwnedHeaders {
-    let mut headers = OwnedHeaders::new_with_capacity(7);
-    for (key, value) in [
-        (names.event_id.as_str(), row.event_id),
-        (names.event_type.as_str(), row.event_type),
-        (names.aggregate_type.as_str(), row.aggregate_type),
-        (names.aggregate_id.as_str(), row.aggregate_id),
-        (wire::HEADER_CONTENT_TYPE, wire::CONTENT_TYPE_JSON),
-    ] {
-        headers = headers.insert(Header {
-            key,
-            value: Some(value),
-        });
+/// `names`, with CloudEvents' binary-mode headers when `cloudevents` is
+/// given. The one place they are built: the relay and `outbox replay` send
+/// the same record.
+pub(crate) fn record_headers(
+    row: &WireRow<'_>,
+    names: &HeaderNames,
+    cloudevents: Option<&CloudEvents>,
+) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new_with_capacity(16);
+    if cloudevents.is_none_or(CloudEvents::framework_headers) {
+        for (key, value) in [
+            (names.event_id.as_str(), row.event_id),
+            (names.event_type.as_str(), row.event_type),
+            (names.aggregate_type.as_str(), row.aggregate_type),
+            (names.aggregate_id.as_str(), row.aggregate_id),
+        ] {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+    }
+    headers = headers.insert(Header {
+        key: wire::HEADER_CONTENT_TYPE,
+        value: Some(wire::CONTENT_TYPE_JSON),
+    });
+    if let Some(cloudevents) = cloudevents {
+        let attributes = super::cloudevents::Attributes {
+            id: row.event_id,
+            event_type: row.event_type,
+            subject: row.aggregate_id,
+            time: row.created_at,
+            topic: row.topic,
+            partition_key: row.partition_key,
+            traceparent: row.traceparent,
+        };
+        for (key, value) in cloudevents.headers(&attributes) {
+            headers = headers.insert(Header {
+                key,
+                value: Some(&value),
+            });
+        }
     }
     if let Some(traceparent) = row.traceparent {
         headers = headers.insert(Header {
@@ -199,7 +233,7 @@ pub(crate) fn record_headers(row: &WireRow<'_>, names: &HeaderNames) -> OwnedHea
 }
 
 /// The user's headers of a row, from its `headers` column (JSON text, NULL
-/// for none), in the column's order. Rows written through the framework hold
+/// for none), in name order. Rows written through the framework hold
 /// an object of strings; a value of another JSON type (another writer's) is
 /// sent as its JSON text, and a column that is not an object is not sent at
 /// all (logged): the record still goes out, with the framework's headers.
@@ -208,13 +242,18 @@ pub(crate) fn user_headers(stored: Option<&str>) -> Vec<(String, String)> {
         return Vec::new();
     };
     match serde_json::from_str::<serde_json::Value>(stored) {
-        Ok(serde_json::Value::Object(map)) => map
-            .into_iter()
-            .map(|(name, value)| match value {
-                serde_json::Value::String(text) => (name, text),
-                other => (name, other.to_string()),
-            })
-            .collect(),
+        Ok(serde_json::Value::Object(map)) => {
+            let mut headers: Vec<(String, String)> = map
+                .into_iter()
+                .map(|(name, value)| match value {
+                    serde_json::Value::String(text) => (name, text),
+                    other => (name, other.to_string()),
+                })
+                .collect();
+            // One order whatever serde_json's map keeps: by name.
+            headers.sort();
+            headers
+        }
         _ => {
             tracing::warn!(
                 headers = %super::decode::shorten(stored),
@@ -235,9 +274,9 @@ mod tests {
         assert_eq!(
             user_headers(Some(r#"{"tenant": "acme", "v": 2, "flag": null}"#)),
             [
+                ("flag".to_owned(), "null".to_owned()),
                 ("tenant".to_owned(), "acme".to_owned()),
                 ("v".to_owned(), "2".to_owned()),
-                ("flag".to_owned(), "null".to_owned()),
             ]
         );
         assert!(user_headers(Some(r#"["not", "an", "object"]"#)).is_empty());

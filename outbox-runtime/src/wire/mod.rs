@@ -4,6 +4,7 @@
 //! consumer's dead-letter path). A leaf: it uses nothing of the relay, the
 //! consumer or `ops`. The header names are `txoutbox_core::wire`'s.
 
+pub(crate) mod cloudevents;
 pub(crate) mod dead_letter;
 pub(crate) mod decode;
 pub(crate) mod encode;

@@ -124,6 +124,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::OpsError;
+use crate::wire::cloudevents::CloudEvents;
 use crate::wire::encode::HeaderNames;
 
 mod handover;
@@ -241,6 +242,7 @@ struct Row {
     traceparent: Option<String>,
     /// The user's headers as JSON text, NULL for none.
     headers: Option<String>,
+    created_at: DateTime<Utc>,
 }
 
 /// A replay run's settings.
@@ -255,6 +257,7 @@ pub struct Replay {
     batch_size: usize,
     rate: Option<f64>,
     header_names: HeaderNames,
+    cloudevents: Option<CloudEvents>,
 }
 
 /// Shows the settings; the group's librdkafka settings with secrets replaced
@@ -275,6 +278,7 @@ impl std::fmt::Debug for Replay {
             .field("batch_size", &self.batch_size)
             .field("rate", &self.rate)
             .field("header_names", &self.header_names)
+            .field("cloudevents", &self.cloudevents)
             .finish()
     }
 }
@@ -331,7 +335,18 @@ impl Replay {
             batch_size: Self::DEFAULT_BATCH_SIZE,
             rate: None,
             header_names: HeaderNames::default(),
+            cloudevents: None,
         }
+    }
+
+    /// Sends CloudEvents' binary-mode headers too, as the relay's
+    /// [`RelayBuilder::cloudevents`](crate::relay::RelayBuilder::cloudevents)
+    /// does: give a replay the service relay's setting. Without a
+    /// [`source`](CloudEvents::source), the source is
+    /// `/txoutbox/<database name>` of the pool the run reads.
+    pub fn cloudevents(mut self, cloudevents: CloudEvents) -> Self {
+        self.cloudevents = Some(cloudevents);
+        self
     }
 
     /// The names of the event's headers, as the relay's
@@ -408,6 +423,32 @@ impl Replay {
         if let Some(problem) = self.header_names.problem() {
             return Err(OpsError::HeaderNames(problem));
         }
+        if let Some(problem) = self.cloudevents.as_ref().and_then(CloudEvents::problem) {
+            return Err(OpsError::CloudEvents(problem));
+        }
+        // The default CloudEvents source names the database the run reads.
+        let resolved = self.cloudevents.as_ref().map(|cloudevents| Replay {
+            cloudevents: Some(
+                cloudevents
+                    .clone()
+                    .resolved(pool.connect_options().get_database()),
+            ),
+            ..self.clone()
+        });
+        resolved
+            .as_ref()
+            .unwrap_or(self)
+            .run_checked(pool, producer, &mut on_progress)
+            .await
+    }
+
+    /// [`run`](Self::run) once the settings are checked.
+    async fn run_checked(
+        &self,
+        pool: &PgPool,
+        producer: &FutureProducer,
+        on_progress: &mut impl FnMut(u64),
+    ) -> Result<ReplayReport, OpsError> {
         // A rebuild reads the end offsets first, then takes its snapshot:
         // that order is what makes the hand-over exact (module docs).
         let mut handover = match self.mode {
@@ -461,7 +502,7 @@ impl Replay {
                 run_id,
                 max_id,
                 &mut sent,
-                &mut on_progress,
+                on_progress,
             )
             .await
         }
@@ -542,7 +583,7 @@ impl Replay {
         let sql = format!(
             "SELECT t.id, t.event_id, t.aggregate_type, t.aggregate_id, t.event_type,
                     {} AS payload, t.topic, t.partition_key, t.traceparent,
-                    t.headers::text AS headers
+                    t.headers::text AS headers, t.created_at
              {} AND t.id > $8 ORDER BY t.id LIMIT $9",
             crate::wire::encode::payload_text_with_event_type!("t"),
             self.mode.selection()
@@ -627,7 +668,13 @@ impl Replay {
         let mut record = FutureRecord::to(topic)
             .key(row.partition_key.as_bytes())
             .payload(row.payload.as_str())
-            .headers(headers(row, &event_id, run, &self.header_names));
+            .headers(headers(
+                row,
+                &event_id,
+                run,
+                &self.header_names,
+                self.cloudevents.as_ref(),
+            ));
         loop {
             match producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),
@@ -689,7 +736,13 @@ impl Sent {
 }
 
 /// The relay's headers (see `txoutbox_core::wire`) plus [`HEADER_REPLAY`].
-fn headers(row: &Row, event_id: &str, run: &str, names: &HeaderNames) -> OwnedHeaders {
+fn headers(
+    row: &Row,
+    event_id: &str,
+    run: &str,
+    names: &HeaderNames,
+    cloudevents: Option<&CloudEvents>,
+) -> OwnedHeaders {
     crate::wire::encode::record_headers(
         &crate::wire::encode::WireRow {
             event_id,
@@ -698,8 +751,12 @@ fn headers(row: &Row, event_id: &str, run: &str, names: &HeaderNames) -> OwnedHe
             aggregate_id: &row.aggregate_id,
             traceparent: row.traceparent.as_deref(),
             user_headers: row.headers.as_deref(),
+            topic: &row.topic,
+            partition_key: &row.partition_key,
+            created_at: Some(row.created_at),
         },
         names,
+        cloudevents,
     )
     .insert(Header {
         key: HEADER_REPLAY,

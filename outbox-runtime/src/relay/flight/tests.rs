@@ -23,6 +23,7 @@ fn row(id: i64, key: &str) -> ClaimedRow {
         traceparent: None,
         attempts: 0,
         headers: None,
+        created_at: chrono::DateTime::UNIX_EPOCH,
     }
 }
 
