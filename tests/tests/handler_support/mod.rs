@@ -146,13 +146,16 @@ pub(crate) async fn outbox_rows(pool: &PgPool) -> Vec<OutboxRow> {
     .unwrap()
 }
 
-/// Asserts `row` is the outbox row of `event`, payload equal to its serde output.
+/// Asserts `row` is the outbox row of `event`, payload equal to its serde
+/// output named by its type (the framework adds `event_type`).
 pub(crate) fn assert_row_is<E: DomainEvent>(row: &OutboxRow, event: &E) {
     assert_eq!(row.event_id, event.event_id());
     assert_eq!(row.aggregate_type, E::AGGREGATE_TYPE);
     assert_eq!(row.aggregate_id, event.aggregate_id());
     assert_eq!(row.event_type, E::EVENT_TYPE);
-    assert_eq!(row.payload, serde_json::to_value(event).unwrap());
+    let mut expected = serde_json::to_value(event).unwrap();
+    expected["event_type"] = E::EVENT_TYPE.into();
+    assert_eq!(row.payload, expected);
     assert_eq!(row.topic, E::TOPIC);
     assert_eq!(row.partition_key, event.partition_key());
     assert_eq!(row.published_at, None);
