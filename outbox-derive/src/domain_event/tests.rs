@@ -52,7 +52,7 @@ fn reports_every_mistake_of_an_item() {
     });
     let expected = [
         "duplicate `topic` in `#[event(...)]`",
-        "unknown key `colour` in `#[event(...)]`; valid keys are `topic`, `event_type`, `aggregate`, `crate`",
+        "unknown key `colour` in `#[event(...)]`; valid keys are `topic`, `event_type`, `aggregate`, `headers`, `crate`",
         "duplicate `#[event_id]` on this field",
         "`#[partition_key]` takes no value",
         "invalid character ' ' at position 2 of topic \"a b\"",
@@ -186,7 +186,7 @@ fn command_messages_use_the_command_vocabulary() {
         errors,
         [
             "unknown key `event_type` in `#[command(...)]`; valid keys are `topic`, \
-             `command_type`, `aggregate`, `crate`",
+             `command_type`, `aggregate`, `headers`, `crate`",
             "`command_type` must not be empty",
         ]
     );
