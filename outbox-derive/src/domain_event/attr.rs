@@ -244,7 +244,7 @@ fn set_key(slot: &mut Key<LitStr>, item: &Meta, name: &str, kind: Kind, errors: 
     slot.present = Some(item.path().span());
     let hint = format!("`{name}` expects a string: `{name} = \"{example}\"`");
     match item {
-        Meta::NameValue(nv) => match &nv.value {
+        Meta::NameValue(nv) => match unwrap_groups(&nv.value) {
             Expr::Lit(expr) => match &expr.lit {
                 Lit::Str(lit) => slot.value = Some(lit.clone()),
                 other => errors.spanned(other, format!("expected a string literal\nhelp: {hint}")),
@@ -253,6 +253,15 @@ fn set_key(slot: &mut Key<LitStr>, item: &Meta, name: &str, kind: Kind, errors: 
         },
         other => errors.spanned(other, format!("expected `{name} = \"...\"`\nhelp: {hint}")),
     }
+}
+
+/// `expr` without the invisible groups around it: a `macro_rules!` fragment
+/// (`$topic:literal`, `$t:expr`) reaches the derive wrapped in one.
+fn unwrap_groups(mut expr: &Expr) -> &Expr {
+    while let Expr::Group(group) = expr {
+        expr = &group.expr;
+    }
+    expr
 }
 
 /// The name of a field marker attribute (`event_id`, ...), if `attr` is one.
