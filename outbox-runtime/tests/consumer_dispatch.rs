@@ -21,21 +21,6 @@ test_event!(
     "MultiCancelled"
 );
 
-async fn record(
-    tx: &mut Transaction<'_, Postgres>,
-    id: Uuid,
-    amount: i64,
-    note: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
-        .bind(id)
-        .bind(amount)
-        .bind(note)
-        .execute(&mut **tx)
-        .await
-        .map(drop)
-}
-
 #[event_handler]
 async fn on_seed_paid(
     tx: &mut Transaction<'_, Postgres>,
@@ -43,7 +28,7 @@ async fn on_seed_paid(
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
     assert!(meta.headers.is_empty() && meta.key.is_none());
-    record(tx, event.event_id, event.amount, &meta.event_type).await
+    record_effect(tx, event.event_id, event.amount, &meta.event_type).await
 }
 
 #[sqlx::test(migrations = false)]
@@ -81,7 +66,7 @@ async fn on_multi_created(
     tx: &mut Transaction<'_, Postgres>,
     event: MultiCreated,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, "created").await
+    record_effect(tx, event.event_id, event.amount, "created").await
 }
 
 #[event_handler]
@@ -89,7 +74,7 @@ async fn on_multi_cancelled(
     tx: &mut Transaction<'_, Postgres>,
     event: MultiCancelled,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, "cancelled").await
+    record_effect(tx, event.event_id, event.amount, "cancelled").await
 }
 
 #[sqlx::test(migrations = false)]

@@ -55,21 +55,14 @@ async fn apply(
     amount: i64,
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
-    let own: Vec<String> = meta
+    let mut own: Vec<String> = meta
         .headers
         .iter()
         .filter(|(name, _)| ["schema-version", "tenant", "correlation-id"].contains(&name.as_str()))
         .map(|(name, value)| format!("{name}={value}"))
         .collect();
-    let mut own = own;
     own.sort();
-    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
-        .bind(event_id)
-        .bind(amount)
-        .bind(own.join(";"))
-        .execute(&mut **tx)
-        .await
-        .map(drop)
+    record_effect(tx, event_id, amount, &own.join(";")).await
 }
 
 #[event_handler]

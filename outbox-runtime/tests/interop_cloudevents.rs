@@ -245,30 +245,15 @@ async fn records_without_the_frameworks_headers_are_still_ours_to_consume(pool: 
         .spawn()
         .unwrap();
     eventually("the event applied", Duration::from_secs(30), || async {
-        applied(&pool, &[event.event_id]).await.len() == 1
+        effects_of(&pool, &[event.event_id]).await.len() == 1
     })
     .await;
     consumer.shutdown().await.unwrap();
     relay.shutdown().await.unwrap();
     assert_eq!(
-        applied(&pool, &[event.event_id]).await,
+        effects_of(&pool, &[event.event_id]).await,
         [(event.event_id, 9, "CeShipped".to_owned())]
     );
-}
-
-async fn record(
-    tx: &mut Transaction<'_, Postgres>,
-    id: Uuid,
-    amount: i64,
-    meta: &EventMeta,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
-        .bind(id)
-        .bind(amount)
-        .bind(&meta.event_type)
-        .execute(&mut **tx)
-        .await
-        .map(drop)
 }
 
 #[event_handler]
@@ -277,7 +262,7 @@ async fn on_created(
     event: CeCreated,
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, meta).await
+    record_effect(tx, event.event_id, event.amount, &meta.event_type).await
 }
 
 #[event_handler]
@@ -286,7 +271,7 @@ async fn on_cancelled(
     event: CeCancelled,
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, meta).await
+    record_effect(tx, event.event_id, event.amount, &meta.event_type).await
 }
 
 #[event_handler]
@@ -295,17 +280,7 @@ async fn on_shipped(
     event: CeShipped,
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, meta).await
-}
-
-async fn applied(pool: &PgPool, ids: &[Uuid]) -> Vec<(Uuid, i64, String)> {
-    sqlx::query_as(
-        "SELECT event_id, amount, note FROM effect WHERE event_id = ANY($1) ORDER BY amount",
-    )
-    .bind(ids)
-    .fetch_all(pool)
-    .await
-    .unwrap()
+    record_effect(tx, event.event_id, event.amount, &meta.event_type).await
 }
 
 #[sqlx::test(migrations = false)]
@@ -379,12 +354,12 @@ async fn cloudevents_built_by_the_official_sdk_are_consumed_in_both_modes(pool: 
         eventually(
             &format!("{mode:?}: both applied"),
             Duration::from_secs(30),
-            || async { applied(&pool, &ids).await.len() == 2 },
+            || async { effects_of(&pool, &ids).await.len() == 2 },
         )
         .await;
         consumer.shutdown().await.unwrap();
         assert_eq!(
-            applied(&pool, &ids).await,
+            effects_of(&pool, &ids).await,
             [
                 (binary_id, 1, "CeCreated".to_owned()),
                 (structured_id, 2, "CeCancelled".to_owned()),

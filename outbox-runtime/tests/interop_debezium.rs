@@ -39,28 +39,13 @@ test_event!(MovedCancelled, "outbox.event.dbzmoved", "OrderCancelled");
 const TOPIC: &str = DbzCreated::TOPIC;
 const MOVED: &str = MovedCreated::TOPIC;
 
-async fn record(
-    tx: &mut Transaction<'_, Postgres>,
-    id: Uuid,
-    amount: i64,
-    note: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
-        .bind(id)
-        .bind(amount)
-        .bind(note)
-        .execute(&mut **tx)
-        .await
-        .map(drop)
-}
-
 #[event_handler]
 async fn on_created(
     tx: &mut Transaction<'_, Postgres>,
     event: DbzCreated,
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, &meta.event_type).await
+    record_effect(tx, event.event_id, event.amount, &meta.event_type).await
 }
 
 #[event_handler]
@@ -69,7 +54,7 @@ async fn on_cancelled(
     event: DbzCancelled,
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, &meta.event_type).await
+    record_effect(tx, event.event_id, event.amount, &meta.event_type).await
 }
 
 #[event_handler]
@@ -78,7 +63,7 @@ async fn on_moved_created(
     event: MovedCreated,
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, &meta.event_type).await
+    record_effect(tx, event.event_id, event.amount, &meta.event_type).await
 }
 
 #[event_handler]
@@ -87,7 +72,7 @@ async fn on_moved_cancelled(
     event: MovedCancelled,
     meta: &EventMeta,
 ) -> Result<(), sqlx::Error> {
-    record(tx, event.event_id, event.amount, &meta.event_type).await
+    record_effect(tx, event.event_id, event.amount, &meta.event_type).await
 }
 
 /// One record as the router sends it.
@@ -126,18 +111,6 @@ impl RouterRecord {
         )
         .await;
     }
-}
-
-/// The effects of the events `ids` (the topic is shared with earlier runs
-/// of this test, whose records a new group may still see).
-async fn effects(pool: &PgPool, ids: &[Uuid]) -> Vec<(Uuid, i64, String)> {
-    sqlx::query_as(
-        "SELECT event_id, amount, note FROM effect WHERE event_id = ANY($1) ORDER BY amount",
-    )
-    .bind(ids)
-    .fetch_all(pool)
-    .await
-    .unwrap()
 }
 
 #[sqlx::test(migrations = false)]
@@ -189,12 +162,17 @@ async fn records_of_debeziums_outbox_router_are_consumed_with_one_setting(pool: 
         eventually(
             &format!("{mode:?}: both applied"),
             Duration::from_secs(30),
-            || async { effects(&pool, &[records[0].id, records[1].id]).await.len() >= 2 },
+            || async {
+                effects_of(&pool, &[records[0].id, records[1].id])
+                    .await
+                    .len()
+                    >= 2
+            },
         )
         .await;
         running.shutdown().await.unwrap();
         assert_eq!(
-            effects(&pool, &[records[0].id, records[1].id]).await,
+            effects_of(&pool, &[records[0].id, records[1].id]).await,
             [
                 (records[0].id, 1, "OrderCreated".to_owned()),
                 (records[1].id, 2, "OrderCancelled".to_owned()),
@@ -285,7 +263,7 @@ async fn a_relay_with_debeziums_header_names_replaces_the_router(pool: PgPool) {
         .unwrap()
         .spawn();
     eventually("both applied", Duration::from_secs(30), || async {
-        effects(&pool, &[created.event_id, cancelled.event_id])
+        effects_of(&pool, &[created.event_id, cancelled.event_id])
             .await
             .len()
             >= 2
@@ -294,7 +272,7 @@ async fn a_relay_with_debeziums_header_names_replaces_the_router(pool: PgPool) {
     running.shutdown().await.unwrap();
     relay.shutdown().await.unwrap();
     assert_eq!(
-        effects(&pool, &[created.event_id, cancelled.event_id]).await,
+        effects_of(&pool, &[created.event_id, cancelled.event_id]).await,
         [
             (created.event_id, 10, "OrderCreated".to_owned()),
             (cancelled.event_id, 20, "OrderCancelled".to_owned()),

@@ -77,10 +77,11 @@ async fn replay_of_a_filtered_range_delivers_exactly_the_selected_events(pool: P
     let received = read_back(topic).await;
     assert_eq!(received.len(), 3);
     // The value is byte for byte what the relay sends: the row's jsonb as
-    // text, named by its event type (these rows were stored without it).
+    // text, named by its event type as its first field (these rows were
+    // stored without it).
     let stored: Vec<(uuid::Uuid, String, String)> = sqlx::query_as(
         "SELECT event_id, partition_key,
-                (payload || jsonb_build_object('event_type', event_type))::text
+                '{\"event_type\": \"' || event_type || '\", ' || substr(payload::text, 2)
          FROM outbox_event WHERE event_id = ANY($1) ORDER BY id",
     )
     .bind(vec![e1, e2, e3])
@@ -162,64 +163,60 @@ async fn replay_honours_the_rate_and_the_target_topic(pool: PgPool) {
     assert_eq!(keys, expected, "id order");
 }
 
-/// A replay sends the header names the service's relay uses.
+/// A replay sends the headers the service's relay sends: its header names
+/// (Debezium's here) and CloudEvents' binary mode; bad settings are refused
+/// before anything is sent.
 #[sqlx::test(migrations = false)]
-async fn a_replay_with_debeziums_header_names_sends_them(pool: PgPool) {
+async fn a_replay_takes_the_header_settings_of_the_services_relay(pool: PgPool) {
     txoutbox_runtime::migrations::run(&pool).await.unwrap();
-    let target = new_topic().await;
-    let (_, event_id) = OutboxRow::new("cli-replay-debezium")
+    let (_, event_id) = OutboxRow::new("cli-replay-headers")
         .published(60, 30)
         .insert(&pool)
         .await;
-    let filter = ReplayFilter {
-        topic: Some("cli-replay-debezium".into()),
+    let replay = Replay::new(ReplayFilter {
+        topic: Some("cli-replay-headers".into()),
         ..Default::default()
+    });
+    let replayed = |configured: Replay| {
+        let pool = pool.clone();
+        async move {
+            let target = new_topic().await;
+            configured
+                .target_topic(target.clone())
+                .run(&pool, &producer(), |_| {})
+                .await?;
+            let received = read_back(&target).await;
+            assert_eq!(received.len(), 1);
+            Ok::<_, OpsError>(received[0].headers.clone())
+        }
     };
-    let refused = Replay::new(filter.clone())
-        .header_names(HeaderNames::debezium().event_type(""))
-        .run(&pool, &producer(), |_| {})
-        .await
-        .unwrap_err();
+    let refused = replayed(
+        replay
+            .clone()
+            .header_names(HeaderNames::debezium().event_type("")),
+    )
+    .await
+    .unwrap_err();
     assert!(
         matches!(&refused, OpsError::HeaderNames(problem) if problem.contains("empty")),
         "{refused}"
     );
-    Replay::new(filter)
-        .target_topic(target.clone())
-        .header_names(HeaderNames::debezium())
-        .run(&pool, &producer(), |_| {})
+    let refused = replayed(replay.clone().cloudevents(CloudEvents::binary().source("")))
+        .await
+        .unwrap_err();
+    assert!(matches!(&refused, OpsError::CloudEvents(_)), "{refused}");
+
+    let headers = replayed(replay.clone().header_names(HeaderNames::debezium()))
         .await
         .unwrap();
-    let received = read_back(&target).await;
-    assert_eq!(received.len(), 1);
-    let headers = &received[0].headers;
     assert_eq!(headers["id"], event_id.to_string());
     assert_eq!(headers["eventType"], "OrderCreated");
     assert!(!headers.contains_key("event_id") && !headers.contains_key("event_type"));
     assert!(headers.contains_key(HEADER_REPLAY));
-}
 
-/// A replay sends CloudEvents' binary-mode headers as the relay does.
-#[sqlx::test(migrations = false)]
-async fn a_replay_with_cloudevents_sends_the_ce_headers(pool: PgPool) {
-    txoutbox_runtime::migrations::run(&pool).await.unwrap();
-    let target = new_topic().await;
-    let (_, event_id) = OutboxRow::new("cli-replay-cloudevents")
-        .published(60, 30)
-        .insert(&pool)
-        .await;
-    Replay::new(ReplayFilter {
-        topic: Some("cli-replay-cloudevents".into()),
-        ..Default::default()
-    })
-    .target_topic(target.clone())
-    .cloudevents(CloudEvents::binary())
-    .run(&pool, &producer(), |_| {})
-    .await
-    .unwrap();
-    let received = read_back(&target).await;
-    assert_eq!(received.len(), 1);
-    let headers = &received[0].headers;
+    let headers = replayed(replay.cloudevents(CloudEvents::binary()))
+        .await
+        .unwrap();
     let database: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&pool)
         .await

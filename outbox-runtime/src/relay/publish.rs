@@ -14,7 +14,7 @@ use txoutbox_core::trace;
 use super::partitioner::Partitioner;
 use super::store::ClaimedRow;
 use crate::wire::cloudevents::CloudEvents;
-use crate::wire::encode::{HeaderNames, WireRow, record_headers};
+use crate::wire::encode::{HeaderNames, WireRow, record_headers, value_naming_type};
 
 /// What became of one row of a batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,9 +152,10 @@ impl Publisher {
         };
         trace::follow_traceparent(&span, row.traceparent.as_deref());
         let traceparent = trace::span_traceparent(&span).or_else(|| row.traceparent.clone());
+        let value = value_naming_type(&row.payload, &row.event_type);
         let mut record = FutureRecord::to(&row.topic)
             .key(row.partition_key.as_str())
-            .payload(row.payload.as_str())
+            .payload(value.as_ref())
             .headers(headers(
                 row,
                 traceparent.as_deref(),

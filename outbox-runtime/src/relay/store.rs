@@ -4,8 +4,6 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::wire::encode::payload_text_with_event_type;
-
 /// One claimed row, as it goes to Kafka.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct ClaimedRow {
@@ -66,12 +64,9 @@ pub(crate) async fn claim(
         .await
 }
 
-/// The claim statement (see [`claim`]); the payload names its event type
-/// (see [`payload_text_with_event_type`]).
-const CLAIM: &str = concat!(
-    "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, ",
-    payload_text_with_event_type!("o"),
-    " AS payload, o.topic, o.partition_key, o.traceparent, o.attempts,
+/// The claim statement (see [`claim`]).
+const CLAIM: &str = "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
+        o.payload::text AS payload, o.topic, o.partition_key, o.traceparent, o.attempts,
         o.headers::text AS headers, o.created_at
  FROM outbox_event o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL
@@ -86,8 +81,7 @@ const CLAIM: &str = concat!(
          AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now())
  ORDER BY o.id
  LIMIT $3
- FOR UPDATE OF o SKIP LOCKED"
-);
+ FOR UPDATE OF o SKIP LOCKED";
 
 /// Tests only (feature `test-hooks`): runs the relay's claim statement under
 /// `EXPLAIN (ANALYZE, FORMAT JSON)` over every lane (nothing in flight) and

@@ -2,36 +2,38 @@
 //! `docs/wire-format.md` specifies them. The relay and `outbox replay` send
 //! the same record through here.
 
+use std::borrow::Cow;
+
 use rdkafka::message::{Header, OwnedHeaders};
 use txoutbox_core::wire;
 
 use super::cloudevents::CloudEvents;
 
-/// SQL: the `payload` column of the table aliased `$alias`, as JSON text
-/// that names its event type under `event_type`. Rows written by
-/// `OutboxRecord::from_event` have it already (`jsonb ?` finds it, the
-/// stored object goes out as it is); rows written before the framework added
-/// it, or by another writer, get it from the row's `event_type` column. The
-/// relay's claim and `outbox replay` read payloads through here, so every
-/// record they send names its type in the value.
-macro_rules! payload_text_with_event_type {
-    ($alias:literal) => {
-        concat!(
-            "CASE WHEN jsonb_typeof(",
-            $alias,
-            ".payload) = 'object' AND NOT ",
-            $alias,
-            ".payload ? 'event_type' THEN ",
-            $alias,
-            ".payload || jsonb_build_object('event_type', ",
-            $alias,
-            ".event_type) ELSE ",
-            $alias,
-            ".payload END::text"
-        )
-    };
+/// The value of a row's record: its stored payload (`jsonb::text`), naming
+/// its event type under `event_type`. Rows written by
+/// `OutboxRecord::from_event` have it already and go out as stored (one
+/// substring search); rows written before the framework added it, or by
+/// another writer, get it from the row's `event_type` column as their first
+/// field. A payload that is not an object, or that holds the text
+/// `"event_type"` anywhere (as a key of a nested object, say), goes out as
+/// stored. The relay and `outbox replay` send values through here; the
+/// stored row is not changed. (In SQL, a `CASE` over the jsonb cost the
+/// claim a fifth of its throughput.)
+pub(crate) fn value_naming_type<'a>(payload: &'a str, event_type: &str) -> Cow<'a, str> {
+    let quoted_key = concat!('"', "event_type", '"');
+    debug_assert_eq!(
+        &quoted_key[1..quoted_key.len() - 1],
+        wire::PAYLOAD_EVENT_TYPE
+    );
+    let body = payload.trim_start();
+    if !body.starts_with('{') || payload.contains(quoted_key) {
+        return Cow::Borrowed(payload);
+    }
+    let rest = body[1..].trim_start();
+    let separator = if rest.starts_with('}') { "" } else { ", " };
+    let name = serde_json::Value::from(event_type);
+    Cow::Owned(format!("{{{quoted_key}: {name}{separator}{rest}"))
 }
-pub(crate) use payload_text_with_event_type;
 
 /// The names of the headers the relay (and `outbox replay`) put on every
 /// record, for consumers that expect other names: a service moving from
@@ -266,7 +268,26 @@ pub(crate) fn user_headers(stored: Option<&str>) -> Vec<(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{HeaderNames, user_headers};
+    use super::{HeaderNames, user_headers, value_naming_type};
+
+    #[test]
+    fn a_value_names_its_event_type() {
+        // Written by the framework: as stored.
+        let stored = r#"{"amount": 1, "event_id": "x", "event_type": "Paid"}"#;
+        assert!(matches!(
+            value_naming_type(stored, "Paid"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        // Stored without it: added as the first field.
+        let added = value_naming_type(r#"{"amount": 1}"#, "Paid");
+        assert_eq!(added, r#"{"event_type": "Paid", "amount": 1}"#);
+        assert_eq!(value_naming_type("{}", "Paid"), r#"{"event_type": "Paid"}"#);
+        let escaped = value_naming_type(r#" {"a": 1}"#, "we\"ird");
+        let parsed: serde_json::Value = serde_json::from_str(&escaped).unwrap();
+        assert_eq!(parsed["event_type"], "we\"ird");
+        // Not an object: as stored.
+        assert_eq!(value_naming_type("[1, 2]", "Paid"), "[1, 2]");
+    }
 
     #[test]
     fn stored_user_headers_are_read_leniently() {

@@ -10,8 +10,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 use txoutbox_testkit::broker::{client_config, create_topics};
+use uuid::Uuid;
 
 #[allow(unused_imports)] // each test binary uses a different subset
 pub(crate) use txoutbox_testkit::broker::{brokers, unique_group};
@@ -221,6 +222,35 @@ pub(crate) async fn prepare_db(pool: &PgPool) {
     .execute(pool)
     .await
     .unwrap();
+}
+
+/// A test handler's effect: one row of `effect` (`note` says which handler
+/// ran, or what it saw).
+pub(crate) async fn record_effect(
+    tx: &mut Transaction<'_, Postgres>,
+    event_id: Uuid,
+    amount: i64,
+    note: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effect (event_id, amount, note) VALUES ($1, $2, $3)")
+        .bind(event_id)
+        .bind(amount)
+        .bind(note)
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+}
+
+/// The effects of the events `ids` as (event id, amount, note), by amount:
+/// a topic shared with earlier runs may bring other events to a new group.
+pub(crate) async fn effects_of(pool: &PgPool, ids: &[Uuid]) -> Vec<(Uuid, i64, String)> {
+    sqlx::query_as(
+        "SELECT event_id, amount, note FROM effect WHERE event_id = ANY($1) ORDER BY amount",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 /// A pool on `pool`'s database whose sessions default to `level`

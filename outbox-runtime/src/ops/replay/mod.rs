@@ -582,10 +582,9 @@ impl Replay {
         };
         let sql = format!(
             "SELECT t.id, t.event_id, t.aggregate_type, t.aggregate_id, t.event_type,
-                    {} AS payload, t.topic, t.partition_key, t.traceparent,
+                    t.payload::text AS payload, t.topic, t.partition_key, t.traceparent,
                     t.headers::text AS headers, t.created_at
              {} AND t.id > $8 ORDER BY t.id LIMIT $9",
-            crate::wire::encode::payload_text_with_event_type!("t"),
             self.mode.selection()
         );
         let run = run_id.to_string();
@@ -665,9 +664,10 @@ impl Replay {
     ) -> Result<rdkafka::producer::DeliveryFuture, OpsError> {
         let event_id = row.event_id.to_string();
         let topic = self.target_topic.as_deref().unwrap_or(&row.topic);
+        let value = crate::wire::encode::value_naming_type(&row.payload, &row.event_type);
         let mut record = FutureRecord::to(topic)
             .key(row.partition_key.as_bytes())
-            .payload(row.payload.as_str())
+            .payload(value.as_ref())
             .headers(headers(
                 row,
                 &event_id,
