@@ -136,11 +136,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .max_connections(1)
         .connect_with(admin_options.clone().database(&database))
         .await?;
-    sqlx::raw_sql(include_str!(
-        "../../outbox-runtime/migrations/0001_outbox_inbox_base.sql"
-    ))
-    .execute(&setup)
-    .await?;
+    // The outbox tables as the runtime's migrations make them: the base,
+    // scheduled delivery, and the `headers` column every insert writes.
+    for migration in [
+        include_str!("../../outbox-runtime/migrations/0001_outbox_inbox_base.sql"),
+        include_str!("../../outbox-runtime/migrations/0007_scheduled_delivery.sql"),
+        include_str!("../../outbox-runtime/migrations/0014_event_headers.sql"),
+    ] {
+        sqlx::raw_sql(migration).execute(&setup).await?;
+    }
     sqlx::raw_sql(
         "CREATE TABLE bench_orders (
              id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount bigint NOT NULL)",

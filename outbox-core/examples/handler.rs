@@ -102,11 +102,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     // In a service: `txoutbox_runtime::migrations::run(&pool)`; the SQL file is
     // used directly here to keep this example free of the Kafka runtime.
-    sqlx::raw_sql(include_str!(
-        "../../outbox-runtime/migrations/0001_outbox_inbox_base.sql"
-    ))
-    .execute(&pool)
-    .await?;
+    // The outbox tables as the runtime's migrations make them: the base,
+    // scheduled delivery, and the `headers` column every insert writes.
+    for migration in [
+        include_str!("../../outbox-runtime/migrations/0001_outbox_inbox_base.sql"),
+        include_str!("../../outbox-runtime/migrations/0007_scheduled_delivery.sql"),
+        include_str!("../../outbox-runtime/migrations/0014_event_headers.sql"),
+    ] {
+        sqlx::raw_sql(migration).execute(&pool).await?;
+    }
     sqlx::raw_sql("CREATE TABLE orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount bigint NOT NULL)")
         .execute(&pool)
         .await?;
