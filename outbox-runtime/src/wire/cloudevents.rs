@@ -5,7 +5,7 @@
 //! is the normative description.
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::dead_letter::DeadLetterReason;
 
@@ -182,49 +182,82 @@ pub(crate) struct Structured {
     pub(crate) traceparent: Option<String>,
 }
 
+/// The attributes of a structured-mode value that a consumer reads, each
+/// kept as the raw JSON it is (no tree is built: the value is foreign
+/// input, and `data` can be as large as a record); other attributes are
+/// skipped unread.
+#[derive(serde::Deserialize)]
+struct StructuredValue<'a> {
+    #[serde(borrow)]
+    specversion: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, rename = "type")]
+    event_type: Option<&'a RawValue>,
+    #[serde(borrow)]
+    traceparent: Option<&'a RawValue>,
+    #[serde(borrow)]
+    datacontenttype: Option<&'a RawValue>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
+    #[serde(borrow)]
+    data_base64: Option<&'a RawValue>,
+}
+
+/// A raw attribute's text, if it is a JSON string.
+fn text(raw: Option<&RawValue>) -> Option<String> {
+    serde_json::from_str(raw?.get()).ok()
+}
+
 /// Reads a structured-mode value: one JSON object with `specversion` and
 /// the event's JSON object under `data` (its `datacontenttype`, if given,
 /// JSON). `data_base64` or data of another kind is refused: handlers take
-/// JSON objects.
+/// JSON objects. `data` is handed on as the record's own bytes.
 pub(crate) fn structured(value: &[u8]) -> Result<Structured, (DeadLetterReason, String)> {
     let bad = |error: String| (DeadLetterReason::NotJson, error);
-    let Ok(Value::Object(mut event)) = serde_json::from_slice::<Value>(value) else {
+    // serde would also read a struct from an array of its fields in order.
+    if value.trim_ascii_start().first() != Some(&b'{') {
         return Err(bad(
             "a structured CloudEvent (content-type application/cloudevents+json) must be one JSON object"
                 .into(),
         ));
-    };
-    if !event.get("specversion").is_some_and(Value::is_string) {
+    }
+    let event: StructuredValue<'_> = serde_json::from_slice(value).map_err(|error| {
+        bad(format!(
+            "a structured CloudEvent (content-type application/cloudevents+json) must be one \
+             JSON object: {error}"
+        ))
+    })?;
+    if text(event.specversion).is_none() {
         return Err(bad(
             "a structured CloudEvent has no `specversion` attribute".into(),
         ));
     }
-    if let Some(content_type) = event.get("datacontenttype").and_then(Value::as_str)
-        && !is_json(content_type)
+    if let Some(content_type) = text(event.datacontenttype)
+        && !is_json(&content_type)
     {
         return Err(bad(format!(
             "the CloudEvent's data is `{}`, not JSON",
-            super::decode::shorten(content_type)
+            super::decode::shorten(&content_type)
         )));
     }
-    let data = match event.remove("data") {
-        Some(data @ Value::Object(_)) => data.to_string(),
+    let data = match event.data.map(RawValue::get) {
+        Some(data) if data.trim_start().starts_with('{') => data.to_owned(),
         Some(_) => {
             return Err(bad("the CloudEvent's `data` is not a JSON object".into()));
         }
-        None if event.contains_key("data_base64") => {
+        None if event.data_base64.is_some() => {
             return Err(bad(
                 "the CloudEvent carries `data_base64`; handlers take JSON objects".into(),
             ));
         }
         None => return Err(bad("the CloudEvent has no `data`".into())),
     };
-    let text = |name: &str| event.get(name).and_then(Value::as_str).map(str::to_owned);
     Ok(Structured {
         data,
-        id: text("id"),
-        event_type: text("type"),
-        traceparent: text("traceparent"),
+        id: text(event.id),
+        event_type: text(event.event_type),
+        traceparent: text(event.traceparent),
     })
 }
 
@@ -303,7 +336,7 @@ mod tests {
         assert_eq!(
             read,
             Structured {
-                data: r#"{"n":1}"#.into(),
+                data: r#"{"n": 1}"#.into(),
                 id: Some("a".into()),
                 event_type: Some("T".into()),
                 traceparent: Some("00-x".into()),
@@ -311,6 +344,18 @@ mod tests {
         );
         for (bad, why) in [
             (&br#"[1]"#[..], "one JSON object"),
+            (
+                br#"["1.0", "a", "T", null, null, {"n": 1}, null]"#,
+                "one JSON object",
+            ),
+            (
+                br#"{"specversion": "1.0", "data": {}, "data": {}}"#,
+                "duplicate field",
+            ),
+            (
+                br#"{"specversion": "1.0", "data": {"a": [}}"#,
+                "one JSON object",
+            ),
             (br#"{"data": {}}"#, "specversion"),
             (
                 br#"{"specversion": "1.0", "data_base64": "e30="}"#,
