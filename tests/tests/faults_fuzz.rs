@@ -91,10 +91,15 @@ fn mutated_event(rng: &mut StdRng) -> RawMessage {
 fn random_headers(rng: &mut StdRng) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
     let mut headers = Vec::new();
     for _ in 0..rng.random_range(0..5) {
-        let name = match rng.random_range(0..6) {
+        let name = match rng.random_range(0..10) {
             0 => b"event_type".to_vec(),
             1 => b"traceparent".to_vec(),
             2 => b"event_id".to_vec(),
+            // Debezium's and CloudEvents' names, read as fallbacks.
+            6 => b"id".to_vec(),
+            7 => b"ce_id".to_vec(),
+            8 => b"ce_type".to_vec(),
+            9 => b"content-type".to_vec(),
             3 => {
                 let mut name = bytes(rng, 8);
                 name.push(0xfe); // never UTF-8
@@ -102,8 +107,9 @@ fn random_headers(rng: &mut StdRng) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
             }
             _ => bytes(rng, 8),
         };
-        let value = match rng.random_range(0..8) {
+        let value = match rng.random_range(0..9) {
             0 => None,
+            8 => Some(b"application/cloudevents+json".to_vec()),
             1 => Some(b"LedgerEntry".to_vec()),
             2 => Some(b"Bogus".to_vec()),
             3 => Some(vec![0xff, 0xfe, 0x00]),
@@ -124,10 +130,71 @@ fn generate(rng: &mut StdRng) -> RawMessage {
             headers: Vec::new(),
         },
         1 => poison_message(rng),
-        _ => mutated_event(rng),
+        _ => {
+            let event = mutated_event(rng);
+            wrapped(rng, event)
+        }
     };
     message.headers.extend(random_headers(rng));
     message
+}
+
+/// `message` as it is, or its value as a JSON string (Kafka Connect's
+/// `JsonConverter`), or as a structured CloudEvent's `data`.
+fn wrapped(rng: &mut StdRng, mut message: RawMessage) -> RawMessage {
+    let value = message.value.take().unwrap_or_default();
+    message.value = Some(match rng.random_range(0..6) {
+        0 => serde_json::to_vec(&String::from_utf8_lossy(&value)).expect("a string serializes"),
+        1 => {
+            message.headers.push((
+                b"content-type".to_vec(),
+                Some(b"application/cloudevents+json".to_vec()),
+            ));
+            let id = if rng.random_bool(0.5) {
+                Uuid::new_v4().to_string()
+            } else {
+                "not-a-uuid".to_owned()
+            };
+            let mut event = format!(
+                r#"{{"specversion": "1.0", "id": "{id}", "type": "LedgerEntry", "source": "/fuzz", "data": "#
+            )
+            .into_bytes();
+            event.extend_from_slice(&value);
+            event.push(b'}');
+            event
+        }
+        _ => value,
+    });
+    message
+}
+
+/// The event of a structured CloudEvent (`content-type:
+/// application/cloudevents+json`): its `data` object and the other
+/// attributes, per docs/wire-format.md; `None` where it is `not_json`.
+fn structured_event(
+    value: &[u8],
+) -> Option<(
+    serde_json::Map<String, serde_json::Value>,
+    serde_json::Map<String, serde_json::Value>,
+)> {
+    let serde_json::Value::Object(mut event) = serde_json::from_slice(value).ok()? else {
+        return None;
+    };
+    event.get("specversion")?.as_str()?;
+    if let Some(media_type) = event.get("datacontenttype").and_then(|t| t.as_str()) {
+        let media_type = media_type.split(';').next().unwrap_or_default().trim();
+        let media_type = media_type.to_ascii_lowercase();
+        if !(media_type == "application/json"
+            || media_type == "text/json"
+            || media_type.ends_with("+json"))
+        {
+            return None;
+        }
+    }
+    match event.remove("data") {
+        Some(serde_json::Value::Object(data)) => Some((data, event)),
+        _ => None,
+    }
 }
 
 fn to_kafka(message: &RawMessage, offset: i64, timestamp: Timestamp) -> OwnedMessage {
@@ -205,13 +272,46 @@ fn oracle(message: &RawMessage, mode: Mode) -> Route {
     if value.len() + message.key.as_ref().map_or(0, Vec::len) > MAX_BYTES {
         return Route::DeadLetter(DeadLetterReason::Oversized);
     }
-    let Ok(serde_json::Value::Object(payload)) = serde_json::from_slice(value) else {
-        return Route::DeadLetter(DeadLetterReason::NotJson);
+    let not_json = Route::DeadLetter(DeadLetterReason::NotJson);
+    // The event: a structured CloudEvent's `data`, the object a JSON string
+    // value holds, or the value itself.
+    let structured = text_header(message, "content-type").is_some_and(|t| {
+        t.split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .eq_ignore_ascii_case("application/cloudevents+json")
+    });
+    let (mut payload, attributes) = if structured {
+        match structured_event(value) {
+            Some(found) => found,
+            None => return not_json,
+        }
+    } else {
+        let object = match serde_json::from_slice(value) {
+            Ok(serde_json::Value::Object(payload)) => Some(payload),
+            Ok(serde_json::Value::String(inner)) if !inner.trim_start().starts_with('"') => {
+                match serde_json::from_str(&inner) {
+                    Ok(serde_json::Value::Object(payload)) => Some(payload),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match object {
+            Some(payload) => (payload, serde_json::Map::new()),
+            None => return not_json,
+        }
     };
-    let mut payload = payload;
-    // The payload's `event_id`, else the `event_id` header's.
+    let attribute = |name: &str| attributes.get(name)?.as_str().map(str::to_owned);
+    // The payload's `event_id`, else the first of the `event_id`, `ce_id`
+    // and `id` headers, else the CloudEvent's `id`.
+    let from_headers = ["event_id", "ce_id", "id"]
+        .into_iter()
+        .find_map(|name| text_header(message, name))
+        .or_else(|| attribute("id"));
     let event_id = match payload.get("event_id") {
-        None | Some(serde_json::Value::Null) => match text_header(message, "event_id") {
+        None | Some(serde_json::Value::Null) => match from_headers {
             None => return Route::DeadLetter(DeadLetterReason::MissingEventId),
             Some(text) => match Uuid::parse_str(&text) {
                 Ok(id) => {
@@ -227,10 +327,12 @@ fn oracle(message: &RawMessage, mode: Mode) -> Route {
         },
         Some(_) => return Route::DeadLetter(DeadLetterReason::InvalidEventId),
     };
-    // The first `event_type` header with a UTF-8 value, else the payload's
-    // string field, else the topic's only handler's type; an empty name
-    // names nothing.
+    // The first `event_type` (then `ce_type`) header with a UTF-8 value,
+    // else the CloudEvent's `type`, else the payload's string field, else
+    // the topic's only handler's type; an empty name names nothing.
     let event_type = text_header(message, "event_type")
+        .or_else(|| text_header(message, "ce_type"))
+        .or_else(|| attribute("type"))
         .or_else(|| payload.get("event_type")?.as_str().map(str::to_owned))
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| "LedgerEntry".to_owned());
