@@ -95,6 +95,12 @@ pub enum Error {
     /// A database error (connecting, running the handler's transaction, inserting the outbox rows, committing).
     #[error("database error: {}", DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),
+    /// A SeaORM error (feature `sea-orm`): beginning the handler's
+    /// `DatabaseTransaction`, inserting the outbox rows through it,
+    /// committing it.
+    #[cfg(feature = "sea-orm")]
+    #[error("database error: {}", crate::sea_orm::DbErrDisplay(.0))]
+    SeaOrm(#[from] ::sea_orm::DbErr),
 }
 
 /// Renders a [`sqlx::Error`] for people: a PostgreSQL error as its message, its

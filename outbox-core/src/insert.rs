@@ -140,7 +140,9 @@ async fn insert_records(
 /// Refuses a record whose partition key is longer than
 /// [`MAX_PARTITION_KEY_BYTES`] or whose headers cannot be sent (a record
 /// built by hand: `OutboxRecord::from_event` checks both).
-fn check_records<'a>(records: impl Iterator<Item = &'a OutboxRecord>) -> Result<(), sqlx::Error> {
+pub(crate) fn check_records<'a>(
+    records: impl Iterator<Item = &'a OutboxRecord>,
+) -> Result<(), sqlx::Error> {
     for record in records {
         if record.partition_key.len() > MAX_PARTITION_KEY_BYTES {
             return Err(sqlx::Error::InvalidArgument(format!(
@@ -229,7 +231,7 @@ impl<'a> Columns<'a> {
 
 /// The `headers` column of a record: its user headers as a JSON object of
 /// strings, `None` (NULL) when it has none.
-fn headers_json(headers: &[(String, String)]) -> Option<Value> {
+pub(crate) fn headers_json(headers: &[(String, String)]) -> Option<Value> {
     if headers.is_empty() {
         return None;
     }

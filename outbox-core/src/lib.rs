@@ -48,6 +48,8 @@ mod insert;
 mod record;
 mod retry;
 pub mod schema;
+#[cfg(feature = "sea-orm")]
+pub mod sea_orm;
 mod sink;
 pub mod testing;
 pub mod trace;

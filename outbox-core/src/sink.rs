@@ -85,6 +85,13 @@ pub struct AfterCommit {
 }
 
 impl AfterCommit {
+    /// For `rows` written by another path than [`Events::write`] (the
+    /// SeaORM insert).
+    #[cfg(feature = "sea-orm")]
+    pub(crate) fn for_rows(rows: u64) -> Self {
+        Self { rows }
+    }
+
     /// The rows written, immediate and scheduled together.
     pub fn rows(self) -> u64 {
         self.rows

@@ -271,13 +271,13 @@ impl<S: TransactionSource> RetryingUnitOfWork<S> {
 }
 
 /// Who failed an attempt: the handler (its own error) or the framework.
-enum Failure<E> {
+pub(crate) enum Failure<E> {
     Handler(E),
     Framework(Error),
 }
 
 impl<E: From<Error>> Failure<E> {
-    fn into_user(self) -> E {
+    pub(crate) fn into_user(self) -> E {
         match self {
             Self::Handler(error) => error,
             Self::Framework(error) => E::from(error),

@@ -25,6 +25,12 @@ pub mod topics;
 mod txn;
 mod wire;
 
+/// SeaORM 2 (feature `sea-orm`): command handlers on `&DatabaseTransaction`
+/// and consumer handlers on [`SeaConnection`](sea_orm::SeaConnection); see
+/// the module's documentation.
+#[cfg(feature = "sea-orm")]
+pub use txoutbox_core::sea_orm;
+
 /// What the code that `#[event_handler]` and `#[saga]` generate needs, and
 /// nothing else. Not a public API: may change in any release.
 #[doc(hidden)]
@@ -32,6 +38,8 @@ pub mod __private {
     pub use futures::future::BoxFuture;
     pub use inventory;
     pub use sqlx::{Postgres, Transaction};
+    #[cfg(feature = "sea-orm")]
+    pub use txoutbox_core::sea_orm::SeaConnection;
     pub use txoutbox_core::{DomainEvent, Events};
 
     use crate::consumer::HandlerError;

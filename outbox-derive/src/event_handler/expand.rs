@@ -33,11 +33,24 @@ pub(crate) fn handler(handler: &HandlerFn<'_>, args: &Args) -> TokenStream {
     // Spanned on the return type, so an error type without `Display` is
     // reported there, once.
     let call_private = respanned(private.clone(), output_span);
-    let call = quote_spanned! {output_span=>
-        ::core::result::Result::map_err(
-            #name(tx, event #(, #extra_args)*).await,
-            #call_private::handler_error,
-        )
+    let call = if handler.sea_orm {
+        // SeaORM's view of the consumer's transaction, for this one call.
+        quote_spanned! {output_span=>
+            {
+                let tx = #private::SeaConnection::new(&mut **tx);
+                ::core::result::Result::map_err(
+                    #name(&tx, event #(, #extra_args)*).await,
+                    #call_private::handler_error,
+                )
+            }
+        }
+    } else {
+        quote_spanned! {output_span=>
+            ::core::result::Result::map_err(
+                #name(tx, event #(, #extra_args)*).await,
+                #call_private::handler_error,
+            )
+        }
     };
     crate::consumer_handler::ConsumerHandler {
         runtime: &runtime,

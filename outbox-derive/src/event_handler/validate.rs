@@ -10,6 +10,9 @@ use crate::kernel::Errors;
 pub(crate) struct HandlerFn<'a> {
     pub(crate) function: &'a ItemFn,
     pub(crate) event_type: &'a Type,
+    /// The transaction is taken as SeaORM's `&SeaConnection<'_>` (feature
+    /// `sea-orm`), not as sqlx's `&mut Transaction<'_, Postgres>`.
+    pub(crate) sea_orm: bool,
     /// The optional parameters after the event, in the user's order.
     pub(crate) extras: Vec<Extra>,
 }
@@ -33,6 +36,44 @@ fn is_mut_ref(ty: &Type) -> bool {
 
 fn is_shared_ref(ty: &Type) -> bool {
     matches!(ty, Type::Reference(r) if r.mutability.is_none())
+}
+
+/// The last path segment of the type `ty` refers to, if it is a shared
+/// reference to a path type.
+fn shared_ref_name(ty: &Type) -> Option<String> {
+    let Type::Reference(reference) = ty else {
+        return None;
+    };
+    if reference.mutability.is_some() {
+        return None;
+    }
+    match &*reference.elem {
+        Type::Path(path) => path.path.segments.last().map(|s| s.ident.to_string()),
+        _ => None,
+    }
+}
+
+/// Checks a SeaORM transaction parameter; whether it is `&SeaConnection`.
+fn sea_orm_tx(tx: &Type, errors: &mut Errors) -> bool {
+    match shared_ref_name(tx).as_deref() {
+        Some("SeaConnection") => {
+            if !cfg!(feature = "sea-orm") {
+                errors.spanned(
+                    tx,
+                    "a handler on `SeaConnection` needs the `sea-orm` feature: turn on `features = [\"sea-orm\"]` of txoutbox-runtime in Cargo.toml",
+                );
+            }
+            true
+        }
+        Some("DatabaseTransaction") => {
+            errors.spanned(
+                tx,
+                "a consumer handler cannot take SeaORM's `DatabaseTransaction`: the consumer runs the handler in its own transaction (the dedup row or the inbox mark commits with your writes), which SeaORM cannot wrap\nhint: take `tx: &SeaConnection<'_>` (txoutbox_runtime::sea_orm::SeaConnection, feature `sea-orm`): it implements SeaORM's `ConnectionTrait` on that transaction, so entities and active models work on it",
+            );
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Checks `function`'s signature; the handler if it passed, with every
@@ -84,6 +125,7 @@ pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<H
         }
     }
     let mut event_type = None;
+    let mut sea_orm = false;
     let mut extras = Vec::new();
     let has_receiver = sig.inputs.iter().any(|i| matches!(i, FnArg::Receiver(_)));
     match types.as_slice() {
@@ -92,11 +134,12 @@ pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<H
             format!("an event handler takes the transaction and the event\n{SHAPE}"),
         ),
         [tx, event, rest @ ..] if rest.len() <= 2 => {
-            if !is_mut_ref(tx) {
+            sea_orm = sea_orm_tx(tx, errors);
+            if !is_mut_ref(tx) && !sea_orm {
                 let hint = if is_mut_ref(event) {
                     "the transaction comes first: swap the two parameters"
                 } else {
-                    "write `tx: &mut Transaction<'_, Postgres>`"
+                    "write `tx: &mut Transaction<'_, Postgres>` (or `tx: &SeaConnection<'_>` for SeaORM, feature `sea-orm`)"
                 };
                 errors.spanned(
                     tx,
@@ -107,7 +150,7 @@ pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<H
                 Type::Path(_) | Type::Group(_) | Type::Paren(_) => {
                     event_type = Some(*event);
                 }
-                Type::Reference(_) if is_mut_ref(tx) => errors.spanned(
+                Type::Reference(_) if is_mut_ref(tx) || sea_orm => errors.spanned(
                     event,
                     "the event is taken by value, not by reference\nhint: write `event: MyEvent`",
                 ),
@@ -145,6 +188,7 @@ pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<H
         Some(event_type) if errors.is_empty() => Some(HandlerFn {
             function,
             event_type,
+            sea_orm,
             extras,
         }),
         Some(_) => None,

@@ -12,12 +12,23 @@ use crate::kernel::Errors;
 pub(crate) enum Param {
     /// `&self` / `&mut self`.
     Receiver { mutable: bool },
-    /// The transaction: `&mut Transaction<'_, Postgres>` (`PgTransaction`) or `&mut PgConnection`.
-    Transaction { connection: bool },
+    /// The transaction.
+    Transaction(TxKind),
     /// The event collector, `&mut Events`.
     Events,
     /// Anything else: an argument the caller passes through.
     Forwarded { name: Ident, ty: Box<Type> },
+}
+
+/// Which transaction a handler takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxKind {
+    /// `&mut Transaction<'_, Postgres>` (`PgTransaction`).
+    Sqlx,
+    /// `&mut PgConnection`, the transaction's connection.
+    Connection,
+    /// SeaORM's `&DatabaseTransaction` (feature `sea-orm`).
+    SeaOrm,
 }
 
 /// A handler whose signature passed the checks.
@@ -57,23 +68,18 @@ pub(crate) fn handler(mut item: ItemFn, errors: &mut Errors) -> Handler {
                 let marker = take_marker(&mut typed.attrs);
                 let whole = &*typed;
                 let role = match marker {
-                    Some(Marker::Tx) => Some(Role::Tx(is_connection(&typed.ty))),
+                    Some(Marker::Tx) => Some(Role::Tx(tx_kind(&typed.ty))),
                     Some(Marker::Events) => Some(Role::Events),
                     None => role_by_type(&typed.ty),
                 };
                 match role {
-                    Some(Role::Tx(connection)) => {
+                    Some(Role::Tx(kind)) => {
                         if let Some(first) = &tx_seen {
                             errors.push(more_than_one(whole, first, "transaction", "#[tx]"));
                         }
                         tx_seen.get_or_insert_with(|| whole.to_token_stream());
-                        if !is_mut_reference(&typed.ty) {
-                            errors.spanned(
-                                &typed.ty,
-                                "the transaction parameter must be a mutable reference: `tx: &mut Transaction<'_, Postgres>`",
-                            );
-                        }
-                        params.push(Param::Transaction { connection });
+                        check_tx_type(&typed.ty, kind, errors);
+                        params.push(Param::Transaction(kind));
                     }
                     Some(Role::Events) => {
                         if let Some(first) = &events_seen {
@@ -116,7 +122,7 @@ pub(crate) fn handler(mut item: ItemFn, errors: &mut Errors) -> Handler {
     if tx_seen.is_none() {
         errors.at(
             signature,
-            "#[outbox_handler] needs a transaction parameter: add `tx: &mut Transaction<'_, Postgres>` (sqlx); the handler's statements run on it (mark a parameter of an aliased type with `#[tx]`)",
+            "#[outbox_handler] needs a transaction parameter: add `tx: &mut Transaction<'_, Postgres>` (sqlx) or `tx: &DatabaseTransaction` (SeaORM, feature `sea-orm`); the handler's statements run on it (mark a parameter of an aliased type with `#[tx]`)",
         );
     }
     if events_seen.is_none() {
@@ -143,13 +149,47 @@ pub(crate) fn with_retries(handler: &Handler, retries_span: Span, errors: &mut E
     }
 }
 
+/// The reference a transaction of `kind` is taken by, and whether its
+/// backend is compiled in.
+fn check_tx_type(ty: &Type, kind: TxKind, errors: &mut Errors) {
+    match kind {
+        TxKind::SeaOrm => {
+            if is_mut_reference(ty) {
+                errors.spanned(
+                    ty,
+                    "SeaORM's transaction is taken by shared reference, as SeaORM's own methods take it: `tx: &DatabaseTransaction`",
+                );
+            } else if !matches!(ty, Type::Reference(_)) {
+                errors.spanned(
+                    ty,
+                    "the transaction parameter must be a reference: `tx: &DatabaseTransaction`",
+                );
+            }
+            if !cfg!(feature = "sea-orm") {
+                errors.spanned(
+                    ty,
+                    "a handler on SeaORM's `DatabaseTransaction` needs the `sea-orm` feature: turn on `features = [\"sea-orm\"]` of txoutbox-core (or txoutbox-runtime) in Cargo.toml",
+                );
+            }
+        }
+        TxKind::Sqlx | TxKind::Connection => {
+            if !is_mut_reference(ty) {
+                errors.spanned(
+                    ty,
+                    "the transaction parameter must be a mutable reference: `tx: &mut Transaction<'_, Postgres>`",
+                );
+            }
+        }
+    }
+}
+
 enum Marker {
     Tx,
     Events,
 }
 
 enum Role {
-    Tx(bool),
+    Tx(TxKind),
     Events,
 }
 
@@ -175,24 +215,35 @@ fn role_by_type(ty: &Type) -> Option<Role> {
         // `events: Events` by value: recognized, then rejected as not `&mut`.
         return match last_segment(ty)?.as_str() {
             "Events" => Some(Role::Events),
-            "Transaction" | "PgTransaction" | "PgConnection" => Some(Role::Tx(is_connection(ty))),
+            "Transaction" | "PgTransaction" | "PgConnection" | "DatabaseTransaction" => {
+                Some(Role::Tx(tx_kind(ty)))
+            }
             _ => None,
         };
     };
     match last_segment(&reference.elem)?.as_str() {
         "Events" => Some(Role::Events),
-        "Transaction" | "PgTransaction" => Some(Role::Tx(false)),
-        "PgConnection" => Some(Role::Tx(true)),
+        "Transaction" | "PgTransaction" | "PgConnection" | "DatabaseTransaction" => {
+            Some(Role::Tx(tx_kind(ty)))
+        }
         _ => None,
     }
 }
 
-fn is_connection(ty: &Type) -> bool {
-    let ty = match ty {
-        Type::Reference(reference) => &reference.elem,
-        other => other,
+/// The kind of a transaction parameter: by its type's name, else (an alias
+/// marked `#[tx]`) by its reference: shared is SeaORM's, `&mut` sqlx's.
+fn tx_kind(ty: &Type) -> TxKind {
+    let (inner, shared) = match ty {
+        Type::Reference(reference) => (&*reference.elem, reference.mutability.is_none()),
+        other => (other, false),
     };
-    last_segment(ty).is_some_and(|name| name == "PgConnection")
+    match last_segment(inner).as_deref() {
+        Some("PgConnection") => TxKind::Connection,
+        Some("DatabaseTransaction") => TxKind::SeaOrm,
+        Some("Transaction" | "PgTransaction") => TxKind::Sqlx,
+        _ if shared => TxKind::SeaOrm,
+        _ => TxKind::Sqlx,
+    }
 }
 
 fn is_mut_reference(ty: &Type) -> bool {

@@ -133,10 +133,15 @@ impl HandlerError {
     /// hold one, and an error that cannot be recorded must not wedge the
     /// consumer.
     pub fn new(error: impl fmt::Display + 'static) -> Self {
-        match (&error as &dyn Any).downcast_ref::<sqlx::Error>() {
-            Some(database) => Self::text(DbErrorDisplay(database).to_string()),
-            None => Self::text(error.to_string()),
+        let any = &error as &dyn Any;
+        if let Some(database) = any.downcast_ref::<sqlx::Error>() {
+            return Self::text(DbErrorDisplay(database).to_string());
         }
+        #[cfg(feature = "sea-orm")]
+        if let Some(database) = any.downcast_ref::<::sea_orm::DbErr>() {
+            return Self::text(txoutbox_core::sea_orm::DbErrDisplay(database).to_string());
+        }
+        Self::text(error.to_string())
     }
 
     fn text(text: String) -> Self {
@@ -145,6 +150,16 @@ impl HandlerError {
         } else {
             Self(text)
         }
+    }
+}
+
+/// So that `?` works on SeaORM calls in a handler returning `HandlerError`
+/// (feature `sea-orm`); rendered with
+/// [`DbErrDisplay`](txoutbox_core::sea_orm::DbErrDisplay).
+#[cfg(feature = "sea-orm")]
+impl From<::sea_orm::DbErr> for HandlerError {
+    fn from(error: ::sea_orm::DbErr) -> Self {
+        Self::text(txoutbox_core::sea_orm::DbErrDisplay(&error).to_string())
     }
 }
 
