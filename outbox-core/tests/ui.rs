@@ -1,6 +1,7 @@
 //! Compile-time checks of the macros `txoutbox_core` exports, with trybuild:
 //! `#[derive(DomainEvent)]` / `#[derive(Command)]` in `tests/ui/`, and
-//! `#[outbox_handler]` in `tests/ui_handler/`.
+//! `#[outbox_handler]` in `tests/ui_handler/` (on SeaORM's transaction in
+//! `tests/ui_handler_sea_orm/`, with feature `sea-orm`).
 //!
 //! Each `fail` case holds one mistake (`all_errors_at_once.rs` several, to
 //! show they are reported together); its `.stderr` is the exact diagnostic the
@@ -26,4 +27,10 @@ fn ui() {
     // #[outbox_handler]
     cases.pass("tests/ui_handler/pass/*.rs");
     cases.compile_fail("tests/ui_handler/*.rs");
+    // #[outbox_handler] on SeaORM's transaction
+    #[cfg(feature = "sea-orm")]
+    {
+        cases.pass("tests/ui_handler_sea_orm/pass/*.rs");
+        cases.compile_fail("tests/ui_handler_sea_orm/*.rs");
+    }
 }

@@ -15,6 +15,8 @@ fn ui() {
     // #[event_handler]
     cases.pass("tests/ui_event_handler/pass/*.rs");
     cases.compile_fail("tests/ui_event_handler/fail/*.rs");
+    #[cfg(feature = "sea-orm")]
+    cases.compile_fail("tests/ui_event_handler_sea_orm/*.rs");
     // #[saga]
     cases.pass("tests/ui_saga/pass/*.rs");
     cases.compile_fail("tests/ui_saga/fail/*.rs");
