@@ -53,6 +53,8 @@ pub struct DemoConfig {
     /// allows). A saga step costs a few transactions; a burst beyond what
     /// the consumers handle within the stock timeout times orders out.
     pub rate: Option<u32>,
+    /// What the payments service's handler is written with.
+    pub payments_orm: crate::payments_sea_orm::PaymentsOrm,
 }
 
 /// The default [`DemoConfig::stock_timeout`].
@@ -491,7 +493,10 @@ impl Demo {
 
         let servers = broker.bootstrap_servers();
         create_topics(broker, 3).await?;
-        let tuning = Tuning::default();
+        let tuning = Tuning {
+            payments_orm: config.payments_orm,
+            ..Tuning::default()
+        };
         let inventory_group = format!("inventory{}", config.group_suffix);
         let payments = PaymentsService::start(
             db.payments.clone(),
@@ -552,6 +557,11 @@ impl Demo {
     /// The inventory database (for tests that look further).
     pub fn inventory_db(&self) -> &PgPool {
         &self.db.inventory
+    }
+
+    /// The payments database (for tests that look further).
+    pub fn payments_db(&self) -> &PgPool {
+        &self.db.payments
     }
 
     /// Places one warm-up order and waits until it is confirmed (the

@@ -11,7 +11,8 @@
 //!   before its reservation takes effect) and answers through its outbox.
 //! - [`payments`]: a dedup-mode consumer of `payment.commands` that charges
 //!   each order once and answers `PaymentCompleted` or `PaymentFailed`
-//!   through its own outbox.
+//!   through its own outbox; [`payments_sea_orm`] is its handler written
+//!   with SeaORM entities (`demo --payments-orm sea-orm`).
 //! - [`observability`]: what both serve to operators: `/metrics`
 //!   (Prometheus), `/health/live` and `/health/ready`.
 //! - the `demo` binary runs the three on embedded defaults and drives orders
@@ -26,6 +27,7 @@ pub mod observability;
 pub mod orders;
 pub mod orders_error;
 pub mod payments;
+pub mod payments_sea_orm;
 pub mod service;
 pub mod setup;
 pub mod telemetry;

@@ -13,6 +13,7 @@ use txoutbox_runtime::consumer::{ConsumerBuilder, event_handler};
 use uuid::Uuid;
 
 use crate::events::{ChargePayment, PaymentCompleted, PaymentFailed};
+use crate::payments_sea_orm::PaymentsOrm;
 use crate::service::{RunningService, ServiceError, ServiceKind, Tuning};
 
 /// Errors of the payment handler.
@@ -108,7 +109,12 @@ pub struct Payments;
 impl ServiceKind for Payments {
     const NAME: &'static str = "PaymentsService";
 
-    fn consumer(builder: ConsumerBuilder, _: &Tuning) -> ConsumerBuilder {
-        builder.handler(on_charge_payment)
+    fn consumer(builder: ConsumerBuilder, tuning: &Tuning) -> ConsumerBuilder {
+        match tuning.payments_orm {
+            PaymentsOrm::Sqlx => builder.handler(on_charge_payment),
+            PaymentsOrm::SeaOrm => {
+                builder.handler(crate::payments_sea_orm::on_charge_payment_sea_orm)
+            }
+        }
     }
 }

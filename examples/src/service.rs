@@ -171,6 +171,8 @@ pub struct Tuning {
     pub poll_interval: Duration,
     /// When `/health/ready` fails.
     pub readiness: crate::observability::Readiness,
+    /// What the payments service's handler is written with (default: sqlx).
+    pub payments_orm: crate::payments_sea_orm::PaymentsOrm,
 }
 
 impl Default for Tuning {
@@ -178,6 +180,7 @@ impl Default for Tuning {
         Self {
             poll_interval: Duration::from_millis(100),
             readiness: crate::observability::Readiness::default(),
+            payments_orm: crate::payments_sea_orm::PaymentsOrm::default(),
         }
     }
 }

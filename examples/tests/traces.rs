@@ -61,6 +61,7 @@ async fn an_order_is_one_trace_from_the_handler_to_both_consumers() {
         progress_every: None,
         stock_timeout: outbox_examples::demo::DEFAULT_STOCK_TIMEOUT,
         rate: None,
+        payments_orm: Default::default(),
     };
     let broker = Broker::Mock(MockCluster::new(1).expect("mock cluster"));
     let demo = Demo::start(&config, &broker)

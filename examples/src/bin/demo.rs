@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use outbox_examples::demo::{DemoConfig, run};
+use outbox_examples::payments_sea_orm::PaymentsOrm;
 use outbox_examples::setup::{Broker, database_url_from_env};
 
 /// Orders -> inventory -> payments -> orders through outboxes and Kafka, driven by
@@ -41,6 +42,10 @@ struct Args {
     /// warehouse answers after twice this).
     #[arg(long, default_value_t = outbox_examples::demo::DEFAULT_STOCK_TIMEOUT.as_millis() as u64)]
     stock_timeout_ms: u64,
+    /// What the payments service's handler is written with: `sqlx`, or
+    /// `sea-orm` (SeaORM entities on the consumer's transaction).
+    #[arg(long, default_value = "sqlx")]
+    payments_orm: PaymentsOrm,
 }
 
 #[tokio::main]
@@ -64,6 +69,7 @@ async fn main() -> ExitCode {
         progress_every: Some(Duration::from_millis(500)),
         stock_timeout: Duration::from_millis(args.stock_timeout_ms.max(1)),
         rate: Some(args.rate).filter(|rate| *rate > 0),
+        payments_orm: args.payments_orm,
     };
     println!("outbox demo: {} orders", config.orders);
     println!("  broker:   {}", broker.describe());
