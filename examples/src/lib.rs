@@ -56,3 +56,8 @@ pub struct ConsumerGuideDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/attributes.md")]
 pub struct AttributesGuideDoctests;
+
+/// See [`HandlerGuideDoctests`].
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/sea-orm.md")]
+pub struct SeaOrmGuideDoctests;

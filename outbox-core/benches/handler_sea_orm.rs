@@ -204,7 +204,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut summary: Vec<(usize, Vec<f64>, Vec<f64>)> = Vec::new();
     for round in 1..=rounds {
         for lines in [0usize, 1, 10] {
-            let [mut hand, mut sea, mut sqlx_macro] = measure(&db, &pool, lines, iterations).await?;
+            let [mut hand, mut sea, mut sqlx_macro] =
+                measure(&db, &pool, lines, iterations).await?;
             let (hand, sea, sqlx_macro) =
                 (median(&mut hand), median(&mut sea), median(&mut sqlx_macro));
             let us = |d: Duration| d.as_secs_f64() * 1e6;

@@ -9,7 +9,7 @@
 //!   `DatabaseTransaction` ([`insert_events`]), and commits; an `Err`, a
 //!   panic, a failed insert or commit rolls everything back. A handler that
 //!   swallowed a database error and returned `Ok` is found out before the
-//!   commit ([`Error::TransactionAborted`](crate::Error::TransactionAborted)),
+//!   commit ([`Error::TransactionAborted`]),
 //!   exactly as on the sqlx path.
 //! - **Consumer side.** A consumer runs its handlers inside its own sqlx
 //!   transaction (the dedup row or the inbox mark commits with the
