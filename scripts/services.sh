@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts (or stops) the services the tests and the demo need on this machine:
-#   PostgreSQL at 127.0.0.1:5432 and a Kafka-protocol broker (tansu) at 127.0.0.1:9092.
+#   PostgreSQL at 127.0.0.1:5432, MariaDB at 127.0.0.1:3306 (the MySQL backend's
+#   tests) and a Kafka-protocol broker (tansu) at 127.0.0.1:9092.
 # Idempotent: services already running are left alone. Fails with a clear message.
 #
 #   scripts/services.sh up      start what is not running, wait until it answers
@@ -14,6 +15,8 @@ BROKER_HOST=127.0.0.1
 BROKER_PORT="${OUTBOX_BROKER_PORT:-9092}"
 PG_HOST=127.0.0.1
 PG_PORT=5432
+MYSQL_HOST=127.0.0.1
+MYSQL_PORT=3306
 
 say() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
@@ -40,6 +43,23 @@ ensure_postgres() {
   pg_ctlcluster --skip-systemctl-redirect "$version" main start || die "could not start PostgreSQL $version (see /var/log/postgresql/)"
   wait_port "$PG_HOST" "$PG_PORT" 30 || die "PostgreSQL did not answer at $PG_HOST:$PG_PORT within 30 s"
   say "PostgreSQL started"
+}
+
+ensure_mariadb() {
+  if port_open "$MYSQL_HOST" "$MYSQL_PORT"; then
+    say "MariaDB answers at $MYSQL_HOST:$MYSQL_PORT"
+    return
+  fi
+  say "MariaDB is down; starting it"
+  if [ -x /etc/init.d/mariadb ]; then
+    /etc/init.d/mariadb start >&2 || die "could not start MariaDB (see /var/log/mysql/)"
+  elif command -v mysqld_safe >/dev/null; then
+    (mysqld_safe >/dev/null 2>&1 &)
+  else
+    die "MariaDB is not running at $MYSQL_HOST:$MYSQL_PORT and is not installed; install it (apt-get install mariadb-server) or start your own MySQL >= 8 and set MYSQL_URL"
+  fi
+  wait_port "$MYSQL_HOST" "$MYSQL_PORT" 60 || die "MariaDB did not answer at $MYSQL_HOST:$MYSQL_PORT within 60 s"
+  say "MariaDB started"
 }
 
 tansu_bin() {
@@ -113,7 +133,7 @@ ensure_openssl_headers() {
 }
 
 case "${1:-up}" in
-  up) ensure_postgres; ensure_broker; ensure_openssl_headers ;;
+  up) ensure_postgres; ensure_mariadb; ensure_broker; ensure_openssl_headers ;;
   down) stop_broker ;;
   tansu) tansu_bin ;;
   *) die "usage: scripts/services.sh [up|down|tansu]" ;;

@@ -92,6 +92,18 @@ pub enum Error {
          savepoint to undo part of the work"
     )]
     TransactionEnded,
+    /// MySQL / MariaDB (feature `mysql`): after the handler ran, its
+    /// connection was no longer inside a transaction, so nothing of the
+    /// outbox was written and nothing is committed.
+    #[cfg(feature = "mysql")]
+    #[error(
+        "the handler's transaction is no longer open: MySQL rolls a transaction back on a \
+         deadlock (error 1213), and statements after it run outside any transaction, in \
+         autocommit; a handler that swallows that error (or runs COMMIT or ROLLBACK itself) \
+         leaves its later writes committed on their own. Nothing of the outbox was written; \
+         return the error (`?`) so that `retries` can re-run the handler"
+    )]
+    TransactionLost,
     /// A database error (connecting, running the handler's transaction, inserting the outbox rows, committing).
     #[error("database error: {}", DbErrorDisplay(.0))]
     Database(#[from] sqlx::Error),

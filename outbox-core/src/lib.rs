@@ -45,6 +45,8 @@ mod domain_event;
 mod error;
 mod events;
 mod insert;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 mod record;
 mod retry;
 pub mod schema;

@@ -17,7 +17,7 @@ pub(crate) fn is_serialization_failure(error: &(dyn std::error::Error + 'static)
     while let Some(error) = current {
         // thiserror's `#[error(transparent)]` forwards `source()` past the
         // `sqlx::Error`, to its boxed driver error, so that is checked as well.
-        let code = if let Some(sqlx::Error::Database(db)) = sqlx_error_in(error) {
+        let code = if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
             db.code().map(|code| code.into_owned())
         } else if let Some(db) = error.downcast_ref::<Box<dyn DatabaseError>>() {
             db.code().map(|code| code.into_owned())
@@ -32,21 +32,6 @@ pub(crate) fn is_serialization_failure(error: &(dyn std::error::Error + 'static)
         current = error.source();
     }
     false
-}
-
-/// `error` as a `sqlx::Error`, or the one inside a SeaORM `DbErr` (whose
-/// `source()` does not lead to it).
-fn sqlx_error_in<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e sqlx::Error> {
-    if let Some(error) = error.downcast_ref::<sqlx::Error>() {
-        return Some(error);
-    }
-    #[cfg(feature = "sea-orm")]
-    {
-        if let Some(error) = error.downcast_ref::<::sea_orm::DbErr>() {
-            return crate::sea_orm::sqlx_error(error);
-        }
-    }
-    None
 }
 
 /// Exponential backoff with "equal jitter": the delay before retry `n`

@@ -86,8 +86,8 @@ pub struct AfterCommit {
 
 impl AfterCommit {
     /// For `rows` written by another path than [`Events::write`] (the
-    /// SeaORM insert).
-    #[cfg(feature = "sea-orm")]
+    /// SeaORM and MySQL inserts).
+    #[cfg(any(feature = "sea-orm", feature = "mysql"))]
     pub(crate) fn for_rows(rows: u64) -> Self {
         Self { rows }
     }

@@ -1,7 +1,8 @@
 //! Compile-time checks of the macros `txoutbox_core` exports, with trybuild:
 //! `#[derive(DomainEvent)]` / `#[derive(Command)]` in `tests/ui/`, and
 //! `#[outbox_handler]` in `tests/ui_handler/` (on SeaORM's transaction in
-//! `tests/ui_handler_sea_orm/`, with feature `sea-orm`).
+//! `tests/ui_handler_sea_orm/`, with feature `sea-orm`; on MySQL in
+//! `tests/ui_handler_mysql/`, with feature `mysql`).
 //!
 //! Each `fail` case holds one mistake (`all_errors_at_once.rs` several, to
 //! show they are reported together); its `.stderr` is the exact diagnostic the
@@ -32,5 +33,11 @@ fn ui() {
     {
         cases.pass("tests/ui_handler_sea_orm/pass/*.rs");
         cases.compile_fail("tests/ui_handler_sea_orm/*.rs");
+    }
+    // #[outbox_handler] on a MySQL transaction
+    #[cfg(feature = "mysql")]
+    {
+        cases.pass("tests/ui_handler_mysql/pass/*.rs");
+        cases.compile_fail("tests/ui_handler_mysql/*.rs");
     }
 }

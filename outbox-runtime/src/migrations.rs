@@ -15,6 +15,8 @@
 //! # Ok(()) }
 //! ```
 
+use std::future::Future;
+
 use sqlx::PgPool;
 
 /// One embedded migration.
@@ -102,6 +104,37 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// Every MySQL / MariaDB migration the framework ships, in order (feature
+/// `mysql`; SQL in `outbox-runtime/migrations/mysql/`). Its versions are
+/// its own: the MySQL schema is not a translation of every PostgreSQL file
+/// but the same tables, grown as the MySQL backend gains its parts.
+#[cfg(feature = "mysql")]
+pub const MYSQL_MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "outbox",
+    sql: include_str!("../migrations/mysql/0001_outbox.sql"),
+}];
+
+/// A database [`run`] migrates: `&PgPool`, or `&MySqlPool` (feature
+/// `mysql`).
+pub trait Target: Send {
+    /// Applies the migrations not yet applied; see [`run`].
+    fn apply(self) -> impl Future<Output = Result<Vec<i64>, MigrateError>> + Send;
+}
+
+impl Target for &PgPool {
+    fn apply(self) -> impl Future<Output = Result<Vec<i64>, MigrateError>> + Send {
+        run_postgres(self)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Target for &sqlx::MySqlPool {
+    fn apply(self) -> impl Future<Output = Result<Vec<i64>, MigrateError>> + Send {
+        mysql::run(self)
+    }
+}
+
 /// Failure to migrate.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -121,9 +154,17 @@ pub struct MigrateError {
 /// Arbitrary constant for `pg_advisory_xact_lock`: "outbox migrate".
 const MIGRATION_LOCK_KEY: i64 = 0x6f75_7462_6f78_6d69;
 
-/// Applies every migration not yet applied, each in its own transaction, and
-/// returns the versions it applied (empty when the schema is up to date).
-pub async fn run(pool: &PgPool) -> Result<Vec<i64>, MigrateError> {
+/// Applies every migration not yet applied and returns the versions it
+/// applied (empty when the schema is up to date): on PostgreSQL
+/// ([`MIGRATIONS`]) each in its own transaction; on MySQL / MariaDB
+/// (`&MySqlPool`, feature `mysql`: `MYSQL_MIGRATIONS`) one after the other
+/// under a named lock (MySQL commits DDL implicitly; every file is
+/// idempotent, so a migration cut short is applied again in full).
+pub async fn run<T: Target>(database: T) -> Result<Vec<i64>, MigrateError> {
+    database.apply().await
+}
+
+async fn run_postgres(pool: &PgPool) -> Result<Vec<i64>, MigrateError> {
     let bookkeeping = |source| MigrateError {
         version: 0,
         description: "outbox_schema_migrations",
@@ -174,4 +215,134 @@ pub async fn run(pool: &PgPool) -> Result<Vec<i64>, MigrateError> {
         applied.push(migration.version);
     }
     Ok(applied)
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use sqlx::MySqlPool;
+
+    use super::{MYSQL_MIGRATIONS, MigrateError};
+
+    /// The oldest servers with `FOR UPDATE SKIP LOCKED`.
+    const MARIADB_MIN: (u32, u32) = (10, 6);
+    const MYSQL_MIN: (u32, u32) = (8, 0);
+
+    fn bookkeeping(source: sqlx::Error) -> MigrateError {
+        MigrateError {
+            version: 0,
+            description: "outbox_schema_migrations",
+            source,
+        }
+    }
+
+    /// Refuses a server without `SKIP LOCKED` (MariaDB < 10.6, MySQL < 8.0).
+    fn check_version(version: &str) -> Result<(), sqlx::Error> {
+        let mut parts = version.split(|c: char| !c.is_ascii_digit());
+        let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let (min, name) = if version.contains("MariaDB") {
+            (MARIADB_MIN, "MariaDB")
+        } else {
+            (MYSQL_MIN, "MySQL")
+        };
+        if (major, minor) < min {
+            return Err(sqlx::Error::Protocol(format!(
+                "{name} {version} is too old for the outbox: it needs {name} >= {}.{} \
+                 (FOR UPDATE SKIP LOCKED)",
+                min.0, min.1
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn run(pool: &MySqlPool) -> Result<Vec<i64>, MigrateError> {
+        let mut conn = pool.acquire().await.map_err(bookkeeping)?;
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(bookkeeping)?;
+        check_version(&version).map_err(bookkeeping)?;
+        // Lock names are server-wide: the database's name keeps two
+        // services on one server apart.
+        let locked: Option<i64> =
+            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox_migrate:', DATABASE()), 60)")
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(bookkeeping)?;
+        if locked != Some(1) {
+            return Err(bookkeeping(sqlx::Error::Protocol(
+                "another `outbox migrate` held the migration lock for 60 s".into(),
+            )));
+        }
+        let applied = apply(&mut conn).await;
+        let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('outbox_migrate:', DATABASE()))")
+            .execute(&mut *conn)
+            .await;
+        applied
+    }
+
+    async fn apply(conn: &mut sqlx::MySqlConnection) -> Result<Vec<i64>, MigrateError> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
+                 version BIGINT NOT NULL PRIMARY KEY,
+                 description TEXT NOT NULL,
+                 applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(bookkeeping)?;
+        let mut applied = Vec::new();
+        for migration in MYSQL_MIGRATIONS {
+            let done: Option<i64> = sqlx::query_scalar(
+                "SELECT version FROM outbox_schema_migrations WHERE version = ?",
+            )
+            .bind(migration.version)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(bookkeeping)?;
+            if done.is_some() {
+                continue;
+            }
+            let failed = |source| MigrateError {
+                version: migration.version,
+                description: migration.description,
+                source,
+            };
+            sqlx::raw_sql(migration.sql)
+                .execute(&mut *conn)
+                .await
+                .map_err(failed)?;
+            sqlx::query(
+                "INSERT INTO outbox_schema_migrations (version, description) VALUES (?, ?)",
+            )
+            .bind(migration.version)
+            .bind(migration.description)
+            .execute(&mut *conn)
+            .await
+            .map_err(failed)?;
+            applied.push(migration.version);
+        }
+        Ok(applied)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::check_version;
+
+        #[test]
+        fn servers_without_skip_locked_are_refused() {
+            assert!(check_version("10.11.19-MariaDB-0+deb12u1").is_ok());
+            assert!(check_version("10.6.0-MariaDB").is_ok());
+            assert!(check_version("8.0.36").is_ok());
+            let old = check_version("10.5.22-MariaDB").unwrap_err().to_string();
+            assert!(old.contains("MariaDB >= 10.6"), "{old}");
+            assert!(
+                check_version("5.7.44")
+                    .unwrap_err()
+                    .to_string()
+                    .contains("MySQL >= 8.0")
+            );
+        }
+    }
 }

@@ -62,6 +62,25 @@ use ::sea_orm::{DbErr, RuntimeErr};
 
 use crate::Error;
 
+/// Whether `error`, or any error in its `source()` chain, is a
+/// serialization failure or deadlock, also inside a `DbErr` (whose
+/// `source()` does not lead to its sqlx error).
+pub(crate) fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if crate::retry::is_serialization_failure(error) {
+            return true;
+        }
+        if let Some(inner) = error.downcast_ref::<DbErr>().and_then(sqlx_error)
+            && crate::retry::is_serialization_failure(inner)
+        {
+            return true;
+        }
+        current = error.source();
+    }
+    false
+}
+
 /// The sqlx error inside a SeaORM error, if it carries one.
 pub(crate) fn sqlx_error(error: &DbErr) -> Option<&sqlx::Error> {
     match error {

@@ -9,7 +9,7 @@ use ::sea_orm::{
 };
 use tracing::Instrument;
 
-use super::{insert_events, statement_error};
+use super::{insert_events, is_transient, statement_error};
 use crate::unit_of_work::Failure;
 use crate::{AfterCommit, Error, Events, IsolationLevel, retry};
 
@@ -224,8 +224,8 @@ impl<S: SeaTransactionSource> RetryingSeaUnitOfWork<S> {
                 Err(failure) => failure,
             };
             let retryable = match &failure {
-                Failure::Handler(error) => retry::is_serialization_failure(error),
-                Failure::Framework(error) => retry::is_serialization_failure(error),
+                Failure::Handler(error) => is_transient(error),
+                Failure::Framework(error) => is_transient(error),
             };
             if !retryable || retried == self.retries {
                 return Err(failure.into_user());

@@ -28,19 +28,24 @@ pub(crate) fn handler(handler: Handler, args: &Args) -> TokenStream {
     let is_method = params.iter().any(|p| matches!(p, Param::Receiver { .. }));
     let retrying = args.retries.is_some();
     let krate = args.krate();
-    let sea_orm = params
+    let kind = params
         .iter()
-        .any(|p| matches!(p, Param::Transaction(TxKind::SeaOrm)));
-    // The unit of work of the handler's backend: its source trait and its entry point.
-    let backend = if sea_orm {
-        quote!(#krate::sea_orm)
-    } else {
-        krate.clone()
-    };
-    let source_trait = if sea_orm {
-        quote!(#backend::SeaTransactionSource)
-    } else {
-        quote!(#backend::TransactionSource)
+        .find_map(|p| match p {
+            Param::Transaction(kind) => Some(*kind),
+            _ => None,
+        })
+        .unwrap_or(TxKind::Sqlx);
+    // The unit of work of the handler's backend: its module and source trait.
+    let (backend, source_trait) = match kind {
+        TxKind::SeaOrm => (
+            quote!(#krate::sea_orm),
+            quote!(#krate::sea_orm::SeaTransactionSource),
+        ),
+        TxKind::MySql | TxKind::MySqlConnection => (
+            quote!(#krate::mysql),
+            quote!(#krate::mysql::MySqlTransactionSource),
+        ),
+        TxKind::Sqlx | TxKind::Connection => (krate.clone(), quote!(#krate::TransactionSource)),
     };
 
     let (outer_attrs, inner_attrs) = split_attrs(&item.attrs);
@@ -78,8 +83,8 @@ pub(crate) fn handler(handler: Handler, args: &Args) -> TokenStream {
                 });
             }
             Param::Transaction(kind) => call_args.push(match kind {
-                TxKind::Connection => quote!(&mut **#tx),
-                TxKind::Sqlx | TxKind::SeaOrm => quote!(#tx),
+                TxKind::Connection | TxKind::MySqlConnection => quote!(&mut **#tx),
+                TxKind::Sqlx | TxKind::SeaOrm | TxKind::MySql => quote!(#tx),
             }),
             Param::Events => call_args.push(quote!(#events)),
             Param::Forwarded { name, ty } => {
@@ -129,16 +134,19 @@ pub(crate) fn handler(handler: Handler, args: &Args) -> TokenStream {
     let run = quote_spanned! {output_span=>
         #run_krate::transaction(#db) #isolation #retries .named(#handler_name) .run(#closure).await
     };
-    let (sources, entry) = if sea_orm {
-        (
+    let (sources, entry) = match kind {
+        TxKind::SeaOrm => (
             "SeaORM's `DatabaseConnection`, `&DatabaseConnection` or `&DatabaseTransaction`",
             "txoutbox_core::sea_orm::transaction",
-        )
-    } else {
-        (
+        ),
+        TxKind::MySql | TxKind::MySqlConnection => (
+            "`&MySqlPool`, `MySqlPool` or `&mut MySqlConnection`",
+            "txoutbox_core::mysql::transaction",
+        ),
+        TxKind::Sqlx | TxKind::Connection => (
             "`&PgPool`, `PgPool` or `&mut PgConnection`",
             "txoutbox_core::transaction",
-        )
+        ),
     };
     let outer_doc = format!(
         " Runs in its own transaction on `db` ({sources}): \

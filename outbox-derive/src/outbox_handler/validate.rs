@@ -29,6 +29,21 @@ pub(crate) enum TxKind {
     Connection,
     /// SeaORM's `&DatabaseTransaction` (feature `sea-orm`).
     SeaOrm,
+    /// `&mut Transaction<'_, MySql>` (`MySqlTransaction`, feature `mysql`).
+    MySql,
+    /// `&mut MySqlConnection` (feature `mysql`).
+    MySqlConnection,
+}
+
+impl TxKind {
+    /// The backend's name, for messages.
+    fn backend(self) -> &'static str {
+        match self {
+            Self::Sqlx | Self::Connection => "PostgreSQL (sqlx)",
+            Self::SeaOrm => "SeaORM",
+            Self::MySql | Self::MySqlConnection => "MySQL (sqlx)",
+        }
+    }
 }
 
 /// A handler whose signature passed the checks.
@@ -75,7 +90,18 @@ pub(crate) fn handler(mut item: ItemFn, errors: &mut Errors) -> Handler {
                 match role {
                     Some(Role::Tx(kind)) => {
                         if let Some(first) = &tx_seen {
-                            errors.push(more_than_one(whole, first, "transaction", "#[tx]"));
+                            let first_kind = params.iter().find_map(|p| match p {
+                                Param::Transaction(kind) => Some(*kind),
+                                _ => None,
+                            });
+                            match first_kind {
+                                Some(first_kind) if first_kind.backend() != kind.backend() => {
+                                    errors.push(two_backends(whole, first, kind, first_kind));
+                                }
+                                _ => {
+                                    errors.push(more_than_one(whole, first, "transaction", "#[tx]"))
+                                }
+                            }
                         }
                         tx_seen.get_or_insert_with(|| whole.to_token_stream());
                         check_tx_type(&typed.ty, kind, errors);
@@ -172,6 +198,20 @@ fn check_tx_type(ty: &Type, kind: TxKind, errors: &mut Errors) {
                 );
             }
         }
+        TxKind::MySql | TxKind::MySqlConnection => {
+            if !is_mut_reference(ty) {
+                errors.spanned(
+                    ty,
+                    "the transaction parameter must be a mutable reference: `tx: &mut Transaction<'_, MySql>`",
+                );
+            }
+            if !cfg!(feature = "mysql") {
+                errors.spanned(
+                    ty,
+                    "a handler on a MySQL transaction needs the `mysql` feature: turn on `features = [\"mysql\"]` of txoutbox-core (or txoutbox-runtime) in Cargo.toml",
+                );
+            }
+        }
         TxKind::Sqlx | TxKind::Connection => {
             if !is_mut_reference(ty) {
                 errors.spanned(
@@ -215,17 +255,23 @@ fn role_by_type(ty: &Type) -> Option<Role> {
         // `events: Events` by value: recognized, then rejected as not `&mut`.
         return match last_segment(ty)?.as_str() {
             "Events" => Some(Role::Events),
-            "Transaction" | "PgTransaction" | "PgConnection" | "DatabaseTransaction" => {
-                Some(Role::Tx(tx_kind(ty)))
-            }
+            "Transaction"
+            | "PgTransaction"
+            | "PgConnection"
+            | "DatabaseTransaction"
+            | "MySqlTransaction"
+            | "MySqlConnection" => Some(Role::Tx(tx_kind(ty))),
             _ => None,
         };
     };
     match last_segment(&reference.elem)?.as_str() {
         "Events" => Some(Role::Events),
-        "Transaction" | "PgTransaction" | "PgConnection" | "DatabaseTransaction" => {
-            Some(Role::Tx(tx_kind(ty)))
-        }
+        "Transaction"
+        | "PgTransaction"
+        | "PgConnection"
+        | "DatabaseTransaction"
+        | "MySqlTransaction"
+        | "MySqlConnection" => Some(Role::Tx(tx_kind(ty))),
         _ => None,
     }
 }
@@ -240,10 +286,29 @@ fn tx_kind(ty: &Type) -> TxKind {
     match last_segment(inner).as_deref() {
         Some("PgConnection") => TxKind::Connection,
         Some("DatabaseTransaction") => TxKind::SeaOrm,
+        Some("MySqlConnection") => TxKind::MySqlConnection,
+        Some("MySqlTransaction") => TxKind::MySql,
+        Some("Transaction") if database_argument(inner).as_deref() == Some("MySql") => {
+            TxKind::MySql
+        }
         Some("Transaction" | "PgTransaction") => TxKind::Sqlx,
         _ if shared => TxKind::SeaOrm,
         _ => TxKind::Sqlx,
     }
+}
+
+/// The last segment of the type argument of `Transaction<'_, DB>`: `DB`.
+fn database_argument(ty: &Type) -> Option<String> {
+    let Type::Path(TypePath { path, .. }) = ty else {
+        return None;
+    };
+    let syn::PathArguments::AngleBracketed(args) = &path.segments.last()?.arguments else {
+        return None;
+    };
+    args.args.iter().find_map(|arg| match arg {
+        syn::GenericArgument::Type(ty) => last_segment(ty),
+        _ => None,
+    })
 }
 
 fn is_mut_reference(ty: &Type) -> bool {
@@ -257,6 +322,28 @@ fn last_segment(ty: &Type) -> Option<String> {
         Type::Group(group) => last_segment(&group.elem),
         _ => None,
     }
+}
+
+/// A second transaction of another backend than the first.
+fn two_backends(
+    param: &syn::PatType,
+    first: &TokenStream,
+    kind: TxKind,
+    first_kind: TxKind,
+) -> syn::Error {
+    let mut error = syn::Error::new_spanned(
+        param,
+        format!(
+            "a handler runs in one transaction of one database, but this parameter is a {} transaction and the first one a {} transaction; the outbox rows commit with the handler's writes only on the same connection: take one transaction, and write to the other database from another handler",
+            kind.backend(),
+            first_kind.backend()
+        ),
+    );
+    error.combine(syn::Error::new_spanned(
+        first,
+        "the first transaction parameter is here",
+    ));
+    error
 }
 
 fn more_than_one(

@@ -1,0 +1,120 @@
+//! MySQL and MariaDB (feature `mysql`; MariaDB >= 10.6, MySQL >= 8.0.1):
+//! command handlers on a MySQL transaction.
+//!
+//! `#[outbox_handler]` on a function taking `tx: &mut Transaction<'_, MySql>`
+//! (or `&mut MySqlTransaction<'_>`, `&mut MySqlConnection`) expands to
+//! [`transaction`] of this module: it begins the transaction on your
+//! `MySqlPool`, runs the handler, inserts the recorded events into
+//! `outbox_event` / `outbox_scheduled` ([`insert_events`]) and commits; an
+//! `Err`, a panic, a failed insert or commit rolls everything back. The
+//! schema is `txoutbox_runtime::migrations::run` on a `MySqlPool`.
+//!
+//! What differs from PostgreSQL, and how the framework handles it:
+//!
+//! - **A failed statement does not abort the transaction** (MySQL rolls back
+//!   the statement only), so a handler that swallows a duplicate-key error
+//!   and goes on is fine here. But a **deadlock (1213) rolls back the whole
+//!   transaction**, and what the handler runs after swallowing it runs in
+//!   autocommit mode, outside any transaction. The framework's insert is
+//!   guarded by `@@in_transaction`: it writes nothing outside a transaction
+//!   and the unit of work fails with
+//!   [`Error::TransactionLost`](crate::Error::TransactionLost) instead of
+//!   committing a transaction that no longer exists (with no event, one
+//!   `SELECT @@in_transaction` asks).
+//! - **Deadlocks (1213) and lock wait timeouts (1205)** are transient:
+//!   `retries` re-runs the handler on them, as on PostgreSQL's 40001/40P01.
+//! - **Isolation**: InnoDB's default is `REPEATABLE READ`; `isolation = ..`
+//!   sets the level for the one transaction (`SET TRANSACTION ISOLATION
+//!   LEVEL` before `START TRANSACTION`).
+//! - **Types**: `event_id` is `BINARY(16)` (sqlx's `Uuid` encoding on
+//!   MySQL), payload and headers `JSON`, timestamps `DATETIME(6)` in UTC
+//!   (sqlx sets the session's `time_zone` to `+00:00`).
+//!
+//! ```no_run
+//! use sqlx::{MySql, Transaction};
+//! use txoutbox_core::{DomainEvent, Events, outbox_handler};
+//!
+//! #[derive(serde::Serialize, schemars::JsonSchema, DomainEvent)]
+//! #[event(topic = "orders", aggregate = "Order")]
+//! struct OrderPlaced { event_id: uuid::Uuid, #[partition_key] order_id: i64 }
+//!
+//! #[outbox_handler]
+//! async fn place_order(
+//!     tx: &mut Transaction<'_, MySql>,
+//!     events: &mut Events,
+//!     amount: i64,
+//! ) -> Result<u64, txoutbox_core::Error> {
+//!     let order_id = sqlx::query("INSERT INTO orders (amount) VALUES (?)")
+//!         .bind(amount)
+//!         .execute(&mut **tx)
+//!         .await?
+//!         .last_insert_id();
+//!     events.record(OrderPlaced { event_id: uuid::Uuid::now_v7(), order_id: order_id as i64 });
+//!     Ok(order_id)
+//! }
+//!
+//! # async fn f(pool: sqlx::MySqlPool) -> Result<(), txoutbox_core::Error> {
+//! place_order(&pool, 4200).await?; // one transaction: the order and its event
+//! # Ok(()) }
+//! ```
+
+mod insert;
+mod unit_of_work;
+
+pub use insert::insert_events;
+pub use unit_of_work::{
+    MySqlTransactionSource, MySqlUnitOfWork, RetryingMySqlUnitOfWork, transaction,
+};
+
+use sqlx::mysql::MySqlDatabaseError;
+
+/// MySQL error numbers after which re-running the whole transaction can
+/// succeed: `ER_LOCK_DEADLOCK` (the server rolled the transaction back) and
+/// `ER_LOCK_WAIT_TIMEOUT`.
+const TRANSIENT_ERRORS: [u16; 2] = [1213, 1205];
+
+/// Whether `error`, or any error in its `source()` chain, is a MySQL
+/// deadlock or lock wait timeout (or a serialization failure by SQLSTATE).
+pub(crate) fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
+    if crate::retry::is_serialization_failure(error) {
+        return true;
+    }
+    let mut current = Some(error);
+    while let Some(error) = current {
+        let number = if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
+            db.try_downcast_ref::<MySqlDatabaseError>()
+                .map(MySqlDatabaseError::number)
+        } else {
+            error
+                .downcast_ref::<MySqlDatabaseError>()
+                .map(MySqlDatabaseError::number)
+        };
+        if number.is_some_and(|number| TRANSIENT_ERRORS.contains(&number)) {
+            return true;
+        }
+        current = error.source();
+    }
+    false
+}
+
+/// Checks, with one statement, that `conn` is inside a transaction, so that
+/// a `COMMIT` now would commit what ran since `START TRANSACTION`:
+/// `Ok(())`, [`Error::TransactionLost`](crate::Error::TransactionLost), or
+/// the database error that kept the check from running.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::MySqlPool) -> Result<(), txoutbox_core::Error> {
+/// let mut tx = pool.begin().await?;
+/// txoutbox_core::mysql::check_in_transaction(&mut tx).await?;
+/// # Ok(()) }
+/// ```
+pub async fn check_in_transaction(conn: &mut sqlx::MySqlConnection) -> Result<(), crate::Error> {
+    let open: i64 = sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
+        .fetch_one(conn)
+        .await?;
+    if open == 1 {
+        Ok(())
+    } else {
+        Err(crate::Error::TransactionLost)
+    }
+}
