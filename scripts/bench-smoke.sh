@@ -25,6 +25,8 @@ run handler BENCH_ITERATIONS=50 BENCH_ROUNDS=1 \
     cargo bench -p txoutbox-core --bench handler
 run handler_sea_orm BENCH_ITERATIONS=50 BENCH_ROUNDS=1 \
     cargo bench -p txoutbox-core --features sea-orm --bench handler_sea_orm
+run handler_mysql BENCH_ITERATIONS=50 BENCH_ROUNDS=1 \
+    cargo bench -p txoutbox-core --features mysql --bench handler_mysql
 run consumer OUTBOX_BENCH_EVENTS=2000 OUTBOX_BENCH_ROUNDS=1 OUTBOX_BENCH_BASELINE_EVENTS=500 \
     cargo bench -p txoutbox-runtime --bench consumer
 run inbox_claim OUTBOX_BENCH_PENDING=2000 OUTBOX_BENCH_ROUNDS=1 \

@@ -537,3 +537,56 @@ async fn a_swallowed_deadlock_publishes_nothing_and_is_reported() {
     drop(watcher);
     db.drop().await;
 }
+
+/// The insert's guard on its own, on a connection outside any transaction
+/// (where a swallowed deadlock leaves a handler): nothing is written, in
+/// strict mode (the NULL event id is refused) and without it (the CHECK
+/// refuses the zero bytes the NULL becomes), and the error says why.
+#[tokio::test]
+async fn the_insert_writes_nothing_outside_a_transaction_in_any_sql_mode() {
+    let db = Scratch::create().await;
+    for sql_mode in ["STRICT_TRANS_TABLES", ""] {
+        let mut conn = db.connection().await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SET SESSION sql_mode = '{sql_mode}'"
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let mut events = Events::new();
+        for amount in [1, 2] {
+            events.record(OrderPlaced {
+                event_id: Uuid::now_v7(),
+                order_id: 1,
+                amount,
+            });
+        }
+        events.record_after(
+            OrderPlaced {
+                event_id: Uuid::now_v7(),
+                order_id: 1,
+                amount: 3,
+            },
+            Duration::from_secs(5),
+        );
+        let err = txoutbox_core::mysql::insert_events(&mut conn, &events)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::TransactionLost),
+            "sql_mode '{sql_mode}': {err:?}"
+        );
+        assert_eq!(db.count("SELECT count(*) FROM outbox_event").await, 0);
+        assert_eq!(db.count("SELECT count(*) FROM outbox_scheduled").await, 0);
+        // Inside a transaction the same events go in.
+        let mut tx = conn.begin().await.unwrap();
+        assert_eq!(
+            txoutbox_core::mysql::insert_events(&mut tx, &events)
+                .await
+                .unwrap(),
+            3
+        );
+        tx.rollback().await.unwrap();
+    }
+    db.drop().await;
+}

@@ -31,7 +31,11 @@ CREATE TABLE IF NOT EXISTS outbox_event (
     -- `published_at` is NULL, and NULLs sort first in this index, so a claim
     -- (`WHERE published_at IS NULL ORDER BY id`) reads the unpublished
     -- entries only, however many published rows the table keeps.
-    KEY ix_outbox_event_unpublished (published_at, id)
+    KEY ix_outbox_event_unpublished (published_at, id),
+    -- The insert's guard: outside a transaction it sends a NULL event id,
+    -- which NOT NULL refuses in strict mode; without strict mode the NULL
+    -- becomes sixteen zero bytes, which this refuses.
+    CONSTRAINT ck_outbox_event_id CHECK (event_id <> X'00000000000000000000000000000000')
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS outbox_scheduled (
@@ -49,5 +53,6 @@ CREATE TABLE IF NOT EXISTS outbox_scheduled (
     deliver_after   DATETIME(6)  NOT NULL,
     PRIMARY KEY (id),
     UNIQUE KEY ux_outbox_scheduled_event_id (event_id),
-    KEY ix_outbox_scheduled_due (deliver_after, id)
+    KEY ix_outbox_scheduled_due (deliver_after, id),
+    CONSTRAINT ck_outbox_scheduled_id CHECK (event_id <> X'00000000000000000000000000000000')
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
