@@ -223,9 +223,8 @@ mod mysql {
 
     use super::{MYSQL_MIGRATIONS, MigrateError};
 
-    /// The oldest servers with `FOR UPDATE SKIP LOCKED`.
+    /// The oldest MariaDB with `FOR UPDATE SKIP LOCKED`.
     const MARIADB_MIN: (u32, u32) = (10, 6);
-    const MYSQL_MIN: (u32, u32) = (8, 0);
 
     fn bookkeeping(source: sqlx::Error) -> MigrateError {
         MigrateError {
@@ -235,21 +234,24 @@ mod mysql {
         }
     }
 
-    /// Refuses a server without `SKIP LOCKED` (MariaDB < 10.6, MySQL < 8.0).
+    /// Refuses a MariaDB without `SKIP LOCKED` (< 10.6), and MySQL, which
+    /// has no `@@in_transaction` for the outbox insert's guard.
     fn check_version(version: &str) -> Result<(), sqlx::Error> {
+        if !version.contains("MariaDB") {
+            return Err(sqlx::Error::Protocol(format!(
+                "MySQL {version} is not supported yet: the outbox insert guards itself with \
+                 MariaDB's @@in_transaction, which MySQL lacks; use MariaDB >= {}.{}",
+                MARIADB_MIN.0, MARIADB_MIN.1
+            )));
+        }
         let mut parts = version.split(|c: char| !c.is_ascii_digit());
         let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
         let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        let (min, name) = if version.contains("MariaDB") {
-            (MARIADB_MIN, "MariaDB")
-        } else {
-            (MYSQL_MIN, "MySQL")
-        };
-        if (major, minor) < min {
+        if (major, minor) < MARIADB_MIN {
             return Err(sqlx::Error::Protocol(format!(
-                "{name} {version} is too old for the outbox: it needs {name} >= {}.{} \
+                "MariaDB {version} is too old for the outbox: it needs MariaDB >= {}.{} \
                  (FOR UPDATE SKIP LOCKED)",
-                min.0, min.1
+                MARIADB_MIN.0, MARIADB_MIN.1
             )));
         }
         Ok(())
@@ -334,14 +336,12 @@ mod mysql {
         fn servers_without_skip_locked_are_refused() {
             assert!(check_version("10.11.19-MariaDB-0+deb12u1").is_ok());
             assert!(check_version("10.6.0-MariaDB").is_ok());
-            assert!(check_version("8.0.36").is_ok());
             let old = check_version("10.5.22-MariaDB").unwrap_err().to_string();
             assert!(old.contains("MariaDB >= 10.6"), "{old}");
+            let mysql = check_version("8.0.36").unwrap_err().to_string();
             assert!(
-                check_version("5.7.44")
-                    .unwrap_err()
-                    .to_string()
-                    .contains("MySQL >= 8.0")
+                mysql.contains("not supported yet") && mysql.contains("@@in_transaction"),
+                "{mysql}"
             );
         }
     }

@@ -1,5 +1,7 @@
-//! MySQL and MariaDB (feature `mysql`; MariaDB >= 10.6, MySQL >= 8.0.1):
-//! command handlers on a MySQL transaction.
+//! MySQL and MariaDB (feature `mysql`): command handlers on a MySQL
+//! transaction. Tested on MariaDB 10.11; MariaDB >= 10.6 is required. MySQL
+//! 8 is not supported yet: the insert's guard reads MariaDB's
+//! `@@in_transaction`, which MySQL lacks (the insert then fails loudly).
 //!
 //! `#[outbox_handler]` on a function taking `tx: &mut Transaction<'_, MySql>`
 //! (or `&mut MySqlTransaction<'_>`, `&mut MySqlConnection`) expands to
@@ -16,8 +18,8 @@
 //!   and goes on is fine here. But a **deadlock (1213) rolls back the whole
 //!   transaction**, and what the handler runs after swallowing it runs in
 //!   autocommit mode, outside any transaction. The framework's insert is
-//!   guarded by `@@in_transaction`: it writes nothing outside a transaction
-//!   and the unit of work fails with
+//!   guarded by `@@in_transaction` (in the statement itself: no round trip):
+//!   it writes nothing outside a transaction and the unit of work fails with
 //!   [`Error::TransactionLost`](crate::Error::TransactionLost) instead of
 //!   committing a transaction that no longer exists (with no event, one
 //!   `SELECT @@in_transaction` asks).
