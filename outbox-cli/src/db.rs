@@ -3,11 +3,53 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool};
+use sqlx::{ConnectOptions, Connection, MySqlPool, PgPool};
 use txoutbox_core::DbErrorDisplay;
 
 use crate::error::CliError;
+
+/// Whether `url` names a MariaDB / MySQL server (`mysql://`, `mariadb://`).
+pub(crate) fn is_mysql(url: Option<&str>) -> bool {
+    url.is_some_and(|url| url.starts_with("mysql://") || url.starts_with("mariadb://"))
+}
+
+/// [`connect`] for a MariaDB URL (`outbox migrate` only, so far).
+pub(crate) async fn connect_mysql(url: &str, timeout: Duration) -> Result<MySqlPool, CliError> {
+    let url = url
+        .strip_prefix("mariadb://")
+        .map_or_else(|| url.to_owned(), |rest| format!("mysql://{rest}"));
+    let options = MySqlConnectOptions::from_str(&url)
+        .map_err(|e| CliError::Usage(format!("invalid database URL: {e}")))?;
+    let target = format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("")
+    );
+    let unreachable = |cause: String| {
+        CliError::Usage(format!(
+            "cannot connect to the database at {target}: {cause}"
+        ))
+    };
+    match tokio::time::timeout(timeout, options.connect()).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+        }
+        Ok(Err(e)) => return Err(unreachable(DbErrorDisplay(&e).to_string())),
+        Err(_) => {
+            return Err(unreachable(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            )));
+        }
+    }
+    Ok(MySqlPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(timeout)
+        .connect_lazy_with(options))
+}
 
 /// Connects once (to report the real cause of a failure, which a pool would
 /// hide behind a timeout), then opens a small pool.
@@ -15,10 +57,16 @@ pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPo
     let url = url.ok_or_else(|| {
         CliError::Usage("no database given: pass --database-url or set DATABASE_URL".into())
     })?;
-    // The parser accepts any scheme; a MySQL or SQLite URL is a mistake here.
+    // The parser accepts any scheme; a SQLite URL is a mistake here, and a
+    // MariaDB one is for `outbox migrate` only so far.
+    if is_mysql(Some(url)) {
+        return Err(CliError::Usage(
+            "invalid database URL for this command: on MariaDB only `outbox migrate` works so far; expected postgres://user@host:port/database".into(),
+        ));
+    }
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(CliError::Usage(
-            "invalid database URL: expected postgres://user@host:port/database".into(),
+            "invalid database URL: expected postgres://user@host:port/database (or mysql:// / mariadb:// for `outbox migrate`)".into(),
         ));
     }
     let options = PgConnectOptions::from_str(url)

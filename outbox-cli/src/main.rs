@@ -63,6 +63,9 @@ struct Global {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Apply the framework's migrations (tables, indexes, extension columns).
+    ///
+    /// On MariaDB >= 10.6 (`--database-url mysql://..` or `mariadb://..`)
+    /// it creates the MySQL schema; the other commands need PostgreSQL so far.
     Migrate,
     /// Show backlog, failing and parked rows; a health check with thresholds.
     ///
@@ -121,6 +124,11 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Topics(args) => return topics::run(args, global.json).await,
         command => command,
     };
+    if matches!(command, Command::Migrate) && db::is_mysql(global.database_url.as_deref()) {
+        let url = global.database_url.as_deref().unwrap_or_default();
+        let pool = db::connect_mysql(url, global.connect_timeout).await?;
+        return migrate::run_mysql(&pool, global.json).await;
+    }
     let pool = db::connect(global.database_url.as_deref(), global.connect_timeout).await?;
     let json = global.json;
     match command {

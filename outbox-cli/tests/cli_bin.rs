@@ -470,6 +470,55 @@ fn bad_input_and_unreachable_database_exit_2_with_one_line() {
     assert_usage_error(&no_url, "DATABASE_URL");
     let garbage_url = outbox(None, &["--database-url", "mysql://nope", "status"]);
     assert_usage_error(&garbage_url, "invalid database URL");
+    let sqlite = outbox(None, &["--database-url", "sqlite://x.db", "migrate"]);
+    assert_usage_error(&sqlite, "invalid database URL");
+}
+
+/// `outbox migrate` on MariaDB (`MYSQL_URL`'s server, a database of its
+/// own): creates the MySQL schema, then finds it up to date; `status` there
+/// says it needs PostgreSQL.
+#[test]
+fn migrate_on_mariadb() {
+    let server = std::env::var("MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let server = server
+        .rsplit_once('/')
+        .map_or(server.as_str(), |(s, _)| s)
+        .to_owned();
+    let name = format!("outbox_cli_{}", uuid::Uuid::new_v4().simple());
+    let admin = |sql: String| {
+        let status = Command::new("mariadb")
+            .args(["-h", "127.0.0.1", "-u", "root", "-e", &sql])
+            .status()
+            .expect("the mariadb client");
+        assert!(status.success(), "{sql}");
+    };
+    admin(format!("CREATE DATABASE {name}"));
+    let url = format!("{}/{name}", server.replacen("mysql://", "mariadb://", 1));
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .env_remove("DATABASE_URL")
+            .arg("--database-url")
+            .arg(&url)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let first = run(&["--json", "migrate"]);
+    let second = run(&["migrate"]);
+    let status = run(&["status"]);
+    admin(format!("DROP DATABASE {name}"));
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    assert_eq!(
+        json(&first)["applied"],
+        serde_json::json!([{"version": 1, "description": "outbox"}])
+    );
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    assert_eq!(
+        stdout(&second).trim(),
+        "schema is up to date (1 migrations)"
+    );
+    assert_usage_error(&status, "only `outbox migrate` works so far");
 }
 
 #[test]
