@@ -22,29 +22,14 @@ pub(crate) async fn connect_mysql(url: &str, timeout: Duration) -> Result<MySqlP
         .map_or_else(|| url.to_owned(), |rest| format!("mysql://{rest}"));
     let options = MySqlConnectOptions::from_str(&url)
         .map_err(|e| CliError::Usage(format!("invalid database URL: {e}")))?;
+    // Never print the URL itself: it may carry a password.
     let target = format!(
         "{}:{}/{}",
         options.get_host(),
         options.get_port(),
         options.get_database().unwrap_or("")
     );
-    let unreachable = |cause: String| {
-        CliError::Usage(format!(
-            "cannot connect to the database at {target}: {cause}"
-        ))
-    };
-    match tokio::time::timeout(timeout, options.connect()).await {
-        Ok(Ok(connection)) => {
-            let _ = connection.close().await;
-        }
-        Ok(Err(e)) => return Err(unreachable(DbErrorDisplay(&e).to_string())),
-        Err(_) => {
-            return Err(unreachable(format!(
-                "no answer within {}",
-                humantime::format_duration(timeout)
-            )));
-        }
-    }
+    probe(&options, &target, timeout).await?;
     Ok(MySqlPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(timeout)
@@ -79,6 +64,21 @@ pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPo
         options.get_port(),
         options.get_database().unwrap_or("")
     );
+    probe(&options, &target, timeout).await?;
+    Ok(PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(timeout)
+        .connect_lazy_with(options))
+}
+
+/// Connects once to `target` (host, port and database, as printed), so that
+/// a failure reports its real cause, which a pool would hide behind a
+/// timeout.
+async fn probe<O>(options: &O, target: &str, timeout: Duration) -> Result<(), CliError>
+where
+    O: ConnectOptions,
+    O::Connection: Sized,
+{
     let unreachable = |cause: String| {
         CliError::Usage(format!(
             "cannot connect to the database at {target}: {cause}"
@@ -87,19 +87,14 @@ pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPo
     match tokio::time::timeout(timeout, options.connect()).await {
         Ok(Ok(connection)) => {
             let _ = connection.close().await;
+            Ok(())
         }
-        Ok(Err(e)) => return Err(unreachable(DbErrorDisplay(&e).to_string())),
-        Err(_) => {
-            return Err(unreachable(format!(
-                "no answer within {}",
-                humantime::format_duration(timeout)
-            )));
-        }
+        Ok(Err(e)) => Err(unreachable(DbErrorDisplay(&e).to_string())),
+        Err(_) => Err(unreachable(format!(
+            "no answer within {}",
+            humantime::format_duration(timeout)
+        ))),
     }
-    Ok(PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(timeout)
-        .connect_lazy_with(options))
 }
 
 /// Whether any row of `table` (parked or not) has `topic`: tells a topic with

@@ -97,7 +97,6 @@ async fn execute(
         }
     };
     match done.rows_affected() {
-        0 => Err(Error::TransactionLost),
         n if n == expected as u64 => Ok(n),
         n => Err(Error::Database(sqlx::Error::Protocol(format!(
             "the outbox insert wrote {n} of {expected} rows"
