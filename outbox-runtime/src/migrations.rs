@@ -109,11 +109,18 @@ pub const MIGRATIONS: &[Migration] = &[
 /// its own: the MySQL schema is not a translation of every PostgreSQL file
 /// but the same tables, grown as the MySQL backend gains its parts.
 #[cfg(feature = "mysql")]
-pub const MYSQL_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "outbox",
-    sql: include_str!("../migrations/mysql/0001_outbox.sql"),
-}];
+pub const MYSQL_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox",
+        sql: include_str!("../migrations/mysql/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "relay",
+        sql: include_str!("../migrations/mysql/0002_relay.sql"),
+    },
+];
 
 /// A database [`run`] migrates: `&PgPool`, or `&MySqlPool` (feature
 /// `mysql`).

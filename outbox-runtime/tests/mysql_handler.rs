@@ -12,37 +12,22 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{ConnectOptions, Connection, MySql, MySqlConnection, MySqlPool, Transaction};
+use sqlx::{Connection, MySql, MySqlConnection, MySqlPool, Transaction};
 use txoutbox_core::{DomainEvent, Error, Events, outbox_handler};
+use txoutbox_testkit::mysql::MySqlScratch;
 use uuid::Uuid;
 
-/// A scratch database on the MySQL server, dropped by [`Scratch::drop`].
+/// A scratch database on the MySQL server with the outbox and this test's
+/// tables, dropped by [`Scratch::drop`].
 struct Scratch {
-    server: MySqlConnectOptions,
-    name: String,
+    inner: MySqlScratch,
     pool: MySqlPool,
 }
 
 impl Scratch {
     async fn create() -> Self {
-        let url = std::env::var("MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-        let server: MySqlConnectOptions = url.parse().expect("MYSQL_URL");
-        let name = format!("outbox_test_{}", Uuid::new_v4().simple());
-        let mut admin = server.connect().await.unwrap_or_else(|e| {
-            panic!("MySQL / MariaDB at {url}: {e} (the machine runs MariaDB at 127.0.0.1:3306)")
-        });
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        admin.close().await.unwrap();
-        let pool = MySqlPoolOptions::new()
-            .max_connections(4)
-            .connect_with(server.clone().database(&name))
-            .await
-            .unwrap();
+        let inner = MySqlScratch::create(4).await;
+        let pool = inner.pool.clone();
         txoutbox_runtime::migrations::run(&pool).await.unwrap();
         sqlx::raw_sql(
             "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount BIGINT NOT NULL,
@@ -53,16 +38,11 @@ impl Scratch {
         .execute(&pool)
         .await
         .unwrap();
-        Self { server, name, pool }
+        Self { inner, pool }
     }
 
     async fn connection(&self) -> MySqlConnection {
-        self.server
-            .clone()
-            .database(&self.name)
-            .connect()
-            .await
-            .unwrap()
+        self.inner.connection().await
     }
 
     async fn count(&self, sql: &str) -> i64 {
@@ -73,12 +53,7 @@ impl Scratch {
     }
 
     async fn drop(self) {
-        self.pool.close().await;
-        let mut admin = self.server.connect().await.unwrap();
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {}", self.name)))
-            .execute(&mut admin)
-            .await
-            .unwrap();
+        self.inner.drop().await;
     }
 }
 
@@ -201,7 +176,7 @@ async fn migrations_create_the_schema_once() {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1]);
+    assert_eq!(versions, [1, 2]);
     // Concurrent runners serialize on the named lock and apply nothing twice.
     let runs = futures::future::join_all(
         (0..3).map(|_| async { txoutbox_runtime::migrations::run(&db.pool).await }),

@@ -5,7 +5,8 @@
 //!   creation, unique topic and group names, and a private tansu broker
 //!   process;
 //! - [`db`]: uniquely named scratch databases on the server of
-//!   `DATABASE_URL`, created, connected and dropped;
+//!   `DATABASE_URL`, created, connected and dropped; [`mysql`]: the same on
+//!   the MariaDB of `MYSQL_URL`;
 //! - [`eventually`]: the one polling wait;
 //! - [`count`] and [`count_rows`]: record counting;
 //! - [`test_event!`]: test event types declared with `#[derive(DomainEvent)]`;
@@ -17,6 +18,7 @@
 pub mod broker;
 pub mod db;
 mod events;
+pub mod mysql;
 mod wait;
 
 pub use db::{count, count_rows};

@@ -5,18 +5,19 @@ use std::fmt;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use sqlx::PgPool;
-
 use txoutbox_core::Backoff;
 
+use super::backend::Backend;
 use super::config::{RelayConfig, validate};
+use super::database::Database;
 use super::error::BuildError;
 use super::run::{Relay, RelayHandle};
 use crate::redact::Redacted;
 
 impl Relay {
     /// Starts configuring a relay over `pool` (the service's database, with
-    /// the outbox migrations applied) publishing through a producer built
+    /// the outbox migrations applied: a `PgPool`, or a `MySqlPool` with the
+    /// feature `mysql`, see [`Database`]) publishing through a producer built
     /// from `kafka` (any librdkafka settings: `bootstrap.servers`, TLS, SASL,
     /// compression, linger...). The relay adds `enable.idempotence=true` and
     /// `acks=all`, and sets `message.timeout.ms` from
@@ -29,8 +30,8 @@ impl Relay {
     /// let handle = txoutbox_runtime::relay::Relay::builder(pool, kafka).spawn()?;
     /// # Ok(()) }
     /// ```
-    pub fn builder(pool: PgPool, kafka: ClientConfig) -> RelayBuilder {
-        RelayBuilder::new(pool, kafka)
+    pub fn builder(pool: impl Into<Database>, kafka: ClientConfig) -> RelayBuilder {
+        RelayBuilder::new(pool.into(), kafka)
     }
 }
 
@@ -57,7 +58,7 @@ impl Relay {
 /// ```
 #[must_use = "a relay builder does nothing until `spawn` is called"]
 pub struct RelayBuilder {
-    pool: PgPool,
+    database: Database,
     kafka: ClientConfig,
     config: RelayConfig,
 }
@@ -67,7 +68,7 @@ pub struct RelayBuilder {
 impl fmt::Debug for RelayBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RelayBuilder")
-            .field("pool", &self.pool)
+            .field("database", &self.database)
             .field("kafka", &Redacted(&self.kafka))
             .field("config", &self.config)
             .finish()
@@ -85,9 +86,9 @@ macro_rules! setters {
 }
 
 impl RelayBuilder {
-    pub(super) fn new(pool: PgPool, kafka: ClientConfig) -> Self {
+    pub(super) fn new(database: Database, kafka: ClientConfig) -> Self {
         Self {
-            pool,
+            database,
             kafka,
             config: RelayConfig::default(),
         }
@@ -197,7 +198,8 @@ impl RelayBuilder {
         /// notify enable`).
         /// Costs one extra connection per relay. Default `false`: commits in the
         /// relay's own process wake it at once; others are seen within
-        /// `poll_interval`.
+        /// `poll_interval`. PostgreSQL only: MySQL has no `LISTEN`, and `build`
+        /// refuses the setting there.
         listen_notify: bool;
         /// Bound of [`RelayHandle::shutdown`]: after it, the task is aborted (its
         /// unmarked rows are published again later). Default `45 s`.
@@ -267,18 +269,27 @@ impl RelayBuilder {
     /// configuration.
     pub fn build(mut self) -> Result<Relay, BuildError> {
         validate(&self.config)?;
-        let database = self
-            .pool
-            .connect_options()
-            .get_database()
-            .map(str::to_owned);
+        let database = match &self.database {
+            Database::Postgres(pool) => pool.database_name(),
+            #[cfg(feature = "mysql")]
+            Database::MySql(pool) => {
+                if self.config.listen_notify {
+                    return Err(BuildError::InvalidConfig(
+                        "listen_notify needs PostgreSQL's LISTEN/NOTIFY; on MySQL and MariaDB \
+                         a relay sees other processes' commits within poll_interval (lower it \
+                         for lower latency)",
+                    ));
+                }
+                pool.connect_options().get_database().map(str::to_owned)
+            }
+        };
         self.config.cloudevents = self
             .config
             .cloudevents
             .take()
             .map(|cloudevents| cloudevents.resolved(database.as_deref()));
         let kafka = producer_config(&self.kafka, &self.config)?;
-        Relay::new(self.pool, kafka, self.config)
+        Relay::new(self.database, kafka, self.config)
     }
 
     /// `build()?.spawn()`: validates, creates the producer and starts the
@@ -394,7 +405,7 @@ mod tests {
 
     #[tokio::test]
     async fn debug_output_redacts_the_kafka_secrets() {
-        let pool = PgPool::connect_lazy("postgres://user:db-pw@127.0.0.1:1/none").unwrap();
+        let pool = sqlx::PgPool::connect_lazy("postgres://user:db-pw@127.0.0.1:1/none").unwrap();
         let mut kafka = with("bootstrap.servers", "broker:9092");
         kafka
             .set("sasl.password", "pw-1")

@@ -60,11 +60,16 @@ pub enum RelayError {
     /// connection pooler hands to other clients.
     #[error(
         "the relay's own database connection is not a session of its own ({0}); its lanes \
-         are session-level advisory locks, which a transaction-mode pooler (PgBouncer \
-         pool_mode=transaction) hands to other clients: give the relay a pool that \
-         connects to PostgreSQL directly or through a session-mode pool"
+         are session-level locks, which a transaction-mode pooler (PgBouncer \
+         pool_mode=transaction, ProxySQL multiplexing) hands to other clients: give the \
+         relay a pool that connects to the database directly or through a session-mode pool"
     )]
     SharedSession(String),
+    /// The database server cannot run the relay as configured; the message
+    /// says what to change (e.g. MySQL's statement-based binary log, which
+    /// refuses the relay's `READ COMMITTED` writes).
+    #[error("the outbox relay cannot run on this database server: {0}")]
+    UnsupportedDatabase(String),
     /// The relay membership table (migration 0006) does not exist.
     #[error(
         "the relay membership table outbox_relay_member is missing: apply the outbox \

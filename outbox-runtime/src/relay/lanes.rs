@@ -1,8 +1,9 @@
 //! Lane ownership: which partition keys this relay may publish.
 //!
 //! Keys are hashed into `lanes` lanes. A relay owns a lane while it holds the
-//! session-level advisory lock `(LANE_LOCK, lane)` on its dedicated
-//! connection; PostgreSQL releases the lock when that session ends, so a
+//! lane's session-level lock on its dedicated connection (an advisory lock
+//! `(LANE_LOCK, lane)` on PostgreSQL, a named lock on MySQL, see
+//! [`Backend`]); the server releases the lock when that session ends, so a
 //! relay that dies or loses its connection loses its lanes and another relay
 //! takes them over. Because the claim and the mark run on that same
 //! connection, a relay whose session (and thus ownership) is gone cannot mark
@@ -23,14 +24,14 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::backend::{Backend, Joined};
 use super::config::{RelayConfig, renew_every};
 use super::error::RelayError;
 use super::held_topics::HeldTopicRecord;
-use super::membership::{self, Identity, JoinError, LANE_LOCK, Renewal};
-use super::session::{self, bounded};
+use super::membership::{Identity, JoinError, Renewal};
+use super::session::bounded;
 use super::telemetry as metric;
 
 /// What [`Lanes::rebalance`] did.
@@ -42,23 +43,21 @@ pub(crate) enum Rebalanced {
     MustRelease,
 }
 
-/// The relay's own session: its backend and the mark it set on it.
+/// The relay's own session: its id on the server and the mark it set on it.
 #[derive(Debug, Clone, Copy)]
 struct Session {
     id: Uuid,
-    backend_pid: i32,
-    server_version: u32,
+    backend_id: i64,
     /// The membership table has `held_topics` (migration 0011).
     records_held_topics: bool,
 }
 
 /// The dedicated connection, the membership and the lanes locked on it.
-#[derive(Debug)]
-pub(crate) struct Lanes {
+pub(crate) struct Lanes<B: Backend> {
     identity: Identity,
     database_timeout: Duration,
     renew_every: Duration,
-    conn: Option<PgConnection>,
+    conn: Option<B::Conn>,
     session: Option<Session>,
     owned: BTreeSet<i32>,
     next_renewal: Instant,
@@ -70,7 +69,7 @@ pub(crate) struct Lanes {
     fatal: Option<RelayError>,
 }
 
-impl Lanes {
+impl<B: Backend> Lanes<B> {
     pub(crate) fn new(config: &RelayConfig) -> Self {
         Self {
             identity: Identity::new(config.lanes, config.lease_timeout),
@@ -96,7 +95,7 @@ impl Lanes {
     }
 
     /// The connection the locks live on; `None` until [`rebalance`](Self::rebalance) succeeded.
-    pub(crate) fn connection(&mut self) -> Option<&mut PgConnection> {
+    pub(crate) fn connection(&mut self) -> Option<&mut B::Conn> {
         self.conn.as_mut()
     }
 
@@ -171,16 +170,10 @@ impl Lanes {
         result
     }
 
-    /// A dedicated connection never meets someone else's prepared statements
-    /// (PostgreSQL's "prepared statement already exists" / "does not
-    /// exist"): that is a pooler handing statements to other server sessions
-    /// (PgBouncer in transaction or statement mode before 1.21).
+    /// A dedicated connection never meets someone else's prepared statements:
+    /// that is a pooler handing statements to other server sessions.
     fn note_pooler(&mut self, error: &sqlx::Error) {
-        let code = match error {
-            sqlx::Error::Database(db) => db.code(),
-            _ => None,
-        };
-        if matches!(code.as_deref(), Some("42P05" | "26000")) && self.fatal.is_none() {
+        if B::shows_shared_session(error) && self.fatal.is_none() {
             self.fatal = Some(RelayError::SharedSession(format!(
                 "its prepared statements are unknown to the server session or exist there \
                  already: {error}"
@@ -195,10 +188,10 @@ impl Lanes {
         let held_topics = session
             .records_held_topics
             .then_some(self.held_topics.as_str());
-        let renewal = membership::renew(
+        let renewal = B::renew(
             conn,
             session.id,
-            session.backend_pid,
+            session.backend_id,
             self.broker_failing,
             held_topics,
         )
@@ -233,13 +226,13 @@ impl Lanes {
     /// asks the caller to settle its batches and call again.
     pub(crate) async fn rebalance(
         &mut self,
-        pool: &PgPool,
+        database: &B,
         may_release: bool,
     ) -> sqlx::Result<Rebalanced> {
         let limit = self.database_timeout;
         let result = bounded(limit, "lane rebalance", async {
             if self.conn.is_none() {
-                self.join(pool).await?;
+                self.join(database).await?;
             }
             self.renew_on_connection().await?;
             self.rebalance_on_connection(may_release).await
@@ -252,18 +245,8 @@ impl Lanes {
         result
     }
 
-    async fn join(&mut self, pool: &PgPool) -> sqlx::Result<()> {
-        let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
-        let server_version = conn.server_version_num().unwrap_or(0);
-        super::store::configure_connection(&mut conn).await?;
-        session::configure_keepalive(&mut conn, self.identity.lease, server_version).await?;
-        let joined = async {
-            let (id, backend_pid) = session::claim_session(&mut conn).await?;
-            membership::join(&mut conn, id, &self.identity).await?;
-            Ok::<_, JoinError>((id, backend_pid))
-        }
-        .await;
-        let (id, backend_pid) = match joined {
+    async fn join(&mut self, database: &B) -> sqlx::Result<()> {
+        let joined = match database.join(&self.identity).await {
             Ok(joined) => joined,
             Err(JoinError::Database(error)) => return Err(error),
             Err(JoinError::LaneCount(member)) => {
@@ -277,8 +260,16 @@ impl Lanes {
                 return Err(self.stop_for_good(RelayError::SharedSession(detail)));
             }
             Err(JoinError::NotMigrated) => return Err(self.stop_for_good(RelayError::NotMigrated)),
+            Err(JoinError::Unsupported(detail)) => {
+                return Err(self.stop_for_good(RelayError::UnsupportedDatabase(detail)));
+            }
         };
-        let records_held_topics = membership::records_held_topics(&mut conn).await?;
+        let Joined {
+            conn,
+            session: id,
+            backend_id,
+            records_held_topics,
+        } = joined;
         if !records_held_topics {
             tracing::warn!(
                 "outbox relay: migration 0011 is not applied, so `outbox status` cannot show                  the topics this relay holds (the relay works all the same; run the outbox                  migrations)"
@@ -286,8 +277,7 @@ impl Lanes {
         }
         self.session = Some(Session {
             id,
-            backend_pid,
-            server_version,
+            backend_id,
             records_held_topics,
         });
         self.conn = Some(conn);
@@ -297,7 +287,7 @@ impl Lanes {
     async fn rebalance_on_connection(&mut self, may_release: bool) -> sqlx::Result<Rebalanced> {
         let conn = self.conn.as_mut().expect("connected above");
         let session = self.session.expect("joined with the connection");
-        for ended in membership::evict_expired(conn, session.server_version).await? {
+        for ended in B::evict_expired(conn).await? {
             metrics::counter!(metric::MEMBERS_EVICTED).increment(1);
             tracing::warn!(
                 member = %ended.member,
@@ -306,7 +296,7 @@ impl Lanes {
                  (frozen or vanished); its lanes are free for the others"
             );
         }
-        let (members, able) = membership::census(conn).await?;
+        let (members, able) = B::census(conn).await?;
         let lane_count = self.identity.lanes;
         let target = match (self.broker_failing, able) {
             // Someone can publish: leave the lanes to them.
@@ -321,17 +311,13 @@ impl Lanes {
         }
         while self.owned.len() > target {
             let lane = *self.owned.last().expect("non-empty");
-            sqlx::query("SELECT pg_advisory_unlock($1, $2)")
-                .bind(LANE_LOCK)
-                .bind(lane)
-                .execute(&mut *conn)
-                .await?;
+            B::unlock_lane(conn, lane).await?;
             self.owned.remove(&lane);
         }
         if self.owned.len() < target {
             // Start at a pid-dependent lane so relays starting together try
             // different lanes first instead of all racing for lane 0.
-            let start = session.backend_pid.unsigned_abs() % lane_count;
+            let start = (session.backend_id.unsigned_abs() % u64::from(lane_count)) as u32;
             for step in 0..lane_count {
                 if self.owned.len() >= target {
                     break;
@@ -340,12 +326,7 @@ impl Lanes {
                 if self.owned.contains(&lane) {
                     continue;
                 }
-                let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-                    .bind(LANE_LOCK)
-                    .bind(lane)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                if locked {
+                if B::try_lock_lane(conn, lane).await? {
                     self.owned.insert(lane);
                 }
             }
@@ -356,15 +337,9 @@ impl Lanes {
     /// Releases every lane and the membership (graceful shutdown), so other
     /// relays can take over without waiting for the lease to expire.
     pub(crate) async fn release(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
+        if let Some(conn) = self.conn.take() {
             let limit = self.database_timeout;
-            let _ = bounded(limit, "leaving", async move {
-                sqlx::query("DELETE FROM outbox_relay_member WHERE backend_pid = pg_backend_pid()")
-                    .execute(&mut conn)
-                    .await?;
-                conn.close().await
-            })
-            .await;
+            let _ = bounded(limit, "leaving", B::leave(conn)).await;
         }
         self.session = None;
         self.owned.clear();

@@ -60,7 +60,9 @@ fn host_name() -> String {
 /// Another relay that is running against the database.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct Member {
-    pub backend_pid: i32,
+    /// The member's session on the server (PostgreSQL's backend pid,
+    /// MySQL's connection id).
+    pub backend_pid: i64,
     pub lanes: i32,
     pub host: String,
     pub process_id: i64,
@@ -87,6 +89,10 @@ pub(crate) enum JoinError {
     SharedSession(String),
     /// The membership table does not exist (migration 0006 not applied).
     NotMigrated,
+    /// The server cannot run the relay as configured (e.g. MySQL's
+    /// statement-based binary log with `READ COMMITTED`).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Unsupported(String),
 }
 
 impl From<sqlx::Error> for JoinError {
@@ -117,7 +123,7 @@ pub(crate) async fn join(
     .execute(&mut *tx)
     .await?;
     let other: Option<Member> = sqlx::query_as(
-        "SELECT backend_pid, lanes, host, process_id FROM outbox_relay_member
+        "SELECT backend_pid::int8 AS backend_pid, lanes, host, process_id FROM outbox_relay_member
          WHERE lanes <> $1 ORDER BY joined_at LIMIT 1",
     )
     .bind(me.lanes as i32)
@@ -258,7 +264,7 @@ pub(crate) async fn evict_expired(
     .execute(&mut *conn)
     .await?;
     let expired: Vec<Expired> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT backend_pid, lanes, host, process_id,
+        "SELECT backend_pid::int8 AS backend_pid, lanes, host, process_id,
                 EXTRACT(EPOCH FROM clock_timestamp() - heartbeat_at)::float8 AS silent_for
          FROM outbox_relay_member
          WHERE backend_pid <> pg_backend_pid()
@@ -277,7 +283,7 @@ pub(crate) async fn evict_expired(
             "SELECT pg_terminate_backend($1)"
         };
         match sqlx::query_scalar::<_, bool>(terminate)
-            .bind(expired.member.backend_pid)
+            .bind(expired.member.backend_pid as i32)
             .fetch_one(&mut *conn)
             .await
         {

@@ -32,19 +32,24 @@
 //! # Ok(()) }
 //! ```
 
+mod backend;
 mod backoff;
 mod batch;
 mod builder;
 mod config;
+mod database;
 mod error;
 mod flight;
 mod held_topics;
 mod keys;
 mod lanes;
 pub(crate) mod membership;
+#[cfg(feature = "mysql")]
+mod mysql;
 pub(crate) mod notify;
 mod partitioner;
 mod partitions;
+mod postgres;
 mod prediction;
 mod publish;
 mod run;
@@ -62,6 +67,7 @@ pub use builder::RelayBuilder;
 #[cfg(feature = "test-hooks")]
 pub use builder::producer_settings_for_benchmark;
 pub use config::{DEFAULT_LEASE_TIMEOUT, DEFAULT_REBALANCE_INTERVAL};
+pub use database::Database;
 pub use error::{BuildError, RelayError};
 pub use run::{Relay, RelayHandle};
 #[cfg(feature = "test-hooks")]

@@ -4,16 +4,17 @@
 use std::sync::Arc;
 
 use rdkafka::ClientConfig;
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::backend::Backend;
 use super::config::RelayConfig;
+use super::database::Database;
 use super::error::{BuildError, RelayError};
 use super::partitions::Partitions;
 use super::publish::Publisher;
 use super::scheduler::Scheduler;
 use super::summary::{RelaySummary, Totals};
-use super::wakeup::{self, Wakeups};
+use super::wakeup::Wakeups;
 use super::worker::Worker;
 use crate::lifecycle::{Ended, Stopped, Supervised, TaskName};
 
@@ -24,7 +25,7 @@ use crate::lifecycle::{Ended, Stopped, Supervised, TaskName};
 /// [`run`](Self::run) (on the current task until a token is cancelled).
 /// [`RelayBuilder::spawn`](super::RelayBuilder::spawn) is `build()?.spawn()` in one call.
 pub struct Relay {
-    pool: PgPool,
+    database: Database,
     config: RelayConfig,
     publisher: Publisher,
     partitions: Partitions,
@@ -43,7 +44,7 @@ impl std::fmt::Debug for Relay {
 impl Relay {
     /// Creates the producer; the configuration was validated by the builder.
     pub(crate) fn new(
-        pool: PgPool,
+        database: Database,
         kafka: ClientConfig,
         config: RelayConfig,
     ) -> Result<Self, BuildError> {
@@ -58,51 +59,39 @@ impl Relay {
             config.error_backoff,
         );
         Ok(Self {
-            pool,
+            database,
             config,
             publisher,
             partitions,
         })
     }
 
-    /// The relay's loop, stopped by `cancel`, counting into `totals`.
-    fn worker(self, cancel: CancellationToken, totals: Arc<Totals>) -> Worker {
-        let remote = self.config.listen_notify.then(|| {
-            let wake = Arc::new(tokio::sync::Notify::new());
-            wakeup::spawn_listener(&self.pool, Arc::clone(&wake), cancel.child_token());
-            wake
-        });
-        Worker::new(
-            self.pool,
-            self.config,
-            self.publisher,
-            self.partitions,
-            totals,
-            cancel,
-            Wakeups::new(txoutbox_core::__private::wakeup::listener(), remote),
-        )
-    }
-
-    /// The relay's loop and its scheduler, as one future: the scheduler
-    /// (moving due scheduled events into the outbox) runs next to the
-    /// worker, on the same task, and stops when the worker stops, whether
-    /// it was asked to or ended on its own (a panic of either ends both).
+    /// The relay's loop and its scheduler on the database's backend: the
+    /// one place that asks which database the relay runs on.
     fn tasks(
         self,
         cancel: CancellationToken,
         totals: Arc<Totals>,
-    ) -> impl Future<Output = Result<(), RelayError>> + Send + 'static {
-        let scheduler = Scheduler::new(self.pool.clone(), self.config.clone(), Arc::clone(&totals));
-        let stop_scheduler = cancel.child_token();
-        let worker = self.worker(cancel, totals);
-        async move {
-            let worker = async {
-                let result = worker.run().await;
-                stop_scheduler.cancel();
-                result
-            };
-            let (result, ()) = tokio::join!(worker, scheduler.run(stop_scheduler.clone()));
-            result
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), RelayError>> + Send + 'static>> {
+        let Self {
+            database,
+            config,
+            publisher,
+            partitions,
+        } = self;
+        match database {
+            Database::Postgres(pool) => {
+                Box::pin(tasks(pool, config, publisher, partitions, cancel, totals))
+            }
+            #[cfg(feature = "mysql")]
+            Database::MySql(pool) => Box::pin(tasks(
+                super::mysql::MySqlRelay::new(pool),
+                config,
+                publisher,
+                partitions,
+                cancel,
+                totals,
+            )),
         }
     }
 
@@ -230,4 +219,41 @@ impl RelayHandle {
     pub fn cancellation_token(&self) -> CancellationToken {
         self.task.token()
     }
+}
+
+/// The relay's loop and its scheduler, as one future: the scheduler
+/// (moving due scheduled events into the outbox) runs next to the worker,
+/// on the same task, and stops when the worker stops, whether it was asked
+/// to or ended on its own (a panic of either ends both).
+async fn tasks<B: Backend>(
+    database: B,
+    config: RelayConfig,
+    publisher: Publisher,
+    partitions: Partitions,
+    cancel: CancellationToken,
+    totals: Arc<Totals>,
+) -> Result<(), RelayError> {
+    let scheduler = Scheduler::new(database.clone(), config.clone(), Arc::clone(&totals));
+    let stop_scheduler = cancel.child_token();
+    let remote = config.listen_notify.then(|| {
+        let wake = Arc::new(tokio::sync::Notify::new());
+        database.spawn_listener(Arc::clone(&wake), cancel.child_token());
+        wake
+    });
+    let worker = Worker::new(
+        database,
+        config,
+        publisher,
+        partitions,
+        totals,
+        cancel,
+        Wakeups::new(txoutbox_core::__private::wakeup::listener(), remote),
+    );
+    let worker = async {
+        let result = worker.run().await;
+        stop_scheduler.cancel();
+        result
+    };
+    let (result, ()) = tokio::join!(worker, scheduler.run(stop_scheduler.clone()));
+    result
 }

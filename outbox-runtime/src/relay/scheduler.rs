@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::backend::{Backend, Moved};
 use super::backoff::error_delay;
 use super::config::RelayConfig;
 use super::session;
@@ -31,8 +32,8 @@ pub(super) const MOVE_BATCH: usize = 1000;
 const CONTENDED_WAIT: Duration = Duration::from_millis(10);
 
 /// One relay's scheduler.
-pub(crate) struct Scheduler {
-    pool: PgPool,
+pub(crate) struct Scheduler<B> {
+    database: B,
     config: RelayConfig,
     totals: Arc<Totals>,
 }
@@ -45,10 +46,10 @@ enum Pass {
     Failed(sqlx::Error),
 }
 
-impl Scheduler {
-    pub(crate) fn new(pool: PgPool, config: RelayConfig, totals: Arc<Totals>) -> Self {
+impl<B: Backend> Scheduler<B> {
+    pub(crate) fn new(database: B, config: RelayConfig, totals: Arc<Totals>) -> Self {
         Self {
-            pool,
+            database,
             config,
             totals,
         }
@@ -69,7 +70,7 @@ impl Scheduler {
                     failures = 0;
                     sleep
                 }
-                Pass::Failed(error) if is_undefined_table(&error) => {
+                Pass::Failed(error) if B::is_undefined_table(&error) => {
                     // A database without migration 0007: nothing can be
                     // scheduled there either. Said once; looked at again
                     // now and then, in case it is migrated meanwhile.
@@ -108,7 +109,7 @@ impl Scheduler {
             let moved = match session::bounded(
                 limit,
                 "moving due scheduled events",
-                move_due(&self.pool, MOVE_BATCH),
+                self.database.move_due(MOVE_BATCH),
             )
             .await
             {
@@ -129,7 +130,7 @@ impl Scheduler {
         let next = session::bounded(
             limit,
             "finding the next due scheduled event",
-            next_due_in(&self.pool),
+            self.database.next_due_in(),
         )
         .await;
         match next {
@@ -147,7 +148,7 @@ impl Scheduler {
         let pending = session::bounded(
             limit,
             "counting scheduled events",
-            scheduled_pending(&self.pool),
+            self.database.scheduled_pending(),
         )
         .await;
         match pending {
@@ -157,14 +158,6 @@ impl Scheduler {
             }
         }
     }
-}
-
-/// `undefined_table`: the schema predates migration 0007.
-fn is_undefined_table(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|e| e.code())
-        .is_some_and(|code| code == "42P01")
 }
 
 /// The sleep before the next pass: until the earliest due time
@@ -182,17 +175,7 @@ fn sleep_for(next_due_in: Option<f64>, moved_any: bool, poll: Duration) -> Durat
     }
 }
 
-// The scheduler's statements.
-
-/// What one move of due scheduled rows did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Moved {
-    /// Due rows taken out of `outbox_scheduled` (at most the limit).
-    taken: i64,
-    /// Rows inserted into `outbox_event` (fewer than `taken` only when an
-    /// event id was in `outbox_event` already: that copy wins).
-    inserted: i64,
-}
+// The scheduler's statements on PostgreSQL (see `postgres.rs`).
 
 /// Advisory lock class of the scheduler's moves: "obxs".
 const SCHEDULE_LOCK: i32 = 0x6f62_7873;
@@ -212,7 +195,7 @@ const SCHEDULE_LOCK: i32 = 0x6f62_7873;
 /// A moved row's `created_at` is the time of the move (its column default):
 /// the backlog gauges, `outbox status` and `outbox replay` then see it as
 /// written when it became due, not as a row waiting since it was recorded.
-async fn move_due(pool: &PgPool, limit: usize) -> sqlx::Result<Moved> {
+pub(super) async fn move_due(pool: &PgPool, limit: usize) -> sqlx::Result<Moved> {
     let mut tx = crate::txn::begin(pool).await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, 0)")
         .bind(SCHEDULE_LOCK)
@@ -256,7 +239,7 @@ async fn move_due(pool: &PgPool, limit: usize) -> sqlx::Result<Moved> {
 /// Seconds from now until the earliest due time of `outbox_scheduled`
 /// (negative if a row is due already); `None` if nothing is scheduled. One
 /// step of the `(deliver_after, id)` index.
-async fn next_due_in(pool: &PgPool) -> sqlx::Result<Option<f64>> {
+pub(super) async fn next_due_in(pool: &PgPool) -> sqlx::Result<Option<f64>> {
     sqlx::query_scalar(
         "SELECT EXTRACT(EPOCH FROM min(deliver_after) - clock_timestamp())::float8
          FROM outbox_scheduled",
@@ -266,7 +249,7 @@ async fn next_due_in(pool: &PgPool) -> sqlx::Result<Option<f64>> {
 }
 
 /// Scheduled events not moved yet, due or not.
-async fn scheduled_pending(pool: &PgPool) -> sqlx::Result<i64> {
+pub(super) async fn scheduled_pending(pool: &PgPool) -> sqlx::Result<i64> {
     sqlx::query_scalar("SELECT count(*) FROM outbox_scheduled")
         .fetch_one(pool)
         .await

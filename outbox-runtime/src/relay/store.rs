@@ -1,5 +1,10 @@
-//! Every SQL statement of the relay's claim, publish and settle (parked rows
-//! are `ops::dead_letters`; the scheduler's statements are in `scheduler.rs`).
+//! What a claim and a settlement are, settling's rules (shared by every
+//! backend through [`SettleStatements`]), and every PostgreSQL statement of
+//! the relay's claim, publish and settle (parked rows are
+//! `ops::dead_letters`; the scheduler's statements are in `scheduler.rs`;
+//! MySQL's are in `mysql/`).
+
+use std::future::Future;
 
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -140,7 +145,7 @@ pub async fn claim_and_mark_without_publishing(
 ) -> sqlx::Result<usize> {
     let rows = claim(conn, lane_count, lanes, &[], &[], limit).await?;
     let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
-    settle(conn, &ids, &[], 1).await?;
+    conn.mark_published(&ids).await?;
     Ok(ids.len())
 }
 
@@ -152,6 +157,33 @@ pub(crate) struct Settlement {
     /// Rows whose failure could not be recorded, with the database's error:
     /// the refused ones among them were parked, the others left as they were.
     pub unrecordable: Vec<(i64, String)>,
+}
+
+/// The statements settling a batch takes, one implementation per backend
+/// (on the relay's own connection); [`settle`] applies the rules.
+pub(crate) trait SettleStatements: Send {
+    /// Marks delivered rows as published (one statement, its own
+    /// transaction); returns how many.
+    fn mark_published(&mut self, ids: &[i64]) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    /// Records retries as one write: `next_attempt_at` (so later rows of the
+    /// key wait), the error and, for counted attempts, `attempts + 1`,
+    /// parking the rows that reached `max_attempts`. Returns how many were
+    /// parked.
+    fn record_retries(
+        &mut self,
+        retries: &[Retry],
+        max_attempts: u32,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    /// Parks a refused row whose retry could not be recorded, with both
+    /// errors (a statement that does not touch `next_attempt_at`, so it
+    /// cannot fail the same way); returns 1 if it did.
+    fn park_unrecordable(
+        &mut self,
+        retry: &Retry,
+        db_error: &str,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 }
 
 /// Records a batch's outcome: marks the delivered rows (one statement, its
@@ -172,18 +204,20 @@ pub(crate) struct Settlement {
 /// after commit only makes its rows publish again, and a crash between the
 /// two statements leaves the retries unrecorded (those rows are retried
 /// without the attempt counted).
-pub(crate) async fn settle(
-    conn: &mut PgConnection,
+pub(crate) async fn settle<C: SettleStatements>(
+    conn: &mut C,
     delivered: &[i64],
     retries: &[Retry],
     max_attempts: u32,
 ) -> sqlx::Result<Settlement> {
-    mark_published(conn, delivered).await?;
+    if !delivered.is_empty() {
+        conn.mark_published(delivered).await?;
+    }
     let mut settlement = Settlement::default();
     if retries.is_empty() {
         return Ok(settlement);
     }
-    match record_retries(conn, retries, max_attempts).await {
+    match conn.record_retries(retries, max_attempts).await {
         Ok(parked) => settlement.parked = parked,
         Err(sqlx::Error::Database(_)) if retries.len() > 1 => {
             for retry in retries {
@@ -201,13 +235,16 @@ pub(crate) async fn settle(
 
 /// Records one row's retry; if the database refuses that, parks it (a
 /// refusal) or leaves it (held back).
-async fn record_one(
-    conn: &mut PgConnection,
+async fn record_one<C: SettleStatements>(
+    conn: &mut C,
     retry: &Retry,
     max_attempts: u32,
     settlement: &mut Settlement,
 ) -> sqlx::Result<u64> {
-    match record_retries(conn, std::slice::from_ref(retry), max_attempts).await {
+    match conn
+        .record_retries(std::slice::from_ref(retry), max_attempts)
+        .await
+    {
         Ok(parked) => Ok(parked),
         Err(sqlx::Error::Database(error)) => {
             park_unrecordable(conn, retry, &error.to_string(), settlement).await
@@ -219,8 +256,8 @@ async fn record_one(
 /// Parks a refused row whose retry could not be recorded (the statement does
 /// not touch `next_attempt_at`, so it cannot fail the same way); a row only
 /// held back is not parked for it (that is no fault of the record).
-async fn park_unrecordable(
-    conn: &mut PgConnection,
+async fn park_unrecordable<C: SettleStatements>(
+    conn: &mut C,
     retry: &Retry,
     db_error: &str,
     settlement: &mut Settlement,
@@ -231,36 +268,7 @@ async fn park_unrecordable(
     if !retry.counts {
         return Ok(0);
     }
-    let done = sqlx::query(
-        "UPDATE outbox_event
-         SET attempts = attempts + 1, parked_at = now(),
-             last_error = 'the relay could not record a retry of this row (' || $2
-                          || '), so it parked it; the broker had refused it: ' || $3
-         WHERE id = $1 AND published_at IS NULL AND parked_at IS NULL",
-    )
-    .bind(retry.id)
-    .bind(db_error)
-    .bind(&retry.error)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected())
-}
-
-/// Marks delivered rows as published, in one statement.
-async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    // statement_timestamp(), not now(): now() is the start of the batch's
-    // transaction, i.e. the claim; this statement runs once the broker has
-    // acknowledged every row, which is when they were published.
-    let done = sqlx::query(
-        "UPDATE outbox_event SET published_at = statement_timestamp() WHERE id = ANY($1)",
-    )
-    .bind(ids)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected())
+    conn.park_unrecordable(retry, db_error).await
 }
 
 /// A row that was not delivered this time and is tried again later.
@@ -275,39 +283,63 @@ pub(crate) struct Retry {
     pub counts: bool,
 }
 
-/// Records retries in one statement: `next_attempt_at` (so later rows of the
-/// key wait), the error and, for counted attempts, `attempts + 1`, parking
-/// the rows that reached `max_attempts`. Returns how many were parked.
-async fn record_retries(
-    conn: &mut PgConnection,
-    retries: &[Retry],
-    max_attempts: u32,
-) -> sqlx::Result<u64> {
-    let ids: Vec<i64> = retries.iter().map(|r| r.id).collect();
-    let errors: Vec<&str> = retries.iter().map(|r| r.error.as_str()).collect();
-    let delays: Vec<i64> = retries.iter().map(|r| r.retry_in_ms).collect();
-    let counts: Vec<bool> = retries.iter().map(|r| r.counts).collect();
-    let parked: i64 = sqlx::query_scalar(
-        "WITH updated AS (
-             UPDATE outbox_event o
-             SET attempts = o.attempts + f.counts::int,
-                 last_error = f.error,
-                 next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
-                 parked_at = CASE WHEN f.counts AND o.attempts + 1 >= $4 THEN now() END
-             FROM unnest($1::bigint[], $2::text[], $3::bigint[], $5::bool[])
-                  AS f(id, error, delay_ms, counts)
-             WHERE o.id = f.id AND o.published_at IS NULL
-             RETURNING o.parked_at)
-         SELECT count(*) FROM updated WHERE parked_at IS NOT NULL",
-    )
-    .bind(&ids)
-    .bind(&errors)
-    .bind(&delays)
-    .bind(max_attempts as i32)
-    .bind(&counts)
-    .fetch_one(conn)
-    .await?;
-    Ok(parked as u64)
+impl SettleStatements for PgConnection {
+    async fn mark_published(&mut self, ids: &[i64]) -> sqlx::Result<u64> {
+        // statement_timestamp(), not now(): now() is the start of the batch's
+        // transaction, i.e. the claim; this statement runs once the broker has
+        // acknowledged every row, which is when they were published.
+        let done = sqlx::query(
+            "UPDATE outbox_event SET published_at = statement_timestamp() WHERE id = ANY($1)",
+        )
+        .bind(ids)
+        .execute(self)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn record_retries(&mut self, retries: &[Retry], max_attempts: u32) -> sqlx::Result<u64> {
+        let ids: Vec<i64> = retries.iter().map(|r| r.id).collect();
+        let errors: Vec<&str> = retries.iter().map(|r| r.error.as_str()).collect();
+        let delays: Vec<i64> = retries.iter().map(|r| r.retry_in_ms).collect();
+        let counts: Vec<bool> = retries.iter().map(|r| r.counts).collect();
+        let parked: i64 = sqlx::query_scalar(
+            "WITH updated AS (
+                 UPDATE outbox_event o
+                 SET attempts = o.attempts + f.counts::int,
+                     last_error = f.error,
+                     next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
+                     parked_at = CASE WHEN f.counts AND o.attempts + 1 >= $4 THEN now() END
+                 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $5::bool[])
+                      AS f(id, error, delay_ms, counts)
+                 WHERE o.id = f.id AND o.published_at IS NULL
+                 RETURNING o.parked_at)
+             SELECT count(*) FROM updated WHERE parked_at IS NOT NULL",
+        )
+        .bind(&ids)
+        .bind(&errors)
+        .bind(&delays)
+        .bind(max_attempts as i32)
+        .bind(&counts)
+        .fetch_one(self)
+        .await?;
+        Ok(parked as u64)
+    }
+
+    async fn park_unrecordable(&mut self, retry: &Retry, db_error: &str) -> sqlx::Result<u64> {
+        let done = sqlx::query(
+            "UPDATE outbox_event
+             SET attempts = attempts + 1, parked_at = now(),
+                 last_error = 'the relay could not record a retry of this row (' || $2
+                              || '), so it parked it; the broker had refused it: ' || $3
+             WHERE id = $1 AND published_at IS NULL AND parked_at IS NULL",
+        )
+        .bind(retry.id)
+        .bind(db_error)
+        .bind(&retry.error)
+        .execute(self)
+        .await?;
+        Ok(done.rows_affected())
+    }
 }
 
 /// Lets rows held back for an unavailable partition be claimed at once (the

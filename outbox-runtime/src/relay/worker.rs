@@ -12,9 +12,9 @@ mod wait;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::backend::Backend;
 use super::backoff::error_delay;
 use super::config::RelayConfig;
 use super::error::RelayError;
@@ -24,7 +24,6 @@ use super::lanes::{Lanes, Rebalanced};
 use super::partitions::Partitions;
 use super::publish::Publisher;
 use super::session;
-use super::store;
 use super::summary::Totals;
 use super::telemetry as metric;
 use super::wakeup::Wakeups;
@@ -38,10 +37,10 @@ const IDLE_WAIT_FIRST: Duration = Duration::from_millis(5);
 const REBUILD_AFTER_OUTAGES: u32 = 2;
 
 /// One relay's loop and everything it works with.
-pub(crate) struct Worker {
-    pool: PgPool,
+pub(crate) struct Worker<B: Backend> {
+    database: B,
     config: RelayConfig,
-    lanes: Lanes,
+    lanes: Lanes<B>,
     publisher: Publisher,
     totals: Arc<Totals>,
     cancel: CancellationToken,
@@ -99,9 +98,9 @@ enum BatchError {
     SimulatedCrash,
 }
 
-impl Worker {
+impl<B: Backend> Worker<B> {
     pub(crate) fn new(
-        pool: PgPool,
+        database: B,
         config: RelayConfig,
         publisher: Publisher,
         partitions: Partitions,
@@ -110,7 +109,7 @@ impl Worker {
         wakeup: Wakeups,
     ) -> Self {
         Self {
-            pool,
+            database,
             lanes: Lanes::new(&config),
             held_topics: HeldTopics::new(config.error_backoff),
             config,
@@ -198,7 +197,7 @@ impl Worker {
         self.probe_broker_if_failing().await;
         let mut result = self
             .lanes
-            .rebalance(&self.pool, self.flight.is_empty())
+            .rebalance(&self.database, self.flight.is_empty())
             .await;
         if let Ok(Rebalanced::MustRelease) = result {
             // Lanes are released only while nothing of ours is in flight, so
@@ -208,7 +207,7 @@ impl Worker {
                 self.failed(error, cadence).await;
                 return Ok(false);
             }
-            result = self.lanes.rebalance(&self.pool, true).await;
+            result = self.lanes.rebalance(&self.database, true).await;
         }
         if let Err(error) = result {
             self.forget_in_flight(); // the lane connection is gone: they cannot be marked
@@ -272,7 +271,7 @@ impl Worker {
 
     async fn refresh_backlog(&self) {
         let limit = self.config.database_timeout;
-        match session::bounded(limit, "measuring the backlog", store::backlog(&self.pool)).await {
+        match session::bounded(limit, "measuring the backlog", self.database.backlog()).await {
             Ok((rows, oldest_age)) => {
                 metrics::gauge!(metric::BACKLOG).set(rows as f64);
                 metrics::gauge!(metric::OLDEST_UNPUBLISHED_AGE).set(oldest_age);

@@ -8,15 +8,16 @@ use tracing::{Instrument, Span, field};
 
 use super::{BatchError, Worker};
 use crate::probe::{self, Stage};
+use crate::relay::backend::Backend;
 use crate::relay::batch::Enqueued;
 use crate::relay::keys::TopicKeys;
 use crate::relay::partitions::Route;
 use crate::relay::prediction::TopicMetadata;
 use crate::relay::publish::Outcome;
 use crate::relay::session;
-use crate::relay::store::{self, ClaimedRow};
+use crate::relay::store::ClaimedRow;
 
-impl Worker {
+impl<B: Backend> Worker<B> {
     /// Gets the partitions' state up to date (partition counts, probes due,
     /// rows released from holds), then, if the pipeline has room, claims the
     /// next batch and publishes it. Returns the rows claimed into the
@@ -92,7 +93,7 @@ impl Worker {
         session::bounded(
             self.config.database_timeout,
             "releasing held-back rows",
-            store::release_held(conn, &ids),
+            B::release_held(conn, &ids),
         )
         .await?;
         Ok(())
@@ -112,7 +113,7 @@ impl Worker {
         let rows = session::bounded(
             self.config.database_timeout,
             "claiming a batch",
-            store::claim(
+            B::claim(
                 conn,
                 lane_count,
                 &lanes,

@@ -6,16 +6,17 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use super::{BatchError, Progress, Worker};
+use crate::relay::backend::Backend;
 use crate::relay::backoff::retry_delay;
 use crate::relay::batch::{Batch, Resolved};
 use crate::relay::partitions::Tp;
 use crate::relay::publish::Outcome;
 use crate::relay::session;
-use crate::relay::store::{self, ClaimedRow, Retry};
+use crate::relay::store::{ClaimedRow, Retry};
 use crate::relay::summary::Totals;
 use crate::relay::telemetry as metric;
 
-impl Worker {
+impl<B: Backend> Worker<B> {
     /// Settles what is complete: batches whose reports are all in (in any
     /// order), stalled batches without their late rows, stragglers whose
     /// report came.
@@ -310,7 +311,7 @@ impl Worker {
         let settlement = session::bounded(
             self.config.database_timeout,
             "marking a batch",
-            store::settle(conn, delivered, retries, self.config.max_attempts),
+            B::settle(conn, delivered, retries, self.config.max_attempts),
         )
         .await?;
         self.log_unrecordable(&settlement.unrecordable);

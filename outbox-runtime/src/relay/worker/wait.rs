@@ -4,11 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use crate::relay::backend::Backend;
+
 use super::{BatchError, Cadence, IDLE_WAIT_FIRST, Progress, REBUILD_AFTER_OUTAGES, Worker};
 use crate::relay::backoff::error_delay;
 use crate::relay::summary::Totals;
 
-impl Worker {
+impl<B: Backend> Worker<B> {
     /// After a claim of `claimed` rows: idles if nothing is in flight, claims
     /// again at once under a backlog until two batches are in flight,
     /// otherwise waits and settles, backing off if the broker is out of
