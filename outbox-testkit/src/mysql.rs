@@ -49,6 +49,14 @@ impl MySqlScratch {
         Self { server, name, pool }
     }
 
+    /// The URL of the database (`MYSQL_URL` with this database's name).
+    pub fn url(&self) -> String {
+        let url = mysql_url();
+        let base = url.split('?').next().unwrap_or(&url);
+        let server = base.rsplit_once('/').map_or(base, |(server, _)| server);
+        format!("{server}/{}", self.name)
+    }
+
     /// The connection settings of the database.
     pub fn options(&self) -> MySqlConnectOptions {
         self.server.clone().database(&self.name)

@@ -1,23 +1,38 @@
 //! Fault-injection relay: one `txoutbox_runtime::relay::Relay` over the source
-//! database, tuned for fast fault recovery (short poll, rebalance and retry
+//! database (PostgreSQL, or MariaDB for a `mysql://` URL), tuned for fast fault recovery (short poll, rebalance and retry
 //! intervals; few attempts before parking). Stops gracefully on SIGTERM.
 //! Lease and database timeout are the relay's defaults unless the scenario
 //! sets them (`FAULTS_RELAY_LEASE_MS`, `FAULTS_RELAY_DATABASE_TIMEOUT_MS`).
 
 use std::time::Duration;
 
+use outbox_tests::faults::db::is_mysql_url;
 use outbox_tests::faults::env;
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
-use txoutbox_runtime::relay::Relay;
+use txoutbox_runtime::relay::{Database, Relay};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     env::init_logging();
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy(&env::required(env::SOURCE_URL))
-        .expect("valid database url");
+    let url = env::required(env::SOURCE_URL);
+    let timeout = Duration::from_secs(5);
+    // PostgreSQL, or MariaDB for a mysql:// URL.
+    let pool: Database = if is_mysql_url(&url) {
+        MySqlPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(timeout)
+            .connect_lazy(&url)
+            .expect("valid database url")
+            .into()
+    } else {
+        PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(timeout)
+            .connect_lazy(&url)
+            .expect("valid database url")
+            .into()
+    };
     let mut kafka = rdkafka::ClientConfig::new();
     kafka
         .set("bootstrap.servers", env::required(env::BROKERS))

@@ -7,11 +7,71 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use outbox_tests::faults::db::is_mysql_url;
 use outbox_tests::faults::env;
-use outbox_tests::faults::model::{LedgerError, PostEntry, key_name, post_entry};
+use outbox_tests::faults::model::{LedgerError, PostEntry, key_name, post_entry, post_entry_mysql};
 use rand::Rng;
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{MySqlPool, PgPool};
 use uuid::Uuid;
+
+/// The source database: PostgreSQL, or MariaDB for a `mysql://` URL.
+#[derive(Clone)]
+enum Source {
+    Postgres(PgPool),
+    MariaDb(MySqlPool),
+}
+
+impl Source {
+    fn connect_lazy(url: &str, connections: u32) -> Self {
+        let timeout = Duration::from_secs(5);
+        if is_mysql_url(url) {
+            Self::MariaDb(
+                MySqlPoolOptions::new()
+                    .max_connections(connections)
+                    .acquire_timeout(timeout)
+                    .connect_lazy(url)
+                    .expect("valid database url"),
+            )
+        } else {
+            Self::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(connections)
+                    .acquire_timeout(timeout)
+                    .connect_lazy(url)
+                    .expect("valid database url"),
+            )
+        }
+    }
+
+    /// Logs a command that will roll back, in its own transaction.
+    async fn log_rollback(&self, event_id: Uuid) -> sqlx::Result<()> {
+        match self {
+            Self::Postgres(pool) => {
+                sqlx::query("INSERT INTO intended_rollback (event_id) VALUES ($1)")
+                    .bind(event_id)
+                    .execute(pool)
+                    .await
+                    .map(drop)
+            }
+            Self::MariaDb(pool) => {
+                sqlx::query("INSERT INTO intended_rollback (event_id) VALUES (?)")
+                    .bind(event_id)
+                    .execute(pool)
+                    .await
+                    .map(drop)
+            }
+        }
+    }
+
+    async fn post(&self, cmd: PostEntry) -> Result<i64, LedgerError> {
+        match self {
+            Self::Postgres(pool) => post_entry(pool, cmd).await,
+            Self::MariaDb(pool) => post_entry_mysql(pool, cmd).await,
+        }
+    }
+}
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -33,11 +93,7 @@ async fn main() {
     let hold_ms: u32 = env::get(env::HOLD_MS, 200);
     let note_percent: u32 = env::get(env::NOTE_PERCENT, 0);
     let hot_key_percent: u32 = env::get(env::HOT_KEY_PERCENT, 0);
-    let pool = PgPoolOptions::new()
-        .max_connections(loops as u32 + 1)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy(&env::required(env::SOURCE_URL))
-        .expect("valid database url");
+    let pool = Source::connect_lazy(&env::required(env::SOURCE_URL), loops as u32 + 1);
 
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..loops {
@@ -70,18 +126,14 @@ async fn main() {
                 if roll_back {
                     // Logged first, in its own transaction, so the checker knows
                     // which event ids must never appear anywhere.
-                    let logged =
-                        sqlx::query("INSERT INTO intended_rollback (event_id) VALUES ($1)")
-                            .bind(cmd.event_id)
-                            .execute(&pool)
-                            .await;
+                    let logged = pool.log_rollback(cmd.event_id).await;
                     if logged.is_err() {
                         failed += 1;
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                 }
-                match post_entry(&pool, cmd).await {
+                match pool.post(cmd).await {
                     Ok(_) => committed += 1,
                     Err(LedgerError::Deliberate) => rolled_back += 1,
                     Err(error) => {

@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::db::{OutboxRow, SourceDb};
 use super::poison::POISON_HEADER;
 use super::topic::Record;
 
@@ -253,14 +254,6 @@ impl fmt::Display for Figures {
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct OutboxRow {
-    event_id: Uuid,
-    partition_key: String,
-    published_at: Option<DateTime<Utc>>,
-    parked_at: Option<DateTime<Utc>>,
-}
-
 /// Counts order violations in a sequence of (key, seq) first occurrences:
 /// per key, each seq must be the previous one plus one (starting at 1, or
 /// anywhere if `any_start`).
@@ -283,27 +276,15 @@ fn order_violations<'a>(firsts: impl Iterator<Item = (&'a str, i64)>, any_start:
 
 /// Computes the figures from both databases and the topic records.
 pub async fn check(
-    source: &PgPool,
+    source: &SourceDb,
     receiver: &PgPool,
     topic: &[Record],
     dlq: &[Record],
     expect: &Expect,
 ) -> Figures {
-    let ledger: Vec<(Uuid, String, i64)> = sqlx::query_as("SELECT event_id, key, seq FROM ledger")
-        .fetch_all(source)
-        .await
-        .expect("read ledger");
-    let outbox: Vec<OutboxRow> =
-        sqlx::query_as("SELECT event_id, partition_key, published_at, parked_at FROM outbox_event")
-            .fetch_all(source)
-            .await
-            .expect("read outbox");
-    let rolled_back: HashSet<Uuid> = sqlx::query_scalar("SELECT event_id FROM intended_rollback")
-        .fetch_all(source)
-        .await
-        .expect("read rollbacks")
-        .into_iter()
-        .collect();
+    let ledger = source.ledger().await.expect("read ledger");
+    let outbox = source.outbox().await.expect("read outbox");
+    let rolled_back = source.rolled_back().await.expect("read rollbacks");
     let committed: HashMap<Uuid, (&str, i64)> = ledger
         .iter()
         .map(|(id, key, seq)| (*id, (key.as_str(), *seq)))

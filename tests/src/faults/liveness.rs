@@ -69,7 +69,7 @@ pub async fn blocked_key(
     .bind(at_ms(started_ms))
     .bind(from)
     .bind(key_name(0))
-    .fetch_all(&dbs.source)
+    .fetch_all(dbs.source.postgres())
     .await
     .expect("read ledger");
     let mut baseline: Vec<f64> = waits(dbs, group, before)
@@ -85,7 +85,7 @@ pub async fn blocked_key(
     )
     .bind(from)
     .bind(until)
-    .fetch_all(&dbs.source)
+    .fetch_all(dbs.source.postgres())
     .await
     .expect("read ledger");
     let (stuck, healthy): (Vec<_>, Vec<_>) =

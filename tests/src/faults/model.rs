@@ -9,7 +9,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{MySql, MySqlPool, PgPool, Postgres, Transaction};
 use txoutbox_core::{DomainEvent, Events, outbox_handler};
 use txoutbox_runtime::consumer::event_handler;
 use uuid::Uuid;
@@ -114,21 +114,7 @@ pub async fn post_entry(
         .bind(cmd.writer)
         .execute(&mut **tx)
         .await?;
-    if cmd.note {
-        events.record(LedgerNote {
-            event_id: cmd.event_id,
-            key: cmd.key,
-            seq,
-            writer: cmd.writer,
-        });
-    } else {
-        events.record(LedgerEntry {
-            event_id: cmd.event_id,
-            key: cmd.key,
-            seq,
-            writer: cmd.writer,
-        });
-    }
+    record(events, &cmd, seq);
     if cmd.hold_ms > 0 {
         sqlx::query("SELECT pg_sleep($1)")
             .bind(f64::from(cmd.hold_ms) / 1000.0)
@@ -139,6 +125,66 @@ pub async fn post_entry(
         return Err(LedgerError::Deliberate);
     }
     Ok(seq)
+}
+
+/// [`post_entry`] on MariaDB (a scenario whose source runs on MariaDB):
+/// the same writes and event; the key's row lock serializes its commands as
+/// on PostgreSQL, and the transaction reads back the number it took (no
+/// `UPDATE .. RETURNING` on MariaDB).
+#[outbox_handler]
+pub async fn post_entry_mysql(
+    tx: &mut Transaction<'_, MySql>,
+    events: &mut Events,
+    cmd: PostEntry,
+) -> Result<i64, LedgerError> {
+    sqlx::query("UPDATE key_seq SET seq = seq + 1 WHERE `key` = ?")
+        .bind(&cmd.key)
+        .execute(&mut **tx)
+        .await?;
+    let seq: i64 = sqlx::query_scalar("SELECT seq FROM key_seq WHERE `key` = ?")
+        .bind(&cmd.key)
+        .fetch_one(&mut **tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO ledger (event_id, `key`, seq, writer, committed_at)
+         VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6))",
+    )
+    .bind(cmd.event_id)
+    .bind(&cmd.key)
+    .bind(seq)
+    .bind(cmd.writer)
+    .execute(&mut **tx)
+    .await?;
+    record(events, &cmd, seq);
+    if cmd.hold_ms > 0 {
+        sqlx::query("DO SLEEP(?)")
+            .bind(f64::from(cmd.hold_ms) / 1000.0)
+            .execute(&mut **tx)
+            .await?;
+    }
+    if cmd.roll_back {
+        return Err(LedgerError::Deliberate);
+    }
+    Ok(seq)
+}
+
+/// Records the command's event: a `LedgerNote` or a `LedgerEntry`.
+fn record(events: &mut Events, cmd: &PostEntry, seq: i64) {
+    if cmd.note {
+        events.record(LedgerNote {
+            event_id: cmd.event_id,
+            key: cmd.key.clone(),
+            seq,
+            writer: cmd.writer,
+        });
+    } else {
+        events.record(LedgerEntry {
+            event_id: cmd.event_id,
+            key: cmd.key.clone(),
+            seq,
+            writer: cmd.writer,
+        });
+    }
 }
 
 /// The consumer group the effects of this process are recorded under (set
@@ -311,6 +357,36 @@ pub async fn migrate_source(pool: &PgPool, keys: usize) -> sqlx::Result<()> {
     .bind(keys as i64)
     .execute(pool)
     .await?;
+    Ok(())
+}
+
+/// Creates the source database's tables on MariaDB: the framework's and
+/// the workload's (`key` is a reserved word there, hence the quotes).
+pub async fn migrate_source_mysql(pool: &MySqlPool, keys: usize) -> sqlx::Result<()> {
+    txoutbox_runtime::migrations::run(pool)
+        .await
+        .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS key_seq (
+             `key` VARCHAR(64) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL DEFAULT 0
+         ) ENGINE = InnoDB;
+         CREATE TABLE IF NOT EXISTS ledger (
+             event_id BINARY(16) NOT NULL PRIMARY KEY, `key` VARCHAR(64) NOT NULL,
+             seq BIGINT NOT NULL, writer INT NOT NULL, committed_at DATETIME(6) NOT NULL,
+             UNIQUE KEY (`key`, seq)
+         ) ENGINE = InnoDB;
+         CREATE TABLE IF NOT EXISTS intended_rollback (
+             event_id BINARY(16) NOT NULL PRIMARY KEY
+         ) ENGINE = InnoDB;",
+    )
+    .execute(pool)
+    .await?;
+    for n in 0..keys {
+        sqlx::query("INSERT IGNORE INTO key_seq (`key`) VALUES (?)")
+            .bind(key_name(n))
+            .execute(pool)
+            .await?;
+    }
     Ok(())
 }
 

@@ -1,9 +1,9 @@
 //! Poison: inbound messages no handler can take, and outbox rows the broker
 //! refuses.
 
+use super::db::SourceDb;
 use rand::Rng;
 use rand::seq::IndexedRandom;
-use sqlx::PgPool;
 use uuid::Uuid;
 
 /// Header tagging a poison message with its number, so the checker can find
@@ -182,7 +182,7 @@ pub fn without_nul(mut message: RawMessage) -> RawMessage {
 /// Inserts `count` outbox rows the broker refuses (2 MiB payloads, above the
 /// producer's `message.max.bytes`), keyed `poison-<n>`, as a service with a
 /// bug would. Returns their event ids.
-pub async fn insert_poison_rows(pool: &PgPool, count: usize, first: usize) -> Vec<Uuid> {
+pub async fn insert_poison_rows(source: &SourceDb, count: usize, first: usize) -> Vec<Uuid> {
     let mut ids = Vec::new();
     for n in first..first + count {
         let id = Uuid::now_v7();
@@ -190,18 +190,35 @@ pub async fn insert_poison_rows(pool: &PgPool, count: usize, first: usize) -> Ve
             "event_id": id.to_string(),
             "filler": "x".repeat(2 * 1024 * 1024),
         });
-        sqlx::query(
-            "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type,
-                                       payload, topic, partition_key)
-             VALUES ($1, 'Ledger', $2, 'LedgerEntry', $3, $4, $2)",
-        )
-        .bind(id)
-        .bind(format!("poison-{n}"))
-        .bind(payload)
-        .bind(super::model::TOPIC)
-        .execute(pool)
-        .await
-        .expect("insert poison row");
+        let key = format!("poison-{n}");
+        let inserted = match source {
+            SourceDb::Postgres(pool) => sqlx::query(
+                "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type,
+                                               payload, topic, partition_key)
+                     VALUES ($1, 'Ledger', $2, 'LedgerEntry', $3, $4, $2)",
+            )
+            .bind(id)
+            .bind(&key)
+            .bind(payload)
+            .bind(super::model::TOPIC)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()),
+            SourceDb::MariaDb(scratch) => sqlx::query(
+                "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type,
+                                               payload, topic, partition_key)
+                     VALUES (?, 'Ledger', ?, 'LedgerEntry', ?, ?, ?)",
+            )
+            .bind(id)
+            .bind(&key)
+            .bind(payload.to_string())
+            .bind(super::model::TOPIC)
+            .bind(&key)
+            .execute(&scratch.pool)
+            .await
+            .map(|done| done.rows_affected()),
+        };
+        inserted.expect("insert poison row");
         ids.push(id);
     }
     ids

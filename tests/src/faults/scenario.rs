@@ -11,7 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::broker::{Broker, Cluster, MockBrokers};
 use super::checker::{self, Expect, Figures, OutageFigures};
-use super::db::Databases;
+use super::db::{Databases, SourceBackend};
 use super::env;
 use super::fleet::{Fleet, Role};
 use super::freeze::{Freeze, FreezeTarget};
@@ -183,6 +183,8 @@ pub struct Scenario {
     pub relay_lease: Option<Duration>,
     /// The relays' `database_timeout` (`None`: the relay's default, 5 s).
     pub relay_database_timeout: Option<Duration>,
+    /// The database of the source service (writers, outbox, relays).
+    pub source: SourceBackend,
 }
 
 impl Scenario {
@@ -218,6 +220,7 @@ impl Scenario {
             writer_env: Vec::new(),
             relay_lease: None,
             relay_database_timeout: None,
+            source: SourceBackend::Postgres,
         }
     }
 }
@@ -301,13 +304,7 @@ async fn produce_poison(brokers: &str, count: usize, nul: bool) {
 /// Counts what is still to do: unpublished healthy rows, poison rows not yet
 /// parked, and per group the committed events not yet applied.
 async fn backlog(dbs: &Databases, groups: &[(String, bool)], poison_rows: usize) -> (i64, i64) {
-    let source: Result<(i64, i64, i64), _> = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM outbox_event WHERE published_at IS NULL AND parked_at IS NULL),
-                (SELECT count(*) FROM outbox_event WHERE parked_at IS NOT NULL),
-                (SELECT count(*) FROM ledger)",
-    )
-    .fetch_one(&dbs.source)
-    .await;
+    let source = dbs.source.backlog().await;
     let Ok((unpublished, parked, committed)) = source else {
         return (i64::MAX, i64::MAX);
     };
@@ -367,7 +364,7 @@ fn restart_postgres() {
 /// If the services are missing or the harness itself fails; invariants are
 /// checked by the caller with [`Figures::assert_sound`].
 pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Leftovers) {
-    let dbs = Databases::create(scenario.name, scenario.keys).await;
+    let dbs = Databases::create(scenario.name, scenario.keys, scenario.source).await;
     let freeze_target = match scenario.fault {
         Fault::Freeze { target, .. } => Some(target),
         _ => None,
@@ -543,7 +540,7 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
             last_fault = now;
         }
         if let Some(freeze) = freeze.as_mut() {
-            freeze.observe(&dbs.source).await;
+            freeze.observe(dbs.source.postgres()).await;
         }
         if now < next_fault {
             continue;
@@ -682,7 +679,7 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
                     freeze = Some(
                         Freeze::begin(
                             target,
-                            &dbs.source,
+                            dbs.source.postgres(),
                             db_proxy.as_ref(),
                             cluster.proxy(),
                             &pids,
@@ -739,7 +736,7 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         }
         faults += fleet.revive() as u32;
         if let Some(freeze) = freeze.as_mut() {
-            freeze.observe(&dbs.source).await;
+            freeze.observe(dbs.source.postgres()).await;
         }
         let (unpublished, unapplied) = backlog(&dbs, &groups, scenario.poison_outbox).await;
         let done = if broker_lost_before.is_some() {
@@ -842,11 +839,11 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
         _ => {}
     }
     if let Some(down) = &broker_down {
-        figures.outage = Some(down.figures(&dbs.source, &records).await);
+        figures.outage = Some(down.figures(dbs.source.postgres(), &records).await);
     }
     if let Some(freeze) = &freeze {
         figures.liveness = freeze
-            .figures(&dbs.source, &dbs.receiver, &expect.groups)
+            .figures(dbs.source.postgres(), &dbs.receiver, &expect.groups)
             .await;
     }
     println!(

@@ -11,10 +11,18 @@ use crate::relay::backend::Moved;
 use crate::relay::store::{ClaimedRow, Retry, SettleStatements};
 
 /// Claims up to `limit` publishable rows of the given lanes in id order (see
-/// the PostgreSQL claim, `relay/store.rs`, for the rules). Its own
-/// transaction at `READ COMMITTED` (the session's level): the rows are
-/// locked while the statement runs, and `SKIP LOCKED` passes over rows
-/// another transaction holds.
+/// the PostgreSQL claim, `relay/store.rs`, for the rules), in two statements
+/// at `READ COMMITTED` (the session's level), each its own transaction.
+///
+/// The first reads the candidates without locking: InnoDB locks a row when
+/// its index entry is read, before the server tests the lane condition, so
+/// one locking scan over every lane would briefly lock the rows of other
+/// relays' lanes, and their claims (`SKIP LOCKED`) would pass over their own
+/// earliest row of a key and take the next one: order broken (the fault
+/// suite's broker-outage scenario showed it). The second locks the chosen
+/// rows by primary key, `SKIP LOCKED` (only a lane's previous owner or an
+/// operator can hold them, as on PostgreSQL), and re-checks that they are
+/// still publishable.
 ///
 /// `ix_outbox_event_unpublished (published_at, id)` gives the unpublished
 /// rows in id order without reading a published one. A key's lane is
@@ -37,10 +45,8 @@ pub(super) async fn claim(
         }
     }
     let owned = String::from_utf8(owned).expect("ASCII digits");
-    sqlx::query_as(
-        "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-                o.payload, o.topic, o.partition_key, o.traceparent, o.attempts, o.headers,
-                o.created_at
+    let candidates: Vec<i64> = sqlx::query_scalar(
+        "SELECT o.id
          FROM outbox_event o
          WHERE o.published_at IS NULL AND o.parked_at IS NULL
            AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))
@@ -54,14 +60,29 @@ pub(super) async fn claim(
                  AND b.partition_key = o.partition_key AND b.topic = o.topic AND b.id < o.id
                  AND b.published_at IS NULL AND b.parked_at IS NULL)
          ORDER BY o.id
-         LIMIT ?
-         FOR UPDATE SKIP LOCKED",
+         LIMIT ?",
     )
     .bind(owned)
     .bind(lane_count)
     .bind(json(in_flight))
     .bind(json(held_topics))
     .bind(limit as u64)
+    .fetch_all(&mut *conn)
+    .await?;
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
+                o.payload, o.topic, o.partition_key, o.traceparent, o.attempts, o.headers,
+                o.created_at
+         FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) c
+              STRAIGHT_JOIN outbox_event o ON o.id = c.id
+         WHERE o.published_at IS NULL AND o.parked_at IS NULL
+         ORDER BY o.id
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(json(&candidates))
     .fetch_all(conn)
     .await
 }
