@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use txoutbox_runtime::ops::Database;
 use txoutbox_runtime::ops::cleanup::{self, Purge, Target};
 
 use crate::args;
@@ -64,7 +64,7 @@ struct Outcome {
 }
 
 pub(crate) async fn run(
-    pool: &PgPool,
+    database: Database<'_>,
     args: CleanupArgs,
     json: bool,
 ) -> Result<ExitCode, CliError> {
@@ -90,8 +90,13 @@ pub(crate) async fn run(
                 .into(),
         ));
     }
+    // Every part must exist on this database (MariaDB has the outbox's
+    // tables only): refuse before deleting anything.
+    for (target, _, flag) in &plan {
+        cleanup::check(database, *target).map_err(|e| CliError::Usage(format!("{flag}: {e}")))?;
+    }
     // Cutoffs come from the database clock, the one that wrote the timestamps.
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let now: DateTime<Utc> = database.now().await?;
     let mut outcomes = Vec::new();
     for (target, age, flag) in plan {
         // The parser caps the age; checked anyway, as the clock is the database's.
@@ -103,7 +108,7 @@ pub(crate) async fn run(
             ))
         })?;
         let outcome = if args.dry_run {
-            let matched = cleanup::count(pool, target, cutoff).await?;
+            let matched = cleanup::count(database, target, cutoff).await?;
             if !json {
                 println!(
                     "would delete {matched} {} (before {})",
@@ -118,7 +123,7 @@ pub(crate) async fn run(
                 deleted: None,
             }
         } else {
-            let deleted = purge(pool, target, cutoff, &args, json).await?;
+            let deleted = purge(database, target, cutoff, &args, json).await?;
             if !json {
                 println!(
                     "deleted {deleted} {} (before {})",
@@ -142,7 +147,7 @@ pub(crate) async fn run(
 }
 
 async fn purge(
-    pool: &PgPool,
+    database: Database<'_>,
     target: Target,
     cutoff: DateTime<Utc>,
     args: &CleanupArgs,
@@ -150,7 +155,7 @@ async fn purge(
 ) -> Result<u64, CliError> {
     // Counting costs a scan: only worth it to size a bar someone watches.
     let total = if Progress::interactive(json) {
-        Some(cleanup::count(pool, target, cutoff).await? as u64)
+        Some(cleanup::count(database, target, cutoff).await? as u64)
     } else {
         None
     };
@@ -158,7 +163,7 @@ async fn purge(
     let mut purge = Purge::new(target, cutoff).batch_size(args.batch_size);
     let mut deleted = 0;
     while !purge.is_done() {
-        let batch = purge.step(pool).await?;
+        let batch = purge.step(database).await?;
         deleted += batch;
         progress.inc(batch);
         if !args.pause.is_zero() && !purge.is_done() {

@@ -15,7 +15,8 @@ pub(crate) fn is_mysql(url: Option<&str>) -> bool {
     url.is_some_and(|url| url.starts_with("mysql://") || url.starts_with("mariadb://"))
 }
 
-/// [`connect`] for a MariaDB URL (`outbox migrate` only, so far).
+/// [`connect`] for a MariaDB URL (`migrate`, `status`, `cleanup` and
+/// `dead-letters`, so far).
 pub(crate) async fn connect_mysql(url: &str, timeout: Duration) -> Result<MySqlPool, CliError> {
     let url = url
         .strip_prefix("mariadb://")
@@ -36,6 +37,9 @@ pub(crate) async fn connect_mysql(url: &str, timeout: Duration) -> Result<MySqlP
         .connect_lazy_with(options))
 }
 
+/// The commands that take a MariaDB URL.
+const MARIADB_COMMANDS: &str = "`outbox migrate`, `status`, `cleanup` and `dead-letters`";
+
 /// Connects once (to report the real cause of a failure, which a pool would
 /// hide behind a timeout), then opens a small pool.
 pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, CliError> {
@@ -43,16 +47,16 @@ pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPo
         CliError::Usage("no database given: pass --database-url or set DATABASE_URL".into())
     })?;
     // The parser accepts any scheme; a SQLite URL is a mistake here, and a
-    // MariaDB one is for `outbox migrate` only so far.
+    // MariaDB one is for the commands on the outbox's own tables so far.
     if is_mysql(Some(url)) {
-        return Err(CliError::Usage(
-            "invalid database URL for this command: on MariaDB only `outbox migrate` works so far; expected postgres://user@host:port/database".into(),
-        ));
+        return Err(CliError::Usage(format!(
+            "invalid database URL for this command: on MariaDB only {MARIADB_COMMANDS} work so far; expected postgres://user@host:port/database"
+        )));
     }
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(CliError::Usage(
-            "invalid database URL: expected postgres://user@host:port/database (or mysql:// / mariadb:// for `outbox migrate`)".into(),
-        ));
+        return Err(CliError::Usage(format!(
+            "invalid database URL: expected postgres://user@host:port/database (or mysql:// / mariadb:// for {MARIADB_COMMANDS})"
+        )));
     }
     let options = PgConnectOptions::from_str(url)
         .map_err(|e| CliError::Usage(format!("invalid database URL: {e}")))?
@@ -95,23 +99,4 @@ where
             humantime::format_duration(timeout)
         ))),
     }
-}
-
-/// Whether any row of `table` (parked or not) has `topic`: tells a topic with
-/// no dead letters apart from a misspelt one.
-pub(crate) async fn topic_exists(
-    pool: &PgPool,
-    table: txoutbox_runtime::ops::dead_letters::Table,
-    topic: &str,
-) -> Result<bool, CliError> {
-    let sql = format!(
-        "SELECT EXISTS (SELECT 1 FROM {} WHERE topic = $1)",
-        table.name()
-    );
-    let exists = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(topic)
-        .fetch_one(pool)
-        .await
-        .map_err(txoutbox_runtime::ops::OpsError::from)?;
-    Ok(exists)
 }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use sqlx::PgPool;
+use txoutbox_runtime::ops::Database;
 use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
 use txoutbox_runtime::ops::status::ProblemRow;
 use uuid::Uuid;
@@ -95,7 +95,7 @@ impl Select {
         }
     }
 
-    async fn resolve(&self, pool: &PgPool, required: bool) -> Result<Selection, CliError> {
+    async fn resolve(&self, database: Database<'_>, required: bool) -> Result<Selection, CliError> {
         let selection = match self.selection() {
             Some(selection) => selection,
             None if required => {
@@ -106,7 +106,7 @@ impl Select {
             None => Selection::All,
         };
         if let Selection::Topic(topic) = &selection
-            && !crate::db::topic_exists(pool, self.table(), topic).await?
+            && !dead_letters::topic_exists(database, self.table(), topic).await?
         {
             return Err(CliError::Usage(format!(
                 "no {} row has topic '{topic}' (check the spelling)",
@@ -125,16 +125,16 @@ fn table_name(table: Table) -> &'static str {
 }
 
 pub(crate) async fn run(
-    pool: &PgPool,
+    database: Database<'_>,
     command: DeadLettersCommand,
     json: bool,
 ) -> Result<ExitCode, CliError> {
     match command {
         DeadLettersCommand::List { select, limit } => {
-            let selection = select.resolve(pool, false).await?;
+            let selection = select.resolve(database, false).await?;
             let table = select.table();
-            let total = dead_letters::count(pool, table, &selection).await?;
-            let rows = dead_letters::list(pool, table, &selection, limit).await?;
+            let total = dead_letters::count(database, table, &selection).await?;
+            let rows = dead_letters::list(database, table, &selection, limit).await?;
             if json {
                 output::json(&serde_json::json!({ "table": table, "total": total, "rows": rows }))?;
             } else {
@@ -148,10 +148,10 @@ pub(crate) async fn run(
             }
         }
         DeadLettersCommand::Retry { select, dry_run } => {
-            act(pool, &select, dry_run, json, "retry").await?;
+            act(database, &select, dry_run, json, "retry").await?;
         }
         DeadLettersCommand::Discard { select, dry_run } => {
-            act(pool, &select, dry_run, json, "discard").await?;
+            act(database, &select, dry_run, json, "discard").await?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -166,24 +166,24 @@ fn shown(shown: usize, total: i64) -> String {
 }
 
 async fn act(
-    pool: &PgPool,
+    database: Database<'_>,
     select: &Select,
     dry_run: bool,
     json: bool,
     action: &str,
 ) -> Result<(), CliError> {
-    let selection = select.resolve(pool, true).await?;
+    let selection = select.resolve(database, true).await?;
     let table = select.table();
     let event_ids: Vec<Uuid> = if dry_run {
-        dead_letters::list(pool, table, &selection, i64::MAX)
+        dead_letters::list(database, table, &selection, i64::MAX)
             .await?
             .into_iter()
             .map(|row| row.event_id)
             .collect()
     } else if action == "retry" {
-        dead_letters::retry(pool, table, &selection).await?
+        dead_letters::retry(database, table, &selection).await?
     } else {
-        dead_letters::discard(pool, table, &selection).await?
+        dead_letters::discard(database, table, &selection).await?
     };
     if json {
         output::json(&serde_json::json!({

@@ -33,6 +33,7 @@ impl From<OpsError> for CliError {
         match error {
             OpsError::Database(e) => database(e),
             OpsError::InboxRowsHaveNoId
+            | OpsError::PostgresOnly { .. }
             | OpsError::RebuildWithoutTopic
             | OpsError::RebuildIntoLiveTopic { .. }
             | OpsError::TopicMissing { .. }
@@ -71,10 +72,11 @@ fn database(error: sqlx::Error) -> CliError {
     }
 }
 
-/// undefined_table or undefined_column: not migrated, or an older schema.
+/// undefined_table or undefined_column (PostgreSQL's 42P01, 42703;
+/// MariaDB's 42S02, 42S22): not migrated, or an older schema.
 fn schema_missing(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
         .and_then(|e| e.code())
-        .is_some_and(|code| code == "42P01" || code == "42703")
+        .is_some_and(|code| matches!(&*code, "42P01" | "42703" | "42S02" | "42S22"))
 }

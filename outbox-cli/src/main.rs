@@ -21,6 +21,7 @@ mod topics;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use txoutbox_runtime::ops::Database;
 
 use crate::error::CliError;
 
@@ -41,7 +42,9 @@ struct Cli {
 /// Options every command accepts.
 #[derive(Debug, clap::Args)]
 struct Global {
-    /// PostgreSQL URL of the service database holding the outbox tables.
+    /// URL of the service database holding the outbox tables: postgres://..,
+    /// or mysql:// / mariadb:// (MariaDB >= 10.6) for migrate, status,
+    /// cleanup and dead-letters.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -65,7 +68,9 @@ enum Command {
     /// Apply the framework's migrations (tables, indexes, extension columns).
     ///
     /// On MariaDB >= 10.6 (`--database-url mysql://..` or `mariadb://..`)
-    /// it creates the MySQL schema; the other commands need PostgreSQL so far.
+    /// it creates the MySQL schema; there, status, cleanup and dead-letters
+    /// work on the outbox's tables, and the other commands need PostgreSQL
+    /// so far.
     Migrate,
     /// Show backlog, failing and parked rows; a health check with thresholds.
     ///
@@ -124,18 +129,32 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Topics(args) => return topics::run(args, global.json).await,
         command => command,
     };
-    if matches!(command, Command::Migrate) && db::is_mysql(global.database_url.as_deref()) {
+    let json = global.json;
+    // MariaDB: the commands on the outbox's own tables (the others are
+    // refused by `db::connect`, naming these).
+    let on_mariadb = matches!(
+        command,
+        Command::Migrate | Command::Status(_) | Command::Cleanup(_) | Command::DeadLetters(_)
+    );
+    if on_mariadb && db::is_mysql(global.database_url.as_deref()) {
         let url = global.database_url.as_deref().unwrap_or_default();
         let pool = db::connect_mysql(url, global.connect_timeout).await?;
-        return migrate::run_mysql(&pool, global.json).await;
+        let database = Database::from(&pool);
+        return match command {
+            Command::Migrate => migrate::run_mysql(&pool, json).await,
+            Command::Status(args) => status::run(database, args, json).await,
+            Command::Cleanup(args) => cleanup::run(database, args, json).await,
+            Command::DeadLetters(command) => dead_letters::run(database, command, json).await,
+            _ => unreachable!("only the commands above run on MariaDB"),
+        };
     }
     let pool = db::connect(global.database_url.as_deref(), global.connect_timeout).await?;
-    let json = global.json;
+    let database = Database::from(&pool);
     match command {
         Command::Migrate => migrate::run(&pool, json).await,
-        Command::Status(args) => status::run(&pool, args, json).await,
-        Command::Cleanup(args) => cleanup::run(&pool, args, json).await,
-        Command::DeadLetters(command) => dead_letters::run(&pool, command, json).await,
+        Command::Status(args) => status::run(database, args, json).await,
+        Command::Cleanup(args) => cleanup::run(database, args, json).await,
+        Command::DeadLetters(command) => dead_letters::run(database, command, json).await,
         Command::Replay(args) => replay::run(&pool, args, json).await,
         Command::Sagas(command) => sagas::run(&pool, command, json).await,
         Command::Notify(command) => notify::run(&pool, command, json).await,

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use txoutbox_runtime::ops::dead_letters::Table;
+use txoutbox_runtime::ops::dead_letters::{self, Table};
 use txoutbox_runtime::ops::replay::{self, Replay, ReplayFilter};
 
 use crate::args;
@@ -115,7 +115,7 @@ pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<E
         )));
     }
     if let Some(topic) = &filter.topic
-        && !crate::db::topic_exists(pool, Table::Outbox, topic).await?
+        && !dead_letters::topic_exists(pool, Table::Outbox, topic).await?
     {
         return Err(CliError::Usage(format!(
             "no outbox_event row has topic '{topic}' (check the spelling)"

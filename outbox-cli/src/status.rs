@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::PgPool;
+use txoutbox_runtime::ops::Database;
 use txoutbox_runtime::ops::sagas::SagaTypeOverview;
 use txoutbox_runtime::ops::status::ConsumerDeadLetters;
 use txoutbox_runtime::ops::status::{
@@ -52,7 +52,11 @@ struct Report<'a> {
     status: &'a Status,
 }
 
-pub(crate) async fn run(pool: &PgPool, args: StatusArgs, json: bool) -> Result<ExitCode, CliError> {
+pub(crate) async fn run(
+    database: Database<'_>,
+    args: StatusArgs,
+    json: bool,
+) -> Result<ExitCode, CliError> {
     let thresholds = Thresholds {
         max_backlog: args.max_backlog,
         max_age: args.max_age,
@@ -61,7 +65,29 @@ pub(crate) async fn run(pool: &PgPool, args: StatusArgs, json: bool) -> Result<E
         max_inbox_age: args.max_inbox_age,
         max_saga_age: args.max_saga_age,
     };
-    let status = status::collect(pool, args.sample.max(0)).await?;
+    let status = status::collect(database, args.sample.max(0)).await?;
+    // A threshold on a part this database does not have could never be
+    // exceeded: say so instead of passing the check.
+    for (flag, set, table) in [
+        (
+            "--max-inbox-backlog",
+            args.max_inbox_backlog.is_some(),
+            "inbox_event",
+        ),
+        (
+            "--max-inbox-age",
+            args.max_inbox_age.is_some(),
+            "inbox_event",
+        ),
+        ("--max-saga-age", args.max_saga_age.is_some(), "saga_state"),
+    ] {
+        if set && status.not_on_this_database.contains(&table) {
+            return Err(CliError::Usage(format!(
+                "{flag}: {table} is not on this database (the consumer tables are \
+                 PostgreSQL-only so far)"
+            )));
+        }
+    }
     let breaches = thresholds.check(&status);
     if json {
         output::json(&Report {
@@ -87,8 +113,15 @@ fn render(status: &Status) -> String {
     out.push_str("outbox (outbox_event)\n");
     out.push_str(&queue(&status.outbox, "unpublished", true));
     out.push_str(&held_topics(&status.relays));
-    out.push_str("\ninbox (inbox_event)\n");
-    out.push_str(&queue(&status.inbox, "unprocessed", false));
+    if status.not_on_this_database.contains(&"inbox_event") {
+        out.push_str(&format!(
+            "\nconsumers ({})\n  not on this database: the consumer tables are PostgreSQL-only so far\n",
+            status.not_on_this_database.join(", ")
+        ));
+    } else {
+        out.push_str("\ninbox (inbox_event)\n");
+        out.push_str(&queue(&status.inbox, "unprocessed", false));
+    }
     if !status.inbox_unclaimed.is_empty() {
         out.push_str("  waiting for a processor that handles their event type:\n");
         let rows: Vec<Vec<String>> = status
@@ -346,7 +379,7 @@ mod tests {
         RelayMember {
             host: "vm".into(),
             process_id,
-            backend_pid: 100 + process_id as i32,
+            backend_pid: 100 + process_id,
             lanes: 64,
             lanes_owned: 32,
             renewed_secs_ago: 0.5,

@@ -120,6 +120,11 @@ pub const MYSQL_MIGRATIONS: &[Migration] = &[
         description: "relay",
         sql: include_str!("../migrations/mysql/0002_relay.sql"),
     },
+    Migration {
+        version: 3,
+        description: "operator_tooling",
+        sql: include_str!("../migrations/mysql/0003_operator_tooling.sql"),
+    },
 ];
 
 /// A database [`run`] migrates: `&PgPool`, or `&MySqlPool` (feature

@@ -8,6 +8,10 @@
 //! parked outbox row, an unprocessed inbox row. Batches walk the primary key in
 //! order (keyset pagination), so no batch rescans what earlier ones deleted.
 //!
+//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) the two
+//! outbox targets run alike, with `FOR UPDATE SKIP LOCKED` on the chosen
+//! rows; the consumer targets are refused ([`OpsError::PostgresOnly`]).
+//!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
 //! use chrono::{TimeDelta, Utc};
@@ -26,7 +30,10 @@ use sqlx::PgPool;
 use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
-use super::OpsError;
+use super::{Database, OpsError};
+
+#[cfg(feature = "mysql")]
+mod mysql;
 
 /// A kind of finished row the retention job removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -150,12 +157,45 @@ enum Cursor {
     EventId(Uuid),
     GroupAndEventId(String, Uuid),
     SagaTypeAndId(String, String),
+    /// Where a pass on MariaDB stopped.
+    #[cfg(feature = "mysql")]
+    MySql(mysql::Position),
     Done,
+}
+
+/// Whether the database has the table of `target`: `Ok` on PostgreSQL;
+/// on MariaDB for the outbox targets only, [`OpsError::PostgresOnly`] for
+/// the others. Asks nothing of the database: check every target of a job
+/// before deleting anything.
+#[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+pub fn check<'a>(database: impl Into<Database<'a>>, target: Target) -> Result<(), OpsError> {
+    match database.into() {
+        // PostgreSQL has every table.
+        Database::Postgres(_) => Ok(()),
+        #[cfg(feature = "mysql")]
+        Database::MySql(_) => mysql::check(target),
+    }
 }
 
 /// Counts the rows of `target` finished before `cutoff` (what a purge would
 /// delete right now).
-pub async fn count(pool: &PgPool, target: Target, cutoff: DateTime<Utc>) -> Result<i64, OpsError> {
+pub async fn count<'a>(
+    database: impl Into<Database<'a>>,
+    target: Target,
+    cutoff: DateTime<Utc>,
+) -> Result<i64, OpsError> {
+    match database.into() {
+        Database::Postgres(pool) => count_postgres(pool, target, cutoff).await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::count(pool, target, cutoff).await,
+    }
+}
+
+async fn count_postgres(
+    pool: &PgPool,
+    target: Target,
+    cutoff: DateTime<Utc>,
+) -> Result<i64, OpsError> {
     let TargetSql {
         table, condition, ..
     } = target.sql();
@@ -206,8 +246,17 @@ impl Purge {
 
     /// Deletes the next batch and returns how many rows it deleted (`0` once
     /// [`Self::is_done`]). Rows locked by someone else are skipped: a later run
-    /// takes them.
-    pub async fn step(&mut self, pool: &PgPool) -> Result<u64, OpsError> {
+    /// takes them. On MariaDB a target whose table the database lacks fails
+    /// with [`OpsError::PostgresOnly`] (see [`check`]).
+    pub async fn step<'a>(&mut self, database: impl Into<Database<'a>>) -> Result<u64, OpsError> {
+        match database.into() {
+            Database::Postgres(pool) => self.step_postgres(pool).await,
+            #[cfg(feature = "mysql")]
+            Database::MySql(pool) => self.step_mysql(pool).await,
+        }
+    }
+
+    async fn step_postgres(&mut self, pool: &PgPool) -> Result<u64, OpsError> {
         let TargetSql {
             table,
             key,
@@ -216,6 +265,9 @@ impl Purge {
         let after = match self.cursor {
             Cursor::Done => return Ok(0),
             Cursor::Start => "TRUE",
+            // A pass begun on MariaDB, continued here: from the start.
+            #[cfg(feature = "mysql")]
+            Cursor::MySql(_) => "TRUE",
             _ => key.after(),
         };
         let columns = key.columns();
@@ -246,6 +298,8 @@ impl Purge {
                 query.bind(saga_type.clone()).bind(saga_id.clone())
             }
             Cursor::Start | Cursor::Done => query,
+            #[cfg(feature = "mysql")]
+            Cursor::MySql(_) => query,
         };
         // READ COMMITTED whatever the database's default (see `crate::txn`):
         // under REPEATABLE READ, a row changed after the snapshot would fail
@@ -266,16 +320,35 @@ impl Purge {
         Ok(deleted as u64)
     }
 
+    /// The next batch on MariaDB: chosen after where the previous one
+    /// stopped, locked `FOR UPDATE SKIP LOCKED`, deleted.
+    #[cfg(feature = "mysql")]
+    async fn step_mysql(&mut self, pool: &sqlx::MySqlPool) -> Result<u64, OpsError> {
+        let after = match &self.cursor {
+            Cursor::Done => return Ok(0),
+            Cursor::MySql(position) => Some(position),
+            // Start, or a pass begun on PostgreSQL: from the start.
+            _ => None,
+        };
+        let batch = mysql::step(pool, self.target, self.cutoff, self.batch_size, after).await?;
+        self.cursor = match batch.last {
+            Some(last) if batch.chosen >= self.batch_size => Cursor::MySql(last),
+            _ => Cursor::Done,
+        };
+        Ok(batch.deleted)
+    }
+
     /// Runs batches until the end of the table, calling `on_batch` with each
     /// batch's deleted count, and returns the total deleted.
-    pub async fn run(
+    pub async fn run<'a>(
         &mut self,
-        pool: &PgPool,
+        database: impl Into<Database<'a>>,
         mut on_batch: impl FnMut(u64),
     ) -> Result<u64, OpsError> {
+        let database = database.into();
         let mut total = 0;
         while !self.is_done() {
-            let deleted = self.step(pool).await?;
+            let deleted = self.step(database).await?;
             total += deleted;
             on_batch(deleted);
         }

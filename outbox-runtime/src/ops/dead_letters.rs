@@ -13,6 +13,10 @@
 //!   removes it. It never sets `published_at` or `processed`, which would lie
 //!   about what happened.
 //!
+//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) the outbox's
+//! dead letters are handled alike; the inbox is not on that database
+//! ([`OpsError::PostgresOnly`]).
+//!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
 //! use txoutbox_runtime::ops::dead_letters::{self, Selection, Table};
@@ -27,8 +31,11 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::OpsError;
 use super::status::ProblemRow;
+use super::{Database, OpsError};
+
+#[cfg(feature = "mysql")]
+mod mysql;
 
 /// Which table's dead letters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -111,7 +118,20 @@ impl Selection {
 
 /// Parked, not discarded rows of `table` matching `selection`, oldest first,
 /// at most `limit` (each with its `parked_at`).
-pub async fn list(
+pub async fn list<'a>(
+    database: impl Into<Database<'a>>,
+    table: Table,
+    selection: &Selection,
+    limit: i64,
+) -> Result<Vec<ProblemRow>, OpsError> {
+    match database.into() {
+        Database::Postgres(pool) => list_postgres(pool, table, selection, limit).await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::list(pool, table, selection, limit).await,
+    }
+}
+
+async fn list_postgres(
     pool: &PgPool,
     table: Table,
     selection: &Selection,
@@ -134,7 +154,23 @@ pub async fn list(
 }
 
 /// How many parked, not discarded rows of `table` match `selection`.
-pub async fn count(pool: &PgPool, table: Table, selection: &Selection) -> Result<i64, OpsError> {
+pub async fn count<'a>(
+    database: impl Into<Database<'a>>,
+    table: Table,
+    selection: &Selection,
+) -> Result<i64, OpsError> {
+    match database.into() {
+        Database::Postgres(pool) => count_postgres(pool, table, selection).await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::count(pool, table, selection).await,
+    }
+}
+
+async fn count_postgres(
+    pool: &PgPool,
+    table: Table,
+    selection: &Selection,
+) -> Result<i64, OpsError> {
     let (name, _, _, parked) = table.sql();
     let condition = selection.condition();
     let sql = format!("SELECT count(*) FROM {name} t WHERE {parked} AND {condition}");
@@ -151,18 +187,24 @@ pub async fn count(pool: &PgPool, table: Table, selection: &Selection) -> Result
 /// `outbox notify enable` (the trigger fires on un-parking too). A retried
 /// outbox row is published after the later events of its key that went out
 /// while it was parked: parking gives up per-key order for that row.
-pub async fn retry(
-    pool: &PgPool,
+pub async fn retry<'a>(
+    database: impl Into<Database<'a>>,
     table: Table,
     selection: &Selection,
 ) -> Result<Vec<Uuid>, OpsError> {
-    let retried = update(
-        pool,
-        table,
-        selection,
-        "parked_at = NULL, attempts = 0, next_attempt_at = NULL",
-    )
-    .await?;
+    let retried = match database.into() {
+        Database::Postgres(pool) => {
+            update(
+                pool,
+                table,
+                selection,
+                "parked_at = NULL, attempts = 0, next_attempt_at = NULL",
+            )
+            .await?
+        }
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::retry(pool, table, selection).await?,
+    };
     if table == Table::Outbox && !retried.is_empty() {
         txoutbox_core::__private::wakeup::notify_committed();
     }
@@ -170,12 +212,39 @@ pub async fn retry(
 }
 
 /// Marks the matching parked rows as discarded; returns their event ids.
-pub async fn discard(
-    pool: &PgPool,
+pub async fn discard<'a>(
+    database: impl Into<Database<'a>>,
     table: Table,
     selection: &Selection,
 ) -> Result<Vec<Uuid>, OpsError> {
-    update(pool, table, selection, "discarded_at = now()").await
+    match database.into() {
+        Database::Postgres(pool) => update(pool, table, selection, "discarded_at = now()").await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::discard(pool, table, selection).await,
+    }
+}
+
+/// Whether any row of `table`, parked or not, has `topic`: tells a topic
+/// with no dead letters apart from a misspelt one.
+pub async fn topic_exists<'a>(
+    database: impl Into<Database<'a>>,
+    table: Table,
+    topic: &str,
+) -> Result<bool, OpsError> {
+    match database.into() {
+        Database::Postgres(pool) => {
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM {} WHERE topic = $1)",
+                table.name()
+            );
+            Ok(sqlx::query_scalar(super::trusted(sql))
+                .bind(topic)
+                .fetch_one(pool)
+                .await?)
+        }
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::topic_exists(pool, table, topic).await,
+    }
 }
 
 async fn update(

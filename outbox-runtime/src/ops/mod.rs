@@ -17,13 +17,23 @@
 //! println!("{} events wait for the relay", status.outbox.pending);
 //! # Ok(()) }
 //! ```
+//!
+//! Status, dead letters and retention take a [`Database`]: a `&PgPool`, or
+//! (feature `mysql`) a `&MySqlPool` on MariaDB, where they cover the
+//! outbox's own tables (`outbox_event`, `outbox_scheduled`,
+//! `outbox_relay_member`); the consumer tables are PostgreSQL-only so far
+//! ([`OpsError::PostgresOnly`]). Replay, sagas and `notify` take a
+//! `&PgPool`.
 
 pub mod cleanup;
+mod database;
 pub mod dead_letters;
 pub mod notify;
 pub mod replay;
 pub mod sagas;
 pub mod status;
+
+pub use database::Database;
 
 /// Failure of an operator operation.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +47,18 @@ pub enum OpsError {
     /// do not have.
     #[error("inbox rows have no numeric id; select them by event id")]
     InboxRowsHaveNoId,
+    /// The operation needs a table of the consumer side (`inbox_event`,
+    /// `processed_event`, `saga_state`, `consumer_dead_letter`), which the
+    /// database does not have: on MariaDB only the outbox's own tables
+    /// exist so far.
+    #[error(
+        "{table} is not on this database: the consumer tables (inbox_event, processed_event, \
+         saga_state, consumer_dead_letter) are PostgreSQL-only so far"
+    )]
+    PostgresOnly {
+        /// The table the operation needs.
+        table: &'static str,
+    },
     /// The header names given to
     /// [`Replay::header_names`](replay::Replay::header_names) cannot be used
     /// (see [`HeaderNames::problem`](crate::relay::HeaderNames::problem)).

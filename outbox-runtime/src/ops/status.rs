@@ -1,6 +1,10 @@
 //! What the outbox, the inbox and the sagas look like right now, and health
 //! thresholds on it.
 //!
+//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) the outbox,
+//! its scheduled events and its relays are read; the consumer side is not
+//! on that database ([`Status::not_on_this_database`]).
+//!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
 //! use std::time::Duration;
@@ -22,8 +26,11 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::OpsError;
 use super::sagas::{self, SagaTypeOverview};
+use super::{Database, OpsError};
+
+#[cfg(feature = "mysql")]
+mod mysql;
 
 /// A snapshot of the framework's tables.
 #[derive(Debug, Clone, Serialize)]
@@ -47,6 +54,16 @@ pub struct Status {
     /// Messages consumers could not publish to their dead-letter topics,
     /// kept in `consumer_dead_letter` (migration 9).
     pub consumer_dead_letters: ConsumerDeadLetters,
+    /// The framework's tables this database does not have, so the parts
+    /// above that read them are left empty, not measured: on MariaDB the
+    /// consumer side, PostgreSQL-only so far (`inbox_event`,
+    /// `processed_event`, `saga_state`, `consumer_dead_letter`), so
+    /// [`Self::inbox`] is all zeros, [`Self::inbox_unclaimed`],
+    /// [`Self::sagas`] and [`Self::consumer_dead_letters`] are empty, and
+    /// the inbox and saga thresholds cannot be exceeded. Empty on
+    /// PostgreSQL (and then left out of the JSON).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_on_this_database: Vec<&'static str>,
 }
 
 /// Dead letters that their topic refused (missing, not writable, too
@@ -166,8 +183,21 @@ pub struct TableSize {
 }
 
 /// Reads the status of the framework's tables, with up to `sample` example
-/// rows of each problem list.
-pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
+/// rows of each problem list: on a `&PgPool`, or (feature `mysql`) a
+/// `&MySqlPool`, where the consumer side is listed in
+/// [`Status::not_on_this_database`] instead.
+pub async fn collect<'a>(
+    database: impl Into<Database<'a>>,
+    sample: i64,
+) -> Result<Status, OpsError> {
+    match database.into() {
+        Database::Postgres(pool) => collect_postgres(pool, sample).await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::collect(pool, sample).await,
+    }
+}
+
+async fn collect_postgres(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
     let outbox = queue_status(pool, &OUTBOX, sample).await?;
     let inbox = queue_status(pool, &INBOX, sample).await?;
     let inbox_unclaimed = crate::consumer::inbox::unclaimed::inbox_unclaimed(pool, None).await?;
@@ -196,6 +226,7 @@ pub async fn collect(pool: &PgPool, sample: i64) -> Result<Status, OpsError> {
         relays,
         sagas,
         consumer_dead_letters,
+        not_on_this_database: Vec::new(),
     })
 }
 
@@ -358,7 +389,9 @@ async fn table_size(pool: &PgPool, table: &str) -> Result<TableSize, OpsError> {
     })
 }
 
-/// Health limits on a [`Status`]; `None` disables a limit.
+/// Health limits on a [`Status`]; `None` disables a limit. A limit on a
+/// part the database does not have ([`Status::not_on_this_database`]) is
+/// never exceeded.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Thresholds {
     /// Most pending outbox rows allowed.

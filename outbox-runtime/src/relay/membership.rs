@@ -312,8 +312,9 @@ pub struct RelayMember {
     pub host: String,
     /// The relay's process id on that machine.
     pub process_id: i64,
-    /// PostgreSQL backend of its own connection.
-    pub backend_pid: i32,
+    /// Its own connection's session on the server (PostgreSQL's backend
+    /// pid, MariaDB's connection id).
+    pub backend_pid: i64,
     /// Its configured lane count (the same for every relay).
     pub lanes: i32,
     /// Lanes it owns right now.
@@ -373,7 +374,7 @@ pub(crate) async fn members(pool: &sqlx::PgPool) -> sqlx::Result<Vec<RelayMember
         return Ok(Vec::new());
     }
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT m.host, m.process_id, m.backend_pid, m.lanes,
+        "SELECT m.host, m.process_id, m.backend_pid::int8 AS backend_pid, m.lanes,
                 (SELECT count(*) FROM pg_locks l
                  WHERE l.pid = m.backend_pid AND l.locktype = 'advisory' AND l.granted
                    AND l.objsubid = 2 AND l.classid = 1868724332::oid) AS lanes_owned,

@@ -84,3 +84,5 @@ pub async fn configure_connection(conn: &mut sqlx::PgConnection) -> sqlx::Result
 }
 
 pub(crate) use membership::members;
+#[cfg(feature = "mysql")]
+pub(crate) use mysql::{LockNames, NO_SUCH_TABLE, error_number};

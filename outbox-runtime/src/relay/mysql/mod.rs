@@ -73,7 +73,7 @@ pub(crate) struct LockNames {
 }
 
 impl LockNames {
-    fn new(database: &str) -> Self {
+    pub(crate) fn new(database: &str) -> Self {
         let shown = if database.chars().count() <= 40 {
             database.to_owned()
         } else {
@@ -85,14 +85,20 @@ impl LockNames {
         }
     }
 
-    /// The lock that makes a session a live member.
-    fn member_prefix(&self) -> String {
+    /// Followed by a connection id: the lock that makes that session a
+    /// live member.
+    pub(crate) fn member_prefix(&self) -> String {
         format!("{}m", self.prefix)
+    }
+
+    /// Followed by a lane number: that lane's lock.
+    pub(crate) fn lane_prefix(&self) -> String {
+        format!("{}l", self.prefix)
     }
 
     /// The lock of lane `lane`.
     fn lane(&self, lane: i32) -> String {
-        format!("{}l{lane}", self.prefix)
+        format!("{}{lane}", self.lane_prefix())
     }
 
     /// The lock that serializes joins.
@@ -115,7 +121,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// MySQL's error number of a database error.
-fn error_number(error: &sqlx::Error) -> Option<u16> {
+pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
     error
         .as_database_error()?
         .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
@@ -123,7 +129,7 @@ fn error_number(error: &sqlx::Error) -> Option<u16> {
 }
 
 /// `ER_NO_SUCH_TABLE`.
-const NO_SUCH_TABLE: u16 = 1146;
+pub(crate) const NO_SUCH_TABLE: u16 = 1146;
 
 impl Backend for MySqlRelay {
     type Conn = MySqlSession;

@@ -1,8 +1,11 @@
 //! Every MariaDB statement of the relay's claim, settle and scheduler.
 //! Lists (lanes, rows in flight, held topics, batches to mark) travel as one
 //! parameter each: a JSON array read with `JSON_TABLE` and joined on the
-//! primary key (`STRAIGHT_JOIN` keeps the list as the driving table, so a
-//! mark reads the marked rows only), or for lanes a string of `0` / `1`.
+//! primary key (`STRAIGHT_JOIN` keeps the list as the driving table and
+//! `FORCE INDEX (PRIMARY)` the lookup by key, so a statement reads and locks
+//! the listed rows only, even where the optimizer would scan a small or
+//! freshly created table, locking every row), or for lanes a string of `0`
+//! / `1`.
 
 use sqlx::{Connection, MySqlConnection, MySqlPool};
 
@@ -77,7 +80,7 @@ pub(super) async fn claim(
                 o.payload, o.topic, o.partition_key, o.traceparent, o.attempts, o.headers,
                 o.created_at
          FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) c
-              STRAIGHT_JOIN outbox_event o ON o.id = c.id
+              STRAIGHT_JOIN outbox_event o FORCE INDEX (PRIMARY) ON o.id = c.id
          WHERE o.published_at IS NULL AND o.parked_at IS NULL
          ORDER BY o.id
          FOR UPDATE SKIP LOCKED",
@@ -95,7 +98,7 @@ impl SettleStatements for MySqlConnection {
     async fn mark_published(&mut self, ids: &[i64]) -> sqlx::Result<u64> {
         let done = sqlx::query(
             "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) f
-                 STRAIGHT_JOIN outbox_event o ON o.id = f.id
+                 STRAIGHT_JOIN outbox_event o FORCE INDEX (PRIMARY) ON o.id = f.id
              SET o.published_at = UTC_TIMESTAMP(6)",
         )
         .bind(json(ids))
@@ -122,7 +125,7 @@ impl SettleStatements for MySqlConnection {
         let mut tx = self.begin().await?;
         let parked = sqlx::query(
             "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$.id', counts INT PATH '$.counts')) f
-                 STRAIGHT_JOIN outbox_event o ON o.id = f.id
+                 STRAIGHT_JOIN outbox_event o FORCE INDEX (PRIMARY) ON o.id = f.id
              SET o.parked_at = UTC_TIMESTAMP(6)
              WHERE f.counts = 1 AND o.attempts + 1 >= ? AND o.published_at IS NULL",
         )
@@ -136,7 +139,7 @@ impl SettleStatements for MySqlConnection {
                                                   error LONGTEXT PATH '$.error',
                                                   delay_ms BIGINT PATH '$.delay_ms',
                                                   counts INT PATH '$.counts')) f
-                 STRAIGHT_JOIN outbox_event o ON o.id = f.id
+                 STRAIGHT_JOIN outbox_event o FORCE INDEX (PRIMARY) ON o.id = f.id
              SET o.attempts = o.attempts + f.counts,
                  o.last_error = f.error,
                  o.next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL f.delay_ms * 1000 MICROSECOND
@@ -171,7 +174,7 @@ impl SettleStatements for MySqlConnection {
 pub(super) async fn release_held(conn: &mut MySqlConnection, ids: &[i64]) -> sqlx::Result<u64> {
     let done = sqlx::query(
         "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) f
-             STRAIGHT_JOIN outbox_event o ON o.id = f.id
+             STRAIGHT_JOIN outbox_event o FORCE INDEX (PRIMARY) ON o.id = f.id
          SET o.next_attempt_at = NULL
          WHERE o.published_at IS NULL AND o.parked_at IS NULL
            AND o.next_attempt_at > UTC_TIMESTAMP(6)",
@@ -261,7 +264,7 @@ async fn move_locked(conn: &mut MySqlConnection, limit: usize) -> sqlx::Result<M
          SELECT s.event_id, s.aggregate_type, s.aggregate_id, s.event_type, s.payload, s.topic,
                 s.partition_key, s.traceparent, s.headers, s.deliver_after, UTC_TIMESTAMP(6)
          FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) f
-              STRAIGHT_JOIN outbox_scheduled s ON s.id = f.id
+              STRAIGHT_JOIN outbox_scheduled s FORCE INDEX (PRIMARY) ON s.id = f.id
          WHERE NOT EXISTS (SELECT 1 FROM outbox_event e WHERE e.event_id = s.event_id)
          ORDER BY s.deliver_after, s.id",
     )
@@ -271,7 +274,7 @@ async fn move_locked(conn: &mut MySqlConnection, limit: usize) -> sqlx::Result<M
     .rows_affected();
     sqlx::query(
         "DELETE s FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) f
-             STRAIGHT_JOIN outbox_scheduled s ON s.id = f.id",
+             STRAIGHT_JOIN outbox_scheduled s FORCE INDEX (PRIMARY) ON s.id = f.id",
     )
     .bind(&due_json)
     .execute(&mut *tx)

@@ -1,0 +1,259 @@
+//! `status` on MariaDB (feature `mysql`): the outbox's backlog, its failing,
+//! parked and discarded rows, the sizes of `outbox_event` and
+//! `outbox_scheduled`, and the live relays with the lanes they hold. The
+//! consumer side is not on this database: it is named in
+//! [`Status::not_on_this_database`] and its parts are left empty.
+//!
+//! Every statement is a plain read (no locks). A relay member is live while
+//! its session holds the member lock `obx:<database>:m<connection id>`; it
+//! owns the lanes whose lock `obx:<database>:l<lane>` its session holds
+//! (`IS_USED_LOCK` names the holder's connection id).
+
+use chrono::{DateTime, Utc};
+use sqlx::MySqlPool;
+
+use super::{
+    ConsumerDeadLetters, HeldTopic, ProblemRow, QueueStatus, RelayMember, Status, TableSize,
+    TopicBacklog,
+};
+use crate::ops::OpsError;
+use crate::relay::{LockNames, NO_SUCH_TABLE, error_number};
+
+/// The tables of the consumer side, PostgreSQL-only so far.
+const CONSUMER_TABLES: [&str; 4] = [
+    "inbox_event",
+    "processed_event",
+    "saga_state",
+    "consumer_dead_letter",
+];
+
+/// Below this many rows (by the server's estimate) a table's rows are
+/// counted exactly: such a count costs a few milliseconds, and InnoDB's
+/// estimate of a small or young table can be far off.
+const EXACT_BELOW: i64 = 100_000;
+
+/// Whether a row of `outbox_relay_member` (alias `m`) belongs to a live
+/// session: its member lock is held by the row's own connection.
+const LIVE: &str = "IS_USED_LOCK(CONCAT(?, m.backend_pid)) = m.backend_pid";
+
+pub(super) async fn collect(pool: &MySqlPool, sample: i64) -> Result<Status, OpsError> {
+    let outbox = outbox(pool, sample).await?;
+    let mut tables = Vec::new();
+    for table in ["outbox_event", "outbox_scheduled"] {
+        tables.extend(table_size(pool, table).await?);
+    }
+    let relays = relays(pool).await?;
+    Ok(Status {
+        outbox,
+        inbox: not_here(),
+        inbox_unclaimed: Vec::new(),
+        tables,
+        relays,
+        sagas: Vec::new(),
+        consumer_dead_letters: ConsumerDeadLetters::default(),
+        not_on_this_database: CONSUMER_TABLES.to_vec(),
+    })
+}
+
+/// The inbox's counts on a database without an inbox: nothing, as
+/// [`Status::not_on_this_database`] says.
+fn not_here() -> QueueStatus {
+    QueueStatus {
+        pending: 0,
+        oldest_pending_at: None,
+        oldest_pending_age_secs: None,
+        topics: Vec::new(),
+        failing: 0,
+        failing_rows: Vec::new(),
+        parked: 0,
+        parked_rows: Vec::new(),
+        discarded: 0,
+    }
+}
+
+/// The outbox's counts. Unpublished rows (pending and parked alike) are the
+/// NULL head of `ix_outbox_event_unpublished (published_at, id)`, so every
+/// count reads the unpublished rows only, however many published ones the
+/// table keeps.
+async fn outbox(pool: &MySqlPool, sample: i64) -> Result<QueueStatus, OpsError> {
+    let topics: Vec<TopicBacklog> = sqlx::query_as(
+        "SELECT topic, COUNT(*) AS pending, MIN(created_at) AS oldest_pending_at
+         FROM outbox_event WHERE published_at IS NULL AND parked_at IS NULL
+         GROUP BY topic ORDER BY topic",
+    )
+    .fetch_all(pool)
+    .await?;
+    // A discarded row is always parked.
+    let (failing, parked, discarded, now): (i64, i64, i64, DateTime<Utc>) = sqlx::query_as(
+        "SELECT (SELECT COUNT(*) FROM outbox_event
+                 WHERE published_at IS NULL AND parked_at IS NULL AND attempts > 0),
+                (SELECT COUNT(*) FROM outbox_event
+                 WHERE published_at IS NULL AND parked_at IS NOT NULL AND discarded_at IS NULL),
+                (SELECT COUNT(*) FROM outbox_event
+                 WHERE published_at IS NULL AND parked_at IS NOT NULL
+                   AND discarded_at IS NOT NULL),
+                UTC_TIMESTAMP(6)",
+    )
+    .fetch_one(pool)
+    .await?;
+    let oldest_pending_at = topics.iter().filter_map(|t| t.oldest_pending_at).min();
+    // By the database clock, read with the counts.
+    let oldest_pending_age_secs = oldest_pending_at.map(|oldest| {
+        (now - oldest)
+            .num_microseconds()
+            .map_or(f64::MAX, |us| us as f64 / 1e6)
+    });
+    let rows = |which: &str| {
+        sqlx::AssertSqlSafe(format!(
+            "SELECT id, event_id, topic, event_type, attempts, last_error,
+                    created_at AS written_at, parked_at, next_attempt_at
+             FROM outbox_event WHERE published_at IS NULL AND {which}
+             ORDER BY created_at, id LIMIT ?"
+        ))
+    };
+    let sample = sample.max(0);
+    let failing_rows: Vec<ProblemRow> = sqlx::query_as(rows("parked_at IS NULL AND attempts > 0"))
+        .bind(sample)
+        .fetch_all(pool)
+        .await?;
+    let parked_rows: Vec<ProblemRow> =
+        sqlx::query_as(rows("parked_at IS NOT NULL AND discarded_at IS NULL"))
+            .bind(sample)
+            .fetch_all(pool)
+            .await?;
+    Ok(QueueStatus {
+        pending: topics.iter().map(|t| t.pending).sum(),
+        oldest_pending_at,
+        oldest_pending_age_secs,
+        topics,
+        failing,
+        failing_rows,
+        parked,
+        parked_rows,
+        discarded,
+    })
+}
+
+/// A table's rows and bytes (data and indexes, from
+/// `information_schema.TABLES`); `None` for a table the schema lacks.
+async fn table_size(pool: &MySqlPool, table: &'static str) -> Result<Option<TableSize>, OpsError> {
+    let found: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT CAST(COALESCE(TABLE_ROWS, 0) AS SIGNED),
+                CAST(COALESCE(DATA_LENGTH, 0) + COALESCE(INDEX_LENGTH, 0) AS SIGNED)
+         FROM information_schema.TABLES
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(table)
+    .fetch_optional(pool)
+    .await?;
+    let Some((estimate, total_bytes)) = found else {
+        return Ok(None);
+    };
+    let (rows, estimated) = if estimate < EXACT_BELOW {
+        let exact: i64 =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+                .fetch_one(pool)
+                .await?;
+        (exact, false)
+    } else {
+        (estimate, true)
+    };
+    Ok(Some(TableSize {
+        table: table.to_owned(),
+        rows,
+        estimated,
+        total_bytes,
+    }))
+}
+
+/// One live member's row.
+#[derive(sqlx::FromRow)]
+struct MemberRow {
+    host: String,
+    process_id: i64,
+    backend_pid: i64,
+    lanes: i32,
+    lease_ms: i64,
+    renewed_us: i64,
+    broker_failing_since: Option<DateTime<Utc>>,
+    held_topics: String,
+}
+
+/// The live relays, oldest member first, with the lanes each holds; empty
+/// when the membership table does not exist (a schema before MySQL
+/// migration 0002).
+async fn relays(pool: &MySqlPool) -> Result<Vec<RelayMember>, OpsError> {
+    let names = LockNames::new(pool.connect_options().get_database().unwrap_or_default());
+    let members: Vec<MemberRow> = match sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT m.host, CAST(m.process_id AS SIGNED) AS process_id,
+                CAST(m.backend_pid AS SIGNED) AS backend_pid, m.lanes,
+                CAST(m.lease_ms AS SIGNED) AS lease_ms,
+                TIMESTAMPDIFF(MICROSECOND, m.heartbeat_at, UTC_TIMESTAMP(6)) AS renewed_us,
+                m.broker_failing_since, m.held_topics
+         FROM outbox_relay_member m
+         WHERE {LIVE}
+         ORDER BY m.joined_at, m.backend_pid"
+    )))
+    .bind(names.member_prefix())
+    .fetch_all(pool)
+    .await
+    {
+        Ok(members) => members,
+        Err(error) if error_number(&error) == Some(NO_SUCH_TABLE) => return Ok(Vec::new()),
+        Err(error) => return Err(error.into()),
+    };
+    let owners = lane_holders(pool, &names, &members).await?;
+    members
+        .into_iter()
+        .map(|m| {
+            let held_topics: Vec<HeldTopic> = serde_json::from_str(&m.held_topics)
+                .map_err(|e| OpsError::Database(sqlx::Error::Decode(Box::new(e))))?;
+            let lanes_owned = owners
+                .iter()
+                .filter(|(holder, _)| *holder == m.backend_pid)
+                .map(|(_, lanes)| lanes)
+                .sum();
+            Ok(RelayMember {
+                host: m.host,
+                process_id: m.process_id,
+                backend_pid: m.backend_pid,
+                lanes: m.lanes,
+                lanes_owned,
+                renewed_secs_ago: m.renewed_us as f64 / 1e6,
+                lease_secs: m.lease_ms as f64 / 1e3,
+                lease_expired: m.renewed_us > m.lease_ms.saturating_mul(1_000),
+                broker_failing_since: m.broker_failing_since,
+                held_topics,
+            })
+        })
+        .collect()
+}
+
+/// Who holds each lane of the members' lane count (one statement for all
+/// members: every lane lock asked once): `(connection id, lanes held)`.
+async fn lane_holders(
+    pool: &MySqlPool,
+    names: &LockNames,
+    members: &[MemberRow],
+) -> Result<Vec<(i64, i64)>, OpsError> {
+    let lanes = members.iter().map(|m| m.lanes.max(0)).max().unwrap_or(0);
+    if lanes == 0 {
+        return Ok(Vec::new());
+    }
+    let all: Vec<i32> = (0..lanes).collect();
+    let holders: Vec<(Option<i64>, i64)> = sqlx::query_as(
+        "SELECT h.holder, COUNT(*)
+         FROM (SELECT CAST(IS_USED_LOCK(CONCAT(?, l.n)) AS SIGNED) AS holder
+               FROM JSON_TABLE(?, '$[*]' COLUMNS (n INT PATH '$')) l) h
+         WHERE h.holder IS NOT NULL
+         GROUP BY h.holder",
+    )
+    .bind(names.lane_prefix())
+    .bind(serde_json::to_string(&all).expect("integers serialize"))
+    .fetch_all(pool)
+    .await?;
+    Ok(holders
+        .into_iter()
+        .filter_map(|(holder, lanes)| Some((holder?, lanes)))
+        .collect())
+}
