@@ -297,10 +297,20 @@ async fn drain(database: Database, brokers: &str, n: usize, batch: usize) -> f64
         .batch_size(batch)
         .spawn()
         .unwrap();
+    let mut first = None;
     while relay.summary().published < n as u64 {
+        if first.is_none() && relay.summary().published > 0 {
+            first = Some(started.elapsed());
+        }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
+    if std::env::var_os("MYSQL_BENCH_TRACE").is_some() {
+        eprintln!(
+            "first publish after {:?}, all after {elapsed:?}",
+            first.unwrap_or_default()
+        );
+    }
     relay.shutdown().await.unwrap();
     n as f64 / elapsed.as_secs_f64()
 }
