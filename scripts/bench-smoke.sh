@@ -35,6 +35,9 @@ run relay RELAY_BENCH_EVENTS=2000 RELAY_BENCH_BASELINE_EVENTS=100 RELAY_BENCH_PU
     RELAY_BENCH_LATENCY_SECS=1 RELAY_BENCH_LATENCY_ROUNDS=1 RELAY_BENCH_ROUNDS=1 \
     RELAY_BENCH_PARKED_ROWS=5000 RELAY_BENCH_PARKED_EVENTS=2000 \
     cargo bench -p txoutbox-runtime --features test-hooks --bench relay
+run relay_mysql MYSQL_BENCH_EVENTS=2000 MYSQL_BENCH_BASELINE_EVENTS=100 MYSQL_BENCH_PUBLISHED_ROWS=5000 \
+    MYSQL_BENCH_ROUNDS=1 \
+    cargo bench -p txoutbox-runtime --features mysql --bench relay_mysql
 run hops HOPS_BENCH_MODES=dedup,inbox,saga HOPS_BENCH_CHAINS=1 HOPS_BENCH_RATES=100 \
     HOPS_BENCH_ROUNDS=1 HOPS_BENCH_SECS=1 \
     cargo bench -p txoutbox-runtime --features test-hooks --bench hops

@@ -9,29 +9,13 @@
 use std::time::Duration;
 
 use outbox_tests::faults::db::SourceBackend;
-use outbox_tests::faults::scenario::{self, Binaries, Fault, Scenario};
+use outbox_tests::faults::scenario::{self, Binaries, Fault, Scenario, load, scaled};
 
 const BINARIES: Binaries = Binaries {
     writer: env!("CARGO_BIN_EXE_faults-writer"),
     relay: env!("CARGO_BIN_EXE_faults-relay"),
     consumer: env!("CARGO_BIN_EXE_faults-consumer"),
 };
-
-fn load() -> Duration {
-    if scenario::long_mode() {
-        Duration::from_secs(60)
-    } else {
-        Duration::from_secs(8)
-    }
-}
-
-fn scaled(short_ms: u64) -> Duration {
-    Duration::from_millis(if scenario::long_mode() {
-        short_ms * 2
-    } else {
-        short_ms
-    })
-}
 
 /// A scenario whose source service runs on MariaDB.
 fn on_mariadb(name: &'static str, load: Duration) -> Scenario {

@@ -9,31 +9,13 @@ use std::time::Duration;
 use outbox_tests::faults::checker::Figures;
 use outbox_tests::faults::env;
 use outbox_tests::faults::freeze::FreezeTarget;
-use outbox_tests::faults::scenario::{self, Binaries, Fault, Scenario};
+use outbox_tests::faults::scenario::{self, Binaries, Fault, Scenario, load, scaled};
 
 const BINARIES: Binaries = Binaries {
     writer: env!("CARGO_BIN_EXE_faults-writer"),
     relay: env!("CARGO_BIN_EXE_faults-relay"),
     consumer: env!("CARGO_BIN_EXE_faults-consumer"),
 };
-
-/// Short-mode load, or the long mode's.
-fn load() -> Duration {
-    if scenario::long_mode() {
-        Duration::from_secs(60)
-    } else {
-        Duration::from_secs(8)
-    }
-}
-
-/// Scales a short-mode interval up in long mode.
-fn scaled(short_ms: u64) -> Duration {
-    Duration::from_millis(if scenario::long_mode() {
-        short_ms * 2
-    } else {
-        short_ms
-    })
-}
 
 async fn run_and_check(scenario: Scenario) -> Figures {
     scenario::run_and_check(&scenario, &BINARIES).await

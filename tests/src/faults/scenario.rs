@@ -242,6 +242,20 @@ pub fn long_mode() -> bool {
     std::env::var("OUTBOX_FAULTS").is_ok_and(|v| v == "long")
 }
 
+/// The load of a scenario: 8 s in short mode, 60 s in the long mode.
+pub fn load() -> Duration {
+    if long_mode() {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(8)
+    }
+}
+
+/// A short-mode interval, doubled in the long mode.
+pub fn scaled(short_ms: u64) -> Duration {
+    Duration::from_millis(if long_mode() { short_ms * 2 } else { short_ms })
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
