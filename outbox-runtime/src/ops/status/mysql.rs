@@ -116,11 +116,10 @@ async fn outbox(pool: &MySqlPool, sample: i64) -> Result<QueueStatus, OpsError> 
         .bind(sample)
         .fetch_all(pool)
         .await?;
-    let parked_rows: Vec<ProblemRow> =
-        sqlx::query_as(rows("parked_at IS NOT NULL AND discarded_at IS NULL"))
-            .bind(sample)
-            .fetch_all(pool)
-            .await?;
+    let parked_rows: Vec<ProblemRow> = sqlx::query_as(rows(crate::ops::PARKED_NOT_DISCARDED))
+        .bind(sample)
+        .fetch_all(pool)
+        .await?;
     Ok(QueueStatus {
         pending: topics.iter().map(|t| t.pending).sum(),
         oldest_pending_at,

@@ -245,9 +245,7 @@ impl Backend for MySqlRelay {
     }
 
     async fn scheduled_pending(&self) -> sqlx::Result<i64> {
-        sqlx::query_scalar("SELECT COUNT(*) FROM outbox_scheduled")
-            .fetch_one(&self.pool)
-            .await
+        store::scheduled_pending(&self.pool).await
     }
 
     fn is_undefined_table(error: &sqlx::Error) -> bool {

@@ -325,6 +325,13 @@ async fn move_locked(conn: &mut MySqlConnection, limit: usize) -> sqlx::Result<M
     })
 }
 
+/// Scheduled events not moved yet, due or not.
+pub(super) async fn scheduled_pending(pool: &MySqlPool) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT COUNT(*) FROM outbox_scheduled")
+        .fetch_one(pool)
+        .await
+}
+
 /// Seconds from now until the earliest due time (negative if a row is due
 /// already), `None` if nothing is scheduled.
 pub(super) async fn next_due_in(pool: &MySqlPool) -> sqlx::Result<Option<f64>> {
