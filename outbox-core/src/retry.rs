@@ -10,6 +10,23 @@ use sqlx::postgres::PgDatabaseError;
 /// `serialization_failure` and `deadlock_detected`.
 const RETRYABLE_SQLSTATES: [&str; 2] = ["40001", "40P01"];
 
+/// Whether `error`, or any error in its `source()` chain, is a failure of
+/// the moment that running the whole transaction again can cure: a
+/// serialization failure or deadlock (SQLSTATE 40001 / 40P01) and, with the
+/// feature `mysql`, a MySQL deadlock (1213) or lock wait timeout (1205).
+/// The consumers retry a handler that failed so without counting an attempt.
+///
+/// ```
+/// assert!(!txoutbox_core::is_transient_error(&sqlx::Error::RowNotFound));
+/// ```
+pub fn is_transient_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    #[cfg(feature = "mysql")]
+    if crate::mysql::is_transient(error) {
+        return true;
+    }
+    is_serialization_failure(error)
+}
+
 /// Whether `error`, or any error in its `source()` chain, is a PostgreSQL
 /// serialization failure or deadlock.
 pub(crate) fn is_serialization_failure(error: &(dyn std::error::Error + 'static)) -> bool {

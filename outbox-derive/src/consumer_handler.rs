@@ -10,6 +10,9 @@ use quote::quote;
 pub(crate) struct ConsumerHandler<'a> {
     /// Where `txoutbox_runtime` is (`::txoutbox_runtime` or `crate = ".."`).
     pub runtime: &'a TokenStream,
+    /// The database of the handler's transaction (`__private::Postgres` or
+    /// `__private::MySql`).
+    pub database: TokenStream,
     /// Attributes of the unit struct (docs, `#[doc(hidden)]`).
     pub attrs: TokenStream,
     /// Visibility of the unit struct.
@@ -30,6 +33,7 @@ impl ConsumerHandler<'_> {
     pub(crate) fn expand(&self) -> TokenStream {
         let Self {
             runtime,
+            database,
             attrs,
             vis,
             ident,
@@ -54,13 +58,13 @@ impl ConsumerHandler<'_> {
             }
 
             #[automatically_derived]
-            impl #runtime::consumer::EventHandler for #ident {
+            impl #runtime::consumer::EventHandler<#database> for #ident {
                 type Event = #event;
                 const NAME: &'static str = #name;
 
                 fn handle<'__outbox>(
                     &'__outbox self,
-                    tx: &'__outbox mut #private::Transaction<'static, #private::Postgres>,
+                    tx: &'__outbox mut #private::Transaction<'static, #database>,
                     event: #event,
                     meta: &'__outbox #runtime::consumer::EventMeta,
                     events: &'__outbox mut #private::Events,

@@ -37,6 +37,8 @@ pub use txoutbox_core::sea_orm;
 pub mod __private {
     pub use futures::future::BoxFuture;
     pub use inventory;
+    #[cfg(feature = "mysql")]
+    pub use sqlx::MySql;
     pub use sqlx::{Postgres, Transaction};
     #[cfg(feature = "sea-orm")]
     pub use txoutbox_core::sea_orm::SeaConnection;

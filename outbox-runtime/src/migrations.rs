@@ -125,6 +125,11 @@ pub const MYSQL_MIGRATIONS: &[Migration] = &[
         description: "operator_tooling",
         sql: include_str!("../migrations/mysql/0003_operator_tooling.sql"),
     },
+    Migration {
+        version: 4,
+        description: "consumer",
+        sql: include_str!("../migrations/mysql/0004_consumer.sql"),
+    },
 ];
 
 /// A database [`run`] migrates: `&PgPool`, or `&MySqlPool` (feature

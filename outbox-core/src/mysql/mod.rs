@@ -64,6 +64,32 @@ mod insert;
 mod unit_of_work;
 
 pub use insert::insert_events;
+
+use crate::{AfterCommit, Events};
+
+/// [`Events::write`](crate::Events::write) on a MySQL transaction: the
+/// deferred failure of a [`record`](Events::record) call, if any, then the
+/// guarded insert of everything recorded ([`insert_events`]). Call
+/// [`AfterCommit::committed`] after the commit. The consumer's handlers use
+/// it; a transaction of your own can too.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::MySqlPool, mut events: txoutbox_core::Events) -> Result<(), txoutbox_core::Error> {
+/// let mut tx = pool.begin().await?;
+/// let after_commit = txoutbox_core::mysql::write_events(&mut tx, &mut events).await?;
+/// tx.commit().await?;
+/// after_commit.committed();
+/// # Ok(()) }
+/// ```
+pub async fn write_events(
+    conn: &mut sqlx::MySqlConnection,
+    events: &mut Events,
+) -> Result<AfterCommit, crate::Error> {
+    events.take_failure()?;
+    let rows = insert_events(conn, events).await?;
+    Ok(AfterCommit::for_rows(rows))
+}
+
 pub use unit_of_work::{
     MySqlTransactionSource, MySqlUnitOfWork, RetryingMySqlUnitOfWork, transaction,
 };

@@ -52,8 +52,14 @@ pub(crate) fn handler(handler: &HandlerFn<'_>, args: &Args) -> TokenStream {
             )
         }
     };
+    let database = if handler.mysql {
+        quote!(#private::MySql)
+    } else {
+        quote!(#private::Postgres)
+    };
     crate::consumer_handler::ConsumerHandler {
         runtime: &runtime,
+        database,
         attrs: quote!(#(#docs)*),
         vis: quote!(#vis),
         ident: &name,

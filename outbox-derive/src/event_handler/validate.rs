@@ -13,6 +13,9 @@ pub(crate) struct HandlerFn<'a> {
     /// The transaction is taken as SeaORM's `&SeaConnection<'_>` (feature
     /// `sea-orm`), not as sqlx's `&mut Transaction<'_, Postgres>`.
     pub(crate) sea_orm: bool,
+    /// The transaction is sqlx's `&mut Transaction<'_, MySql>` (feature
+    /// `mysql`): the handler is one of a consumer on a `MySqlPool`.
+    pub(crate) mysql: bool,
     /// The optional parameters after the event, in the user's order.
     pub(crate) extras: Vec<Extra>,
 }
@@ -76,6 +79,40 @@ fn sea_orm_tx(tx: &Type, errors: &mut Errors) -> bool {
     }
 }
 
+/// Whether `tx` is a MySQL transaction (`&mut Transaction<'_, MySql>` or
+/// `&mut MySqlTransaction<'_>`); a `&mut MySqlConnection` is refused with a
+/// hint, as the consumer lends its transaction, not a connection.
+fn mysql_tx(tx: &Type, errors: &mut Errors) -> bool {
+    let Type::Reference(reference) = tx else {
+        return false;
+    };
+    let Type::Path(path) = &*reference.elem else {
+        return false;
+    };
+    let mysql = match path.path.segments.last().map(|s| s.ident.to_string()).as_deref() {
+        Some("MySqlTransaction") => true,
+        Some("Transaction") => {
+            crate::kernel::types::database_argument(&reference.elem).as_deref()
+                == Some("MySql")
+        }
+        Some("MySqlConnection") => {
+            errors.spanned(
+                tx,
+                "a consumer handler takes the consumer's transaction, not a connection\nhint: write `tx: &mut Transaction<'_, MySql>`",
+            );
+            return true;
+        }
+        _ => false,
+    };
+    if mysql && !cfg!(feature = "mysql") {
+        errors.spanned(
+            tx,
+            "a handler on a MySQL transaction needs the `mysql` feature: turn on `features = [\"mysql\"]` of txoutbox-runtime in Cargo.toml",
+        );
+    }
+    mysql
+}
+
 /// Checks `function`'s signature; the handler if it passed, with every
 /// mistake recorded otherwise.
 pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<HandlerFn<'a>> {
@@ -126,6 +163,7 @@ pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<H
     }
     let mut event_type = None;
     let mut sea_orm = false;
+    let mut mysql = false;
     let mut extras = Vec::new();
     let has_receiver = sig.inputs.iter().any(|i| matches!(i, FnArg::Receiver(_)));
     match types.as_slice() {
@@ -135,6 +173,7 @@ pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<H
         ),
         [tx, event, rest @ ..] if rest.len() <= 2 => {
             sea_orm = sea_orm_tx(tx, errors);
+            mysql = mysql_tx(tx, errors);
             if !is_mut_ref(tx) && !sea_orm {
                 let hint = if is_mut_ref(event) {
                     "the transaction comes first: swap the two parameters"
@@ -189,6 +228,7 @@ pub(crate) fn handler<'a>(function: &'a ItemFn, errors: &mut Errors) -> Option<H
             function,
             event_type,
             sea_orm,
+            mysql,
             extras,
         }),
         Some(_) => None,

@@ -1,7 +1,7 @@
 //! What every macro of the crate shares: the error context ([`Errors`]), the
 //! entry shape ([`entry`]), the `crate = ".."` override ([`crate_path`]),
 //! "did you mean" suggestions ([`suggest`]), case conversion ([`case`]) and
-//! respanning ([`respan`]).
+//! respanning ([`respan`]) and reading parameter types ([`types`]).
 //!
 //! A macro module (`domain_event`, `outbox_handler`, `event_handler`, `saga`)
 //! is a pipeline over these: parse the attribute and the item, validate them
@@ -15,5 +15,6 @@ pub(crate) mod entry;
 mod errors;
 pub(crate) mod respan;
 pub(crate) mod suggest;
+pub(crate) mod types;
 
 pub(crate) use errors::Errors;

@@ -288,27 +288,13 @@ fn tx_kind(ty: &Type) -> TxKind {
         Some("DatabaseTransaction") => TxKind::SeaOrm,
         Some("MySqlConnection") => TxKind::MySqlConnection,
         Some("MySqlTransaction") => TxKind::MySql,
-        Some("Transaction") if database_argument(inner).as_deref() == Some("MySql") => {
+        Some("Transaction") if crate::kernel::types::database_argument(inner).as_deref() == Some("MySql") => {
             TxKind::MySql
         }
         Some("Transaction" | "PgTransaction") => TxKind::Sqlx,
         _ if shared => TxKind::SeaOrm,
         _ => TxKind::Sqlx,
     }
-}
-
-/// The last segment of the type argument of `Transaction<'_, DB>`: `DB`.
-fn database_argument(ty: &Type) -> Option<String> {
-    let Type::Path(TypePath { path, .. }) = ty else {
-        return None;
-    };
-    let syn::PathArguments::AngleBracketed(args) = &path.segments.last()?.arguments else {
-        return None;
-    };
-    args.args.iter().find_map(|arg| match arg {
-        syn::GenericArgument::Type(ty) => last_segment(ty),
-        _ => None,
-    })
 }
 
 fn is_mut_reference(ty: &Type) -> bool {

@@ -153,6 +153,8 @@ fn handler(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
 
     crate::consumer_handler::ConsumerHandler {
         runtime,
+        // Sagas keep their state in PostgreSQL (`saga_state`).
+        database: quote!(#runtime::__private::Postgres),
         attrs: quote!(#[doc(hidden)]),
         vis: TokenStream::new(),
         ident: &struct_ident,

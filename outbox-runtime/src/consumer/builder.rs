@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres};
 use txoutbox_core::Backoff;
 
 use super::config::{Mode, PeriodicTask, Settings, UnknownEventPolicy};
 use super::error::BuildError;
-use super::handler::{Dispatch, EventHandler, Registration};
+use super::database::Pool;
+use super::handler::{ConsumerDatabase, Dispatch, EventHandler, Registration};
 use super::run::{Consumer, ConsumerHandle};
 
 impl Consumer {
@@ -30,12 +31,17 @@ impl Consumer {
     /// (tansu, librdkafka's mock cluster) then delays a record by at most
     /// 10 ms rather than librdkafka's 500 (docs/consumer.md, "Latency and
     /// fetch settings").
-    pub fn builder(
-        pool: PgPool,
+    ///
+    /// The pool is a `PgPool`, or a `MySqlPool` (feature `mysql`, MariaDB
+    /// >= 10.6, schema from `migrations::run`): the builder then takes
+    /// handlers of `&mut Transaction<'_, MySql>`, in dedup mode (inbox mode
+    /// and sagas are PostgreSQL's for now, and `build` says so).
+    pub fn builder<DB: ConsumerDatabase>(
+        pool: sqlx::Pool<DB>,
         kafka_config: ClientConfig,
         group_id: impl Into<String>,
-    ) -> ConsumerBuilder {
-        ConsumerBuilder::new(pool, kafka_config, group_id.into())
+    ) -> ConsumerBuilder<DB> {
+        ConsumerBuilder::new(DB::consumer_pool(pool).0, kafka_config, group_id.into())
     }
 }
 
@@ -53,17 +59,22 @@ impl Consumer {
 /// let running = consumer.spawn();
 /// # Ok(()) }
 /// ```
+///
+/// `DB` is the database of the pool, [`Postgres`] unless the builder was
+/// started on a `MySqlPool`; every handler registered takes a transaction of
+/// that database (another is a compile error).
 #[must_use = "call .build() to get a consumer"]
-pub struct ConsumerBuilder {
-    pool: PgPool,
+pub struct ConsumerBuilder<DB: ConsumerDatabase = Postgres> {
+    pool: Pool,
     kafka: ClientConfig,
     settings: Settings,
     handlers: Vec<Registration>,
+    database: std::marker::PhantomData<fn() -> DB>,
 }
 
 /// Shows the settings, the handlers (topic and event type) and the librdkafka
 /// settings with secrets replaced by `[redacted]`.
-impl std::fmt::Debug for ConsumerBuilder {
+impl<DB: ConsumerDatabase> std::fmt::Debug for ConsumerBuilder<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsumerBuilder")
             .field("pool", &self.pool)
@@ -81,12 +92,13 @@ impl std::fmt::Debug for ConsumerBuilder {
     }
 }
 
-impl ConsumerBuilder {
-    pub(crate) fn new(pool: PgPool, kafka: ClientConfig, group_id: String) -> Self {
+impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
+    pub(crate) fn new(pool: Pool, kafka: ClientConfig, group_id: String) -> Self {
         Self {
             pool,
             kafka,
             handlers: Vec::new(),
+            database: std::marker::PhantomData,
             settings: Settings {
                 group_id,
                 mode: Mode::Dedup,
@@ -114,11 +126,14 @@ impl ConsumerBuilder {
 
     /// Registers a handler (an `#[event_handler]` function). Its event's topic is
     /// subscribed; two handlers for one (topic, event type) fail [`build`](Self::build).
-    pub fn handler<H: EventHandler>(mut self, handler: H) -> Self {
-        self.handlers.push(Registration::new(handler));
+    pub fn handler<H: EventHandler<DB>>(mut self, handler: H) -> Self {
+        self.handlers.push(Registration::new::<DB, H>(handler));
         self
     }
 
+}
+
+impl ConsumerBuilder<Postgres> {
     /// Adds work the consumer runs beside its messages every
     /// [`backlog_interval`](Self::backlog_interval) while it runs, once per
     /// `name` (a second registration under a name is ignored): the extension
@@ -136,6 +151,9 @@ impl ConsumerBuilder {
         }
         self
     }
+}
+
+impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
 
     /// How often the consumer refreshes what it reads from the database: the
     /// inbox backlog and parked-row gauges and the inbox processors'
@@ -361,6 +379,12 @@ impl ConsumerBuilder {
                 "the consumer group id is longer than 1024 bytes (txoutbox_core::MAX_PARTITION_KEY_BYTES): \
                  it is indexed with every processed_event and inbox_event row, and PostgreSQL refuses \
                  longer index entries; use a shorter group id",
+            ));
+        }
+        if !matches!(self.pool, Pool::Postgres(_)) && self.settings.mode == Mode::Inbox {
+            return Err(BuildError::InvalidConfig(
+                "Mode::Inbox needs PostgreSQL for now: on MySQL / MariaDB a consumer runs in Mode::Dedup \
+                 (processed_event), which keeps the same once-per-event guarantee",
             ));
         }
         if self.settings.unknown_events == UnknownEventPolicy::Keep

@@ -6,11 +6,11 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
-use sqlx::{Postgres, Transaction};
 use tracing::Instrument;
 use txoutbox_core::{AfterCommit, Events};
 
 use super::counts::Counts;
+use super::database::TxRef;
 use super::handler::{CallInput, ErasedHandler, EventMeta, HandlerError};
 use crate::lifecycle::catch;
 
@@ -65,17 +65,22 @@ impl Calls {
 
     /// The failure of `handler`'s call when the transaction it had turned
     /// out unable to commit (`error` is [`txoutbox_core::Error::TransactionAborted`]
-    /// or `TransactionEnded`): the handler returned `Ok` regardless.
+    /// or `TransactionEnded`; on MySQL `TransactionLost`, a deadlock rolled it
+    /// back, which is transient): the handler returned `Ok` regardless.
     pub(crate) fn left_unusable(
         &self,
         handler: &dyn ErasedHandler,
         meta: &EventMeta,
         error: &txoutbox_core::Error,
     ) -> HandlerError {
-        let error = HandlerError::new(format!(
+        let lost = matches!(error, txoutbox_core::Error::TransactionLost);
+        let mut error = HandlerError::new(format!(
             "handler `{}` returned Ok, but {error}",
             handler.name()
         ));
+        if lost {
+            error = error.into_transient();
+        }
         self.counts.handler_failed(handler, meta, &error, false);
         error
     }
@@ -91,7 +96,7 @@ impl Calls {
     pub(crate) async fn call(
         &self,
         handler: &dyn ErasedHandler,
-        tx: &mut Transaction<'static, Postgres>,
+        mut tx: TxRef<'_>,
         event: super::handler::Decoded,
         meta: &EventMeta,
     ) -> Result<(), HandlerFailure> {
@@ -121,7 +126,7 @@ impl Calls {
             // caught, the transaction is rolled back by the caller, and the
             // attempt counts like any other failed one.
             let called = catch(handler.call(CallInput {
-                tx,
+                tx: tx.reborrow(),
                 event,
                 meta,
                 events: &mut events,
@@ -156,7 +161,7 @@ impl Calls {
                 error,
                 timed_out: false,
             };
-            match events.write(tx).await {
+            match tx.write_events(&mut events).await {
                 Ok(after_commit) => {
                     // Most handlers record nothing: no lock for them.
                     if after_commit.rows() > 0 {
@@ -171,6 +176,13 @@ impl Calls {
                         "handler `{}` returned Ok, but {unusable}",
                         handler.name()
                     )),
+                    // MySQL rolled the transaction back under the handler
+                    // (a deadlock it swallowed): run it again, uncounted.
+                    lost @ txoutbox_core::Error::TransactionLost => HandlerError::new(format!(
+                        "handler `{}` returned Ok, but {lost}",
+                        handler.name()
+                    ))
+                    .into_transient(),
                     txoutbox_core::Error::Database(error) => HandlerError::new(format!(
                         "storing recorded events: {}",
                         txoutbox_core::DbErrorDisplay(&error)

@@ -14,6 +14,7 @@
 use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 
+use super::database::ParkedDeadLetter;
 use super::dlq::Refusal;
 use super::shared::Shared;
 use super::summary::Totals;
@@ -100,43 +101,32 @@ async fn park(
     dlq: &str,
     refused: &str,
 ) -> Settled {
-    let (names, values): (Vec<&[u8]>, Vec<Option<&[u8]>>) = message
+    let headers: Vec<(&[u8], Option<&[u8]>)> = message
         .headers()
         .map(raw_headers)
         .unwrap_or_default()
         .into_iter()
         .map(|h| (h.name, h.value))
-        .unzip();
+        .collect();
+    let error = storable_text(error);
+    let refused = storable_text(refused);
+    let row = ParkedDeadLetter {
+        group: &ctx.settings.group_id,
+        topic: message.topic(),
+        partition: message.partition(),
+        offset: message.offset(),
+        key: message.key(),
+        value: message.payload(),
+        headers,
+        reason: reason.as_str(),
+        error: &error,
+        dead_letter_topic: dlq,
+        publish_error: &refused,
+    };
     let mut db_retry = 0;
-    loop {
-        let parked = sqlx::query(
-            r#"INSERT INTO consumer_dead_letter
-                   (consumer_group, topic, "partition", "offset", record_key, record_value,
-                    header_names, header_values, reason, error, dead_letter_topic, publish_error)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-               ON CONFLICT (consumer_group, topic, "partition", "offset") DO NOTHING"#,
-        )
-        .bind(&ctx.settings.group_id)
-        .bind(message.topic())
-        .bind(message.partition())
-        .bind(message.offset())
-        .bind(message.key())
-        .bind(message.payload())
-        .bind(&names)
-        .bind(&values)
-        .bind(reason.as_str())
-        .bind(storable_text(error))
-        .bind(dlq)
-        .bind(storable_text(refused))
-        .execute(&ctx.pool)
-        .await;
-        match parked {
-            Ok(_) => break,
-            Err(failure) => {
-                if !ctx.db.failed(&failure, &mut db_retry).await {
-                    return Settled::Interrupted;
-                }
-            }
+    while let Err(failure) = ctx.db.park_dead_letter(&row).await {
+        if !ctx.db.failed(&failure, &mut db_retry).await {
+            return Settled::Interrupted;
         }
     }
     metrics::counter!(m::DEAD_LETTERS_PARKED, "group" => ctx.group(), "topic" => message.topic().to_owned(), "reason" => reason.as_str())
@@ -147,9 +137,9 @@ async fn park(
         partition = message.partition(),
         offset = message.offset(),
         %reason,
-        error,
+        %error,
         %dlq,
-        refused,
+        %refused,
         "the dead-letter topic refused the message; kept in consumer_dead_letter"
     );
     Settled::Parked

@@ -16,6 +16,16 @@
 //! own partition waits (paused). So a failing event never takes its
 //! neighbours' effects with it, costs its batch one more pass, not a
 //! transaction per event, and delays only its own partition.
+//!
+//! A transient failure (a deadlock, a lock wait timeout, a serialization
+//! failure, or on MySQL the transaction rolled back under a handler that
+//! swallowed a deadlock) is no event's fault: the pass or the attempt runs
+//! again after a short backoff, uncounted, up to [`TRANSIENT_TRIES`] times in
+//! a row, after which it counts as the handler's failure (a handler that
+//! deadlocks every time must not hold its partition for ever).
+//!
+//! The statements are the database's ([`super::database`]): this module is
+//! the same on PostgreSQL and MySQL.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -23,7 +33,8 @@ use std::sync::Arc;
 use rdkafka::message::OwnedMessage;
 use uuid::Uuid;
 
-use super::handler::{Decoded, ErasedHandler};
+use super::database::TxFailure;
+use super::handler::{Decoded, ErasedHandler, HandlerError};
 use super::message::Envelope;
 use super::progress::Taken;
 use super::route::{Admit, Routed, route};
@@ -64,6 +75,9 @@ impl Admit for ToHandler {
         )
     }
 }
+
+/// Transient failures in a row after which one counts as the handler's.
+const TRANSIENT_TRIES: u32 = 10;
 
 enum Fast {
     Committed,
@@ -168,28 +182,35 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
     loop {
         let attempt = async {
             let mut tx = ctx.db.begin().await?;
-            let mut fresh: HashSet<Uuid> = sqlx::query_scalar(
-                "INSERT INTO processed_event (consumer_group, event_id)
-                 SELECT $1, id FROM UNNEST($2::uuid[]) AS t(id)
-                 ON CONFLICT DO NOTHING
-                 RETURNING event_id",
-            )
-            .bind(&ctx.settings.group_id)
-            .bind(&ids)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
+            let mut fresh: HashSet<Uuid> = tx
+                .mark_processed_all(&ctx.settings.group_id, &ids)
+                .await?;
             let mut handled = 0u64;
             for (i, w) in work.iter_mut().enumerate() {
                 // `remove`: an id twice in one batch runs its handler once.
                 if !fresh.remove(&w.envelope.meta.event_id) {
                     continue;
                 }
+                // On MySQL a handler that swallowed a deadlock leaves the
+                // session outside any transaction, where the next handler's
+                // writes would commit on their own: check before each
+                // handler after the first (no statement on PostgreSQL,
+                // where such writes fail instead).
+                if handled > 0 {
+                    match tx.check_still_open().await {
+                        Ok(()) => {}
+                        Err(txoutbox_core::Error::Database(error)) => return Err(error),
+                        Err(_) => {
+                            return Ok(Fast::HandlerFailed {
+                                timed_out: Vec::new(),
+                            });
+                        }
+                    }
+                }
                 let event = w.event();
                 if let Err(failure) = ctx
                     .calls
-                    .call(&*w.handler, &mut tx, event, &w.envelope.meta)
+                    .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
                     .await
                 {
                     let timed_out = if failure.timed_out {
@@ -205,7 +226,7 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
             // aborted transaction, whose COMMIT would be a silent rollback of
             // the whole batch; the careful pass finds which one it was.
             if handled > 0 {
-                match txoutbox_core::check_committable(&mut tx).await {
+                match tx.check_committable().await {
                     Ok(()) => {}
                     Err(txoutbox_core::Error::Database(error)) => return Err(error),
                     Err(_) => {
@@ -251,77 +272,111 @@ async fn careful(
     work: &mut [Work],
     blocked: HashMap<(String, i32), usize>,
 ) -> Option<Careful> {
+    /// Why a pass stopped before its commit.
+    enum Stop {
+        Db(sqlx::Error),
+        /// A handler's transient failure: the pass runs again.
+        Transient(usize, HandlerError),
+    }
+    impl From<sqlx::Error> for Stop {
+        fn from(error: sqlx::Error) -> Self {
+            Self::Db(error)
+        }
+    }
     let mut db_retry = 0;
+    let mut transient_retry = 0;
+    // Transient failures charged as the handler's after TRANSIENT_TRIES.
+    let mut charged: Vec<(usize, String)> = Vec::new();
     loop {
         let attempt = async {
             let mut tx = ctx.db.begin().await?;
             let mut pass = Careful {
                 finished: Vec::new(),
-                failed: Vec::new(),
+                failed: charged.clone(),
             };
             let mut blocked = blocked.clone();
+            for (i, _) in &charged {
+                let first = blocked.entry(work[*i].partition()).or_insert(*i);
+                *first = (*first).min(*i);
+            }
             let mut handled = 0u64;
             for (i, w) in work.iter_mut().enumerate() {
                 let partition = w.partition();
                 if blocked.get(&partition).is_some_and(|&first| first <= i) {
                     continue; // a failed event of its partition, or behind one
                 }
-                sqlx::query("SAVEPOINT outbox_dedup_event")
-                    .execute(&mut *tx)
-                    .await?;
-                if !mark_processed(&mut tx, ctx, w.envelope.meta.event_id).await? {
+                tx.savepoint().await?;
+                if !tx
+                    .mark_processed(&ctx.settings.group_id, w.envelope.meta.event_id)
+                    .await?
+                {
                     pass.finished.push(i); // a duplicate
                     continue;
                 }
                 let event = w.event();
                 let called = ctx
                     .calls
-                    .call(&*w.handler, &mut tx, event, &w.envelope.meta)
+                    .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
                     .await;
                 let failure = match called {
-                    Ok(()) => match sqlx::query("RELEASE SAVEPOINT outbox_dedup_event")
-                        .execute(&mut *tx)
-                        .await
-                    {
-                        Ok(_) => {
+                    Ok(()) => match tx.release_savepoint().await {
+                        Ok(()) => {
                             pass.finished.push(i);
                             handled += 1;
                             continue;
                         }
-                        // Refused: the handler left the transaction aborted.
-                        Err(error) => match txoutbox_core::not_committable(&error) {
-                            Some(unusable) => ctx
-                                .calls
+                        // Refused: the handler left the transaction aborted
+                        // (or, on MySQL, lost).
+                        Err(TxFailure::Unusable(unusable)) => {
+                            ctx.calls
                                 .left_unusable(&*w.handler, &w.envelope.meta, &unusable)
-                                .to_string(),
-                            None => return Err(error),
-                        },
+                        }
+                        Err(TxFailure::Database(error)) => return Err(Stop::Db(error)),
                     },
-                    Err(failure) => failure.error.to_string(),
+                    Err(failure) => failure.error,
                 };
+                if failure.is_transient() {
+                    // MySQL may have rolled the whole transaction back: the
+                    // pass runs again rather than going on in it.
+                    return Err(Stop::Transient(i, failure));
+                }
                 // Undoes the dedup row too: the event is not processed.
-                sqlx::query("ROLLBACK TO SAVEPOINT outbox_dedup_event")
-                    .execute(&mut *tx)
-                    .await?;
+                tx.rollback_to_savepoint().await?;
                 if !ctx.db.reachable().await {
                     // An outage, not the event's fault.
-                    return Err(sqlx::Error::PoolTimedOut);
+                    return Err(Stop::Db(sqlx::Error::PoolTimedOut));
                 }
                 let first = blocked.entry(partition).or_insert(i);
                 *first = (*first).min(i);
-                pass.failed.push((i, failure));
+                pass.failed.push((i, failure.to_string()));
             }
             tx.commit().await?;
             ctx.calls.committed();
             ctx.counts
                 .handled(handled, pass.finished.len() as u64 - handled);
-            Ok::<_, sqlx::Error>(pass)
+            Ok::<_, Stop>(pass)
         }
         .await;
         match attempt {
             Ok(pass) => return Some(pass),
-            Err(error) => {
+            Err(Stop::Db(error)) => {
                 if !ctx.db.failed(&error, &mut db_retry).await {
+                    return None;
+                }
+            }
+            Err(Stop::Transient(i, error)) => {
+                let error = error.to_string();
+                if transient_retry >= TRANSIENT_TRIES {
+                    // Failing the same way every time: the handler's fault.
+                    transient_retry = 0;
+                    charged.push((i, error));
+                    continue;
+                }
+                if !ctx
+                    .db
+                    .transient(work[i].handler.name(), &error, &mut transient_retry)
+                    .await
+                {
                     return None;
                 }
             }
@@ -344,16 +399,18 @@ pub(crate) enum Attempted {
 pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
     enum Step {
         Db(sqlx::Error),
-        Handler(String),
+        Handler(HandlerError),
     }
     let attempt = retry.attempts + 1;
     let w = &mut retry.work;
     w.envelope.meta.attempt = attempt;
     let mut db_retry = 0;
+    let mut transient_retry = 0;
     loop {
         let outcome = async {
             let mut tx = ctx.db.begin().await.map_err(Step::Db)?;
-            if !mark_processed(&mut tx, &ctx, w.envelope.meta.event_id)
+            if !tx
+                .mark_processed(&ctx.settings.group_id, w.envelope.meta.event_id)
                 .await
                 .map_err(Step::Db)?
             {
@@ -361,17 +418,17 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
             }
             let event = w.event();
             ctx.calls
-                .call(&*w.handler, &mut tx, event, &w.envelope.meta)
+                .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
                 .await
-                .map_err(|failure| Step::Handler(failure.error.to_string()))?;
-            if let Err(unusable) = txoutbox_core::check_committable(&mut tx).await {
+                .map_err(|failure| Step::Handler(failure.error))?;
+            if let Err(unusable) = tx.check_committable().await {
                 return Err(match unusable {
                     txoutbox_core::Error::Database(error) => Step::Db(error),
-                    unusable => Step::Handler(
-                        ctx.calls
-                            .left_unusable(&*w.handler, &w.envelope.meta, &unusable)
-                            .to_string(),
-                    ),
+                    unusable => Step::Handler(ctx.calls.left_unusable(
+                        &*w.handler,
+                        &w.envelope.meta,
+                        &unusable,
+                    )),
                 });
             }
             tx.commit().await.map_err(Step::Db)?;
@@ -389,9 +446,19 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
                     return Attempted::Interrupted;
                 }
             }
+            Err(Step::Handler(error)) if error.is_transient() && transient_retry < TRANSIENT_TRIES => {
+                // A deadlock or the like: not this attempt's fault.
+                if !ctx
+                    .db
+                    .transient(w.handler.name(), &error.to_string(), &mut transient_retry)
+                    .await
+                {
+                    return Attempted::Interrupted;
+                }
+            }
             Err(Step::Handler(error)) => {
                 if ctx.db.reachable().await {
-                    return Attempted::Failed(error);
+                    return Attempted::Failed(error.to_string());
                 }
                 // An outage, not the event's fault.
                 let outage = sqlx::Error::PoolTimedOut;
@@ -401,23 +468,4 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
             }
         }
     }
-}
-
-/// Inserts the event's dedup row; `false` if the group had processed it
-/// already (a duplicate).
-async fn mark_processed(
-    conn: &mut sqlx::PgConnection,
-    ctx: &Shared,
-    event_id: Uuid,
-) -> sqlx::Result<bool> {
-    let inserted = sqlx::query(
-        "INSERT INTO processed_event (consumer_group, event_id) VALUES ($1, $2)
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(&ctx.settings.group_id)
-    .bind(event_id)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(inserted == 1)
 }

@@ -11,6 +11,8 @@ use sqlx::{Postgres, Transaction};
 use txoutbox_core::{DbErrorDisplay, DomainEvent, Events};
 use uuid::Uuid;
 
+use super::database::TxRef;
+
 /// What a handler knows about the message it handles, besides the event.
 ///
 /// Take it as an optional third parameter of an `#[event_handler]` function:
@@ -115,7 +117,12 @@ impl EventMeta {
 /// assert_eq!(err.to_string(), "stock service unavailable");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HandlerError(String);
+pub struct HandlerError {
+    text: String,
+    /// The error is a deadlock, a lock wait timeout or a serialization
+    /// failure: the attempt is run again without being counted.
+    transient: bool,
+}
 
 impl HandlerError {
     /// Wraps any displayable error; a [`sqlx::Error`] is rendered with
@@ -135,7 +142,7 @@ impl HandlerError {
     pub fn new(error: impl fmt::Display + 'static) -> Self {
         let any = &error as &dyn Any;
         if let Some(database) = any.downcast_ref::<sqlx::Error>() {
-            return Self::text(DbErrorDisplay(database).to_string());
+            return Self::database(database);
         }
         #[cfg(feature = "sea-orm")]
         if let Some(database) = any.downcast_ref::<::sea_orm::DbErr>() {
@@ -145,11 +152,44 @@ impl HandlerError {
     }
 
     fn text(text: String) -> Self {
-        if text.contains('\0') {
-            Self(text.replace('\0', "\\0"))
+        let text = if text.contains('\0') {
+            text.replace('\0', "\\0")
         } else {
-            Self(text)
+            text
+        };
+        Self {
+            text,
+            transient: false,
         }
+    }
+
+    fn database(error: &sqlx::Error) -> Self {
+        let mut handler_error = Self::text(DbErrorDisplay(error).to_string());
+        handler_error.transient = txoutbox_core::is_transient_error(error);
+        handler_error
+    }
+
+    /// Whether the error is a failure of the moment rather than of the
+    /// event: a deadlock or serialization failure (SQLSTATE 40001 / 40P01)
+    /// or, on MySQL, a deadlock (1213) or lock wait timeout (1205), returned
+    /// as a [`sqlx::Error`]. The consumer runs such an attempt again after a
+    /// short backoff without counting it against
+    /// [`max_attempts`](super::ConsumerBuilder::max_attempts).
+    ///
+    /// ```
+    /// use txoutbox_runtime::consumer::HandlerError;
+    ///
+    /// assert!(!HandlerError::new("stock service unavailable").is_transient());
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+
+    /// This error, marked transient (the transaction was lost under the
+    /// handler, as MySQL does on a deadlock).
+    pub(crate) fn into_transient(mut self) -> Self {
+        self.transient = true;
+        self
     }
 }
 
@@ -166,13 +206,13 @@ impl From<::sea_orm::DbErr> for HandlerError {
 /// So that `?` works on sqlx calls in a handler returning `HandlerError`.
 impl From<sqlx::Error> for HandlerError {
     fn from(error: sqlx::Error) -> Self {
-        Self::text(DbErrorDisplay(&error).to_string())
+        Self::database(&error)
     }
 }
 
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -195,7 +235,17 @@ impl std::error::Error for HandlerError {}
 /// are inserted into `outbox_event` in that same transaction, after the
 /// handler returns `Ok`, and the relay in this process is woken after the
 /// commit: the consuming side writes atomically too.
-pub trait EventHandler: Send + Sync + 'static {
+///
+/// `DB` is the database of the consumer's transaction: PostgreSQL by
+/// default; [`MySql`](sqlx::MySql) (feature `mysql`, MariaDB) for a handler
+/// taking `&mut Transaction<'_, MySql>`, which only a consumer built on a
+/// `MySqlPool` takes.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an event handler on a {DB} transaction",
+    label = "this handler's transaction is of another database than the consumer's pool",
+    note = "a consumer built on a PgPool takes handlers of `&mut Transaction<'_, Postgres>`, one built on a MySqlPool handlers of `&mut Transaction<'_, MySql>`: change the handler's transaction type or the pool"
+)]
+pub trait EventHandler<DB: ConsumerDatabase = Postgres>: Send + Sync + 'static {
     /// The event this handler receives.
     type Event: DomainEvent + DeserializeOwned;
     /// The handler's name, used in logs and metrics.
@@ -204,7 +254,7 @@ pub trait EventHandler: Send + Sync + 'static {
     /// Handles one event inside the consumer's transaction.
     fn handle<'a>(
         &'a self,
-        tx: &'a mut Transaction<'static, Postgres>,
+        tx: &'a mut Transaction<'static, DB>,
         event: Self::Event,
         meta: &'a EventMeta,
         events: &'a mut Events,
@@ -228,15 +278,17 @@ pub(crate) trait ErasedHandler: Send + Sync {
 /// What one handler call takes: the consumer's transaction, the decoded
 /// event, its metadata, and the collector of the events the handler records.
 pub(crate) struct CallInput<'a> {
-    pub(crate) tx: &'a mut Transaction<'static, Postgres>,
+    pub(crate) tx: TxRef<'a>,
     pub(crate) event: Decoded,
     pub(crate) meta: &'a EventMeta,
     pub(crate) events: &'a mut Events,
 }
 
-struct Erased<H>(H);
+/// A handler with its event type erased; `DB` says which transaction it
+/// takes out of a [`TxRef`].
+struct Erased<H, DB>(H, std::marker::PhantomData<fn() -> DB>);
 
-impl<H: EventHandler> ErasedHandler for Erased<H> {
+impl<H: EventHandler<DB>, DB: ConsumerDatabase> ErasedHandler for Erased<H, DB> {
     fn name(&self) -> &'static str {
         H::NAME
     }
@@ -257,7 +309,65 @@ impl<H: EventHandler> ErasedHandler for Erased<H> {
         let event = *event
             .downcast::<H::Event>()
             .expect("decoded by the same handler");
-        self.0.handle(tx, event, meta, events)
+        self.0.handle(DB::transaction(HandlerTx(tx)), event, meta, events)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for sqlx::Postgres {}
+    #[cfg(feature = "mysql")]
+    impl Sealed for sqlx::MySql {}
+}
+
+/// A database a consumer runs on: [`Postgres`], or [`MySql`](sqlx::MySql)
+/// with the feature `mysql` (MariaDB >= 10.6; dedup mode). Sealed: the
+/// framework implements it for the databases whose SQL it has.
+pub trait ConsumerDatabase: sqlx::Database + sealed::Sealed {
+    /// The consumer's pool, as the consumer keeps it.
+    #[doc(hidden)]
+    fn consumer_pool(pool: sqlx::Pool<Self>) -> ConsumerPool;
+    /// The handler's transaction out of the consumer's; a consumer only
+    /// takes handlers of its own database, so the other variant cannot come.
+    #[doc(hidden)]
+    fn transaction<'a>(tx: HandlerTx<'a>) -> &'a mut Transaction<'static, Self>;
+}
+
+/// The consumer's transaction on its way to a handler. Not a public API.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub struct HandlerTx<'a>(pub(crate) TxRef<'a>);
+
+/// A consumer's pool, of one of the [`ConsumerDatabase`]s. Not a public API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ConsumerPool(pub(crate) super::database::Pool);
+
+impl ConsumerDatabase for Postgres {
+    fn consumer_pool(pool: sqlx::PgPool) -> ConsumerPool {
+        ConsumerPool(super::database::Pool::Postgres(pool))
+    }
+
+    fn transaction<'a>(tx: HandlerTx<'a>) -> &'a mut Transaction<'static, Self> {
+        match tx.0 {
+            TxRef::Postgres(tx) => tx,
+            #[cfg(feature = "mysql")]
+            TxRef::MySql(_) => unreachable!("a PostgreSQL handler on a MySQL consumer"),
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl ConsumerDatabase for sqlx::MySql {
+    fn consumer_pool(pool: sqlx::MySqlPool) -> ConsumerPool {
+        ConsumerPool(super::database::Pool::MySql(pool))
+    }
+
+    fn transaction<'a>(tx: HandlerTx<'a>) -> &'a mut Transaction<'static, Self> {
+        match tx.0 {
+            TxRef::MySql(tx) => tx,
+            TxRef::Postgres(_) => unreachable!("a MySQL handler on a PostgreSQL consumer"),
+        }
     }
 }
 
@@ -283,11 +393,11 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    pub(crate) fn new<H: EventHandler>(handler: H) -> Self {
+    pub(crate) fn new<DB: ConsumerDatabase, H: EventHandler<DB>>(handler: H) -> Self {
         Self {
             topic: <H::Event as DomainEvent>::TOPIC,
             event_type: <H::Event as DomainEvent>::EVENT_TYPE,
-            handler: Arc::new(Erased(handler)),
+            handler: Arc::new(Erased::<H, DB>(handler, std::marker::PhantomData)),
         }
     }
 }

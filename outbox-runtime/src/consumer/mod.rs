@@ -72,7 +72,9 @@ pub use crate::wire::raw_headers::{headers_as_bytes, headers_from_bytes};
 pub use builder::ConsumerBuilder;
 pub use config::{Mode, UnknownEventPolicy};
 pub use error::{BuildError, ConsumerError};
-pub use handler::{EventHandler, EventMeta, HandlerError};
+pub use handler::{ConsumerDatabase, EventHandler, EventMeta, HandlerError};
+#[doc(hidden)]
+pub use handler::{ConsumerPool, HandlerTx};
 #[doc(hidden)]
 #[cfg(feature = "test-hooks")]
 pub use hooks::Route;

@@ -7,7 +7,6 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::StreamConsumer;
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::client_context::KafkaContext;
@@ -148,7 +147,7 @@ impl ConsumerHandle {
 
 impl Consumer {
     pub(crate) fn new(
-        pool: PgPool,
+        pool: super::database::Pool,
         kafka: ClientConfig,
         settings: Settings,
         dispatch: Dispatch,
@@ -305,7 +304,7 @@ async fn periodic(ctx: Arc<Shared>) {
         for task in &ctx.settings.periodic {
             tokio::select! {
                 () = ctx.token.cancelled() => return,
-                ran = (task.run)(ctx.pool.clone()) => if let Err(error) = ran {
+                ran = (task.run)(ctx.db.postgres().clone()) => if let Err(error) = ran {
                     tracing::debug!(task = task.name, error = %txoutbox_core::DbErrorDisplay(&error), "periodic consumer work failed");
                 },
             }

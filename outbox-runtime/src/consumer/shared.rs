@@ -1,22 +1,20 @@
 //! What the receive loop, dedup mode and the inbox processors share: the
-//! pool, the dispatch table, the settings, the dead-letter producer, and the
+//! dispatch table, the settings, the dead-letter producer, and the
 //! parts every mode uses: its database side ([`Database`]), its handler
 //! calls ([`Calls`]) and its counters ([`Counts`]).
 
-use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::call::Calls;
 use super::config::Settings;
 use super::counts::Counts;
-use super::database::Database;
+use super::database::{Database, Pool};
 use super::dlq::DeadLetters;
 use super::handler::Dispatch;
 
 /// State shared by the receiving loop and the inbox processors.
 pub(crate) struct Shared {
-    pub(crate) pool: PgPool,
     pub(crate) dispatch: Dispatch,
     pub(crate) settings: Settings,
     pub(crate) dlq: DeadLetters,
@@ -34,7 +32,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(
-        pool: PgPool,
+        pool: Pool,
         dispatch: Dispatch,
         settings: Settings,
         dlq: DeadLetters,
@@ -42,7 +40,7 @@ impl Shared {
         let token = CancellationToken::new();
         let counts = Counts::new(settings.group_id.clone());
         let db = Database::new(
-            pool.clone(),
+            pool,
             settings.handler_timeout,
             settings.backoff,
             token.clone(),
@@ -50,7 +48,6 @@ impl Shared {
         );
         let calls = Calls::new(settings.handler_timeout, counts.clone());
         Self {
-            pool,
             dispatch,
             settings,
             dlq,

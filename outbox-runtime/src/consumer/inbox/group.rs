@@ -60,7 +60,7 @@ impl Membership {
         .bind(topics)
         .bind(types)
         .bind(heartbeat_ms)
-        .execute(&ctx.pool)
+        .execute(ctx.db.postgres())
         .await?;
         // Entries of processors gone for long (killed, not shut down).
         sqlx::query(
@@ -68,7 +68,7 @@ impl Membership {
              WHERE consumer_group = $1 AND seen_at < now() - interval '1 hour'",
         )
         .bind(&ctx.settings.group_id)
-        .execute(&ctx.pool)
+        .execute(ctx.db.postgres())
         .await?;
         Ok(())
     }
@@ -80,7 +80,7 @@ impl Membership {
         )
         .bind(&ctx.settings.group_id)
         .bind(self.instance_id)
-        .execute(&ctx.pool)
+        .execute(ctx.db.postgres())
         .await;
     }
 }
@@ -96,12 +96,12 @@ fn host() -> Option<String> {
 async fn adopt_legacy_rows(ctx: &Shared) -> sqlx::Result<()> {
     let legacy: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM inbox_event WHERE consumer_group = '')")
-            .fetch_one(&ctx.pool)
+            .fetch_one(ctx.db.postgres())
             .await?;
     if !legacy || ctx.settings.group_id.is_empty() {
         return Ok(());
     }
-    let mut tx = ctx.db.begin().await?;
+    let mut tx = ctx.db.begin_postgres().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
         .bind(ADOPT_LOCK)
         .execute(&mut *tx)
@@ -142,13 +142,13 @@ async fn report_backlog(ctx: &Shared) {
          FROM inbox_event WHERE consumer_group = $1 AND NOT processed",
     )
     .bind(&ctx.settings.group_id)
-    .fetch_one(&ctx.pool)
+    .fetch_one(ctx.db.postgres())
     .await;
     if let Ok((backlog, parked)) = counts {
         metrics::gauge!(m::INBOX_BACKLOG, "group" => ctx.group()).set(backlog as f64);
         metrics::gauge!(m::INBOX_PARKED_ROWS, "group" => ctx.group()).set(parked as f64);
     }
-    match super::unclaimed::inbox_unclaimed(&ctx.pool, Some(&ctx.settings.group_id)).await {
+    match super::unclaimed::inbox_unclaimed(ctx.db.postgres(), Some(&ctx.settings.group_id)).await {
         Ok(waiting) => {
             let keys: i64 = waiting.iter().map(|w| w.keys).sum();
             metrics::gauge!(m::INBOX_UNCLAIMED_KEYS, "group" => ctx.group()).set(keys as f64);

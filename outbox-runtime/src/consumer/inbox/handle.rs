@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::claim::{Claim, OrderKey, What, claim, read};
 use crate::consumer::call::HandlerFailure;
+use crate::consumer::database::TxRef;
 use crate::consumer::handler::HandlerError;
 use crate::consumer::shared::Shared;
 use crate::consumer::summary::Totals;
@@ -63,7 +64,7 @@ impl From<sqlx::Error> for Stop {
 /// other. So a failing event costs its batch one more pass, never a
 /// transaction per row, and never holds back another key.
 pub(super) async fn claim_and_handle(ctx: &Shared) -> Result<Claimed, sqlx::Error> {
-    let mut tx = ctx.db.begin().await?;
+    let mut tx = ctx.db.begin_postgres().await?;
     let rows = claim(ctx, &mut tx).await?;
     if rows.is_empty() {
         return Ok(Claimed::Drained);
@@ -170,7 +171,7 @@ async fn handle(
                     error: HandlerError::new(error.clone()),
                     timed_out: true,
                 }),
-                _ => ctx.calls.call(&**handler, tx, event, meta).await,
+                _ => ctx.calls.call(&**handler, TxRef::Postgres(tx), event, meta).await,
             }
         };
         let called = match call.await {

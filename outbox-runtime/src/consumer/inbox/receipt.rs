@@ -28,6 +28,7 @@ use std::sync::Arc;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::consumer::database::TxRef;
 use crate::consumer::handler::{Decoded, ErasedHandler};
 use crate::consumer::message::Envelope;
 use crate::consumer::shared::Shared;
@@ -51,7 +52,7 @@ pub(super) async fn store(
 ) -> sqlx::Result<Stored> {
     let group = ctx.settings.group_id.as_str();
     let partitions = partition_locks(ctx, rows);
-    let mut tx = ctx.db.begin().await?;
+    let mut tx = ctx.db.begin_postgres().await?;
     if !try_lock_partitions(&mut tx, &partitions).await? {
         // Another transaction is storing rows of these partitions: their
         // previous owner, still finishing its last batch after a rebalance.
@@ -59,7 +60,7 @@ pub(super) async fn store(
         // deadlock), then read `inbox_key` after its commit.
         tx.rollback().await?;
         waiting(ctx, &partitions);
-        tx = ctx.db.begin().await?;
+        tx = ctx.db.begin_postgres().await?;
         lock_partitions(&mut tx, &partitions).await?;
     }
     let mut stored = Stored::default();
@@ -86,7 +87,7 @@ pub(super) async fn store(
                 }
                 if ctx
                     .calls
-                    .call(&*handler, &mut tx, event, &row.meta)
+                    .call(&*handler, TxRef::Postgres(&mut tx), event, &row.meta)
                     .await
                     .is_err()
                 {
