@@ -89,11 +89,16 @@ fn mysql_tx(tx: &Type, errors: &mut Errors) -> bool {
     let Type::Path(path) = &*reference.elem else {
         return false;
     };
-    let mysql = match path.path.segments.last().map(|s| s.ident.to_string()).as_deref() {
+    let mysql = match path
+        .path
+        .segments
+        .last()
+        .map(|s| s.ident.to_string())
+        .as_deref()
+    {
         Some("MySqlTransaction") => true,
         Some("Transaction") => {
-            crate::kernel::types::database_argument(&reference.elem).as_deref()
-                == Some("MySql")
+            crate::kernel::types::database_argument(&reference.elem).as_deref() == Some("MySql")
         }
         Some("MySqlConnection") => {
             errors.spanned(

@@ -288,7 +288,9 @@ fn tx_kind(ty: &Type) -> TxKind {
         Some("DatabaseTransaction") => TxKind::SeaOrm,
         Some("MySqlConnection") => TxKind::MySqlConnection,
         Some("MySqlTransaction") => TxKind::MySql,
-        Some("Transaction") if crate::kernel::types::database_argument(inner).as_deref() == Some("MySql") => {
+        Some("Transaction")
+            if crate::kernel::types::database_argument(inner).as_deref() == Some("MySql") =>
+        {
             TxKind::MySql
         }
         Some("Transaction" | "PgTransaction") => TxKind::Sqlx,

@@ -9,8 +9,8 @@ use sqlx::{PgPool, Postgres};
 use txoutbox_core::Backoff;
 
 use super::config::{Mode, PeriodicTask, Settings, UnknownEventPolicy};
-use super::error::BuildError;
 use super::database::Pool;
+use super::error::BuildError;
 use super::handler::{ConsumerDatabase, Dispatch, EventHandler, Registration};
 use super::run::{Consumer, ConsumerHandle};
 
@@ -130,7 +130,6 @@ impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
         self.handlers.push(Registration::new::<DB, H>(handler));
         self
     }
-
 }
 
 impl ConsumerBuilder<Postgres> {
@@ -154,7 +153,6 @@ impl ConsumerBuilder<Postgres> {
 }
 
 impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
-
     /// How often the consumer refreshes what it reads from the database: the
     /// inbox backlog and parked-row gauges and the inbox processors'
     /// heartbeat (inbox mode), and its periodic work (the open-saga gauges

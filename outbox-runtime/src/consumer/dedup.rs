@@ -182,9 +182,8 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
     loop {
         let attempt = async {
             let mut tx = ctx.db.begin().await?;
-            let mut fresh: HashSet<Uuid> = tx
-                .mark_processed_all(&ctx.settings.group_id, &ids)
-                .await?;
+            let mut fresh: HashSet<Uuid> =
+                tx.mark_processed_all(&ctx.settings.group_id, &ids).await?;
             let mut handled = 0u64;
             for (i, w) in work.iter_mut().enumerate() {
                 // `remove`: an id twice in one batch runs its handler once.
@@ -275,8 +274,11 @@ async fn careful(
     /// Why a pass stopped before its commit.
     enum Stop {
         Db(sqlx::Error),
-        /// A handler's transient failure: the pass runs again.
-        Transient(usize, HandlerError),
+        /// The transaction cannot go on past this event: its handler failed
+        /// transiently (MySQL may have rolled everything back), or ended or
+        /// lost the transaction. The pass runs again, after a pause if the
+        /// failure was transient, else with the event charged.
+        Restart(usize, HandlerError),
     }
     impl From<sqlx::Error> for Stop {
         fn from(error: sqlx::Error) -> Self {
@@ -325,11 +327,20 @@ async fn careful(
                             handled += 1;
                             continue;
                         }
-                        // Refused: the handler left the transaction aborted
-                        // (or, on MySQL, lost).
-                        Err(TxFailure::Unusable(unusable)) => {
-                            ctx.calls
-                                .left_unusable(&*w.handler, &w.envelope.meta, &unusable)
+                        // Refused: the handler left the transaction aborted,
+                        // which its savepoint's rollback mends ...
+                        Err(TxFailure::Unusable(
+                            unusable @ txoutbox_core::Error::TransactionAborted,
+                        )) => ctx
+                            .calls
+                            .left_unusable(&*w.handler, &w.envelope.meta, &unusable),
+                        // ... or ended it (a COMMIT or ROLLBACK of its own) or,
+                        // on MySQL, lost it: nothing of this pass is left.
+                        Err(TxFailure::Unusable(gone)) => {
+                            let failure =
+                                ctx.calls
+                                    .left_unusable(&*w.handler, &w.envelope.meta, &gone);
+                            return Err(Stop::Restart(i, failure));
                         }
                         Err(TxFailure::Database(error)) => return Err(Stop::Db(error)),
                     },
@@ -338,7 +349,7 @@ async fn careful(
                 if failure.is_transient() {
                     // MySQL may have rolled the whole transaction back: the
                     // pass runs again rather than going on in it.
-                    return Err(Stop::Transient(i, failure));
+                    return Err(Stop::Restart(i, failure));
                 }
                 // Undoes the dedup row too: the event is not processed.
                 tx.rollback_to_savepoint().await?;
@@ -364,10 +375,11 @@ async fn careful(
                     return None;
                 }
             }
-            Err(Stop::Transient(i, error)) => {
+            Err(Stop::Restart(i, error)) => {
+                let transient = error.is_transient();
                 let error = error.to_string();
-                if transient_retry >= TRANSIENT_TRIES {
-                    // Failing the same way every time: the handler's fault.
+                if !transient || transient_retry >= TRANSIENT_TRIES {
+                    // Its own fault, or failing the same way every time.
                     transient_retry = 0;
                     charged.push((i, error));
                     continue;
@@ -446,7 +458,9 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
                     return Attempted::Interrupted;
                 }
             }
-            Err(Step::Handler(error)) if error.is_transient() && transient_retry < TRANSIENT_TRIES => {
+            Err(Step::Handler(error))
+                if error.is_transient() && transient_retry < TRANSIENT_TRIES =>
+            {
                 // A deadlock or the like: not this attempt's fault.
                 if !ctx
                     .db

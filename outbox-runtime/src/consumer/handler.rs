@@ -141,6 +141,9 @@ impl HandlerError {
     /// consumer.
     pub fn new(error: impl fmt::Display + 'static) -> Self {
         let any = &error as &dyn Any;
+        if let Some(handler_error) = any.downcast_ref::<HandlerError>() {
+            return handler_error.clone();
+        }
         if let Some(database) = any.downcast_ref::<sqlx::Error>() {
             return Self::database(database);
         }
@@ -309,7 +312,8 @@ impl<H: EventHandler<DB>, DB: ConsumerDatabase> ErasedHandler for Erased<H, DB> 
         let event = *event
             .downcast::<H::Event>()
             .expect("decoded by the same handler");
-        self.0.handle(DB::transaction(HandlerTx(tx)), event, meta, events)
+        self.0
+            .handle(DB::transaction(HandlerTx(tx)), event, meta, events)
     }
 }
 

@@ -317,7 +317,12 @@ impl Database {
     /// uncounted. False if the consumer is shutting down.
     pub(crate) async fn transient(&self, handler: &str, error: &str, retry: &mut u32) -> bool {
         *retry += 1;
-        tracing::info!(handler, error, retry = *retry, "transient failure of a handler's transaction; running the attempt again");
+        tracing::info!(
+            handler,
+            error,
+            retry = *retry,
+            "transient failure of a handler's transaction; running the attempt again"
+        );
         self.pause(self.backoff.delay(*retry)).await
     }
 

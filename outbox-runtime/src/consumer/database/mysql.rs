@@ -16,8 +16,7 @@ use super::ParkedDeadLetter;
 /// application): the handler timeout abandons the call and the transaction
 /// rolls back; a statement still running on the server ends at
 /// `innodb_lock_wait_timeout` if it waits for a lock.
-pub(super) const BEGIN: &str =
-    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+pub(super) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
 /// `ER_SP_DOES_NOT_EXIST`: a savepoint that is gone, because the
 /// transaction it belonged to was rolled back (a deadlock) or ended.
@@ -49,12 +48,13 @@ pub(super) async fn mark_processed(
     group: &str,
     id: Uuid,
 ) -> sqlx::Result<bool> {
-    let inserted = sqlx::query("INSERT IGNORE INTO processed_event (consumer_group, event_id) VALUES (?, ?)")
-        .bind(group.as_bytes())
-        .bind(id)
-        .execute(conn)
-        .await?
-        .rows_affected();
+    let inserted =
+        sqlx::query("INSERT IGNORE INTO processed_event (consumer_group, event_id) VALUES (?, ?)")
+            .bind(group.as_bytes())
+            .bind(id)
+            .execute(conn)
+            .await?
+            .rows_affected();
     Ok(inserted == 1)
 }
 
@@ -120,10 +120,12 @@ fn headers_json(headers: &[(&[u8], Option<&[u8]>)]) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
-        let _ = write!(text, "{byte:02x}");
-        text
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
+            let _ = write!(text, "{byte:02x}");
+            text
+        })
 }
 
 #[cfg(test)]
@@ -132,8 +134,11 @@ mod tests {
 
     #[test]
     fn headers_keep_any_bytes_as_hexadecimal_pairs() {
-        let headers: Vec<(&[u8], Option<&[u8]>)> =
-            vec![(b"\xff\x00n", Some(b"v")), (b"empty", None), (b"", Some(b""))];
+        let headers: Vec<(&[u8], Option<&[u8]>)> = vec![
+            (b"\xff\x00n", Some(b"v")),
+            (b"empty", None),
+            (b"", Some(b"")),
+        ];
         assert_eq!(
             headers_json(&headers),
             r#"[["ff006e","76"],["656d707479",null],["",""]]"#

@@ -55,7 +55,10 @@ pub(super) async fn mark_processed(
     Ok(inserted == 1)
 }
 
-pub(super) async fn park_dead_letter(pool: &PgPool, row: &ParkedDeadLetter<'_>) -> sqlx::Result<()> {
+pub(super) async fn park_dead_letter(
+    pool: &PgPool,
+    row: &ParkedDeadLetter<'_>,
+) -> sqlx::Result<()> {
     let (names, values): (Vec<&[u8]>, Vec<Option<&[u8]>>) = row.headers.iter().copied().unzip();
     sqlx::query(
         r#"INSERT INTO consumer_dead_letter

@@ -171,7 +171,11 @@ async fn handle(
                     error: HandlerError::new(error.clone()),
                     timed_out: true,
                 }),
-                _ => ctx.calls.call(&**handler, TxRef::Postgres(tx), event, meta).await,
+                _ => {
+                    ctx.calls
+                        .call(&**handler, TxRef::Postgres(tx), event, meta)
+                        .await
+                }
             }
         };
         let called = match call.await {
