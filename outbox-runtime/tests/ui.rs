@@ -17,6 +17,8 @@ fn ui() {
     cases.compile_fail("tests/ui_event_handler/fail/*.rs");
     #[cfg(feature = "sea-orm")]
     cases.compile_fail("tests/ui_event_handler_sea_orm/*.rs");
+    #[cfg(feature = "mysql")]
+    cases.compile_fail("tests/ui_event_handler_mysql/*.rs");
     // #[saga]
     cases.pass("tests/ui_saga/pass/*.rs");
     cases.compile_fail("tests/ui_saga/fail/*.rs");

@@ -33,7 +33,7 @@ impl Consumer {
     /// fetch settings").
     ///
     /// The pool is a `PgPool`, or a `MySqlPool` (feature `mysql`, MariaDB
-    /// >= 10.6, schema from `migrations::run`): the builder then takes
+    /// 10.6 or later, schema from `migrations::run`): the builder then takes
     /// handlers of `&mut Transaction<'_, MySql>`, in dedup mode (inbox mode
     /// and sagas are PostgreSQL's for now, and `build` says so).
     pub fn builder<DB: ConsumerDatabase>(
