@@ -172,7 +172,7 @@ impl Databases {
 
     async fn mariadb_effects(&self, variant: &str) -> (i64, f64) {
         sqlx::query_as(
-            "SELECT count(*), CAST(TIMESTAMPDIFF(MICROSECOND, min(at), max(at)) AS DOUBLE) / 1e6
+            "SELECT count(*), COALESCE(CAST(TIMESTAMPDIFF(MICROSECOND, min(at), max(at)) AS DOUBLE) / 1e6, 0)
              FROM effect WHERE variant = ?",
         )
         .bind(variant)
