@@ -318,8 +318,14 @@ async fn main() {
     );
     println!("| figure | min / median / max |");
     println!("|---|---|");
-    println!("| MariaDB dedup consumer, events/s | {} |", spread(&mariadb));
-    println!("| PostgreSQL dedup consumer, events/s | {} |", spread(&postgres));
+    println!(
+        "| MariaDB dedup consumer, events/s | {} |",
+        spread(&mariadb)
+    );
+    println!(
+        "| PostgreSQL dedup consumer, events/s | {} |",
+        spread(&postgres)
+    );
     println!(
         "| MariaDB baseline (a transaction per message), events/s | {} |",
         spread(&base)

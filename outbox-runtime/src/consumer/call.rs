@@ -73,7 +73,10 @@ impl Calls {
         meta: &EventMeta,
         error: &txoutbox_core::Error,
     ) -> HandlerError {
+        #[cfg(feature = "mysql")]
         let lost = matches!(error, txoutbox_core::Error::TransactionLost);
+        #[cfg(not(feature = "mysql"))]
+        let lost = false;
         let mut error = HandlerError::new(format!(
             "handler `{}` returned Ok, but {error}",
             handler.name()
@@ -178,6 +181,7 @@ impl Calls {
                     )),
                     // MySQL rolled the transaction back under the handler
                     // (a deadlock it swallowed): run it again, uncounted.
+                    #[cfg(feature = "mysql")]
                     lost @ txoutbox_core::Error::TransactionLost => HandlerError::new(format!(
                         "handler `{}` returned Ok, but {lost}",
                         handler.name()

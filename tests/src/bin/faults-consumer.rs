@@ -1,13 +1,18 @@
 //! Fault-injection consumer: an `txoutbox_runtime::consumer::Consumer` in dedup
 //! or inbox mode applying one `effect` row per `LedgerEntry` (and
-//! `LedgerNote`, unless `FAULTS_HANDLES=entry`) in the receiver database.
+//! `LedgerNote`, unless `FAULTS_HANDLES=entry`) in the receiver database:
+//! PostgreSQL, or MariaDB for a `mysql://` (`mariadb://`) URL, where it runs
+//! the MySQL twins of the handlers, in dedup mode only (inbox mode on MariaDB
+//! is refused here, as the framework refuses it).
 //! Unknown event types are dead-lettered (or, `FAULTS_UNKNOWN=keep`, kept in
 //! the inbox), so every poison message ends on the dead-letter topic. Stops
 //! gracefully on SIGTERM; exits 1 if the consumer stops on its own.
 //!
 //! Handler faults: `FAULTS_BLOCKED_KEY` with `FAULTS_BLOCKED_FROM_MS` /
 //! `FAULTS_BLOCKED_UNTIL_MS` make one key's events fail for a while;
-//! `FAULTS_PANIC_EVERY=n` makes every n-th sequence number panic once.
+//! `FAULTS_PANIC_EVERY=n` makes every n-th sequence number panic once;
+//! `FAULTS_SWALLOW_EVERY` / `FAULTS_HANG_EVERY` make handlers swallow a
+//! database error (on MariaDB a deadlock: see `model.rs`) or hang.
 //!
 //! Crash hook (`FAULTS_CRASH_AFTER_EFFECTS=n`): offsets are not auto-committed
 //! in this process's lifetime (commit interval of an hour), and a watcher
@@ -17,13 +22,95 @@
 
 use std::time::Duration;
 
+use outbox_tests::faults::db::is_mysql_url;
 use outbox_tests::faults::env;
 use outbox_tests::faults::model::{
-    EFFECT_GROUP, HANDLER_FAULTS, HandlerFaults, PROCESS_TAG, apply_entry, apply_note,
+    DEADLOCK_POOL, EFFECT_GROUP, HANDLER_FAULTS, HandlerFaults, PROCESS_TAG, apply_entry,
+    apply_entry_mysql, apply_note, apply_note_mysql,
 };
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
-use txoutbox_runtime::consumer::{Consumer, Mode, UnknownEventPolicy};
+use sqlx::{MySqlPool, PgPool};
+use txoutbox_runtime::consumer::{
+    Consumer, ConsumerBuilder, ConsumerDatabase, Mode, UnknownEventPolicy,
+};
 use uuid::Uuid;
+
+/// The receiver database: PostgreSQL, or MariaDB for a `mysql://` URL.
+#[derive(Clone)]
+enum Receiver {
+    Postgres(PgPool),
+    MariaDb(MySqlPool),
+}
+
+impl Receiver {
+    fn connect_lazy(url: &str) -> Self {
+        let timeout = Duration::from_secs(5);
+        if is_mysql_url(url) {
+            Self::MariaDb(
+                MySqlPoolOptions::new()
+                    .max_connections(4)
+                    .acquire_timeout(timeout)
+                    .connect_lazy(url)
+                    .expect("valid database url"),
+            )
+        } else {
+            Self::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(4)
+                    .acquire_timeout(timeout)
+                    .connect_lazy(url)
+                    .expect("valid database url"),
+            )
+        }
+    }
+
+    /// The effects this process (`tag`) committed.
+    async fn effects_of(&self, tag: &str) -> sqlx::Result<i64> {
+        match self {
+            Self::Postgres(pool) => {
+                sqlx::query_scalar("SELECT count(*) FROM effect WHERE process = $1")
+                    .bind(tag)
+                    .fetch_one(pool)
+                    .await
+            }
+            Self::MariaDb(pool) => {
+                sqlx::query_scalar("SELECT COUNT(*) FROM effect WHERE process = ?")
+                    .bind(tag)
+                    .fetch_one(pool)
+                    .await
+            }
+        }
+    }
+}
+
+/// The settings of the consumer, the same on both databases.
+struct Settings {
+    mode: Mode,
+    unknown: UnknownEventPolicy,
+    handler_timeout: Option<Duration>,
+}
+
+fn configure<DB: ConsumerDatabase>(
+    builder: ConsumerBuilder<DB>,
+    settings: &Settings,
+) -> ConsumerBuilder<DB> {
+    let mut builder = builder;
+    if let Some(timeout) = settings.handler_timeout {
+        builder = builder.handler_timeout(timeout);
+    }
+    builder
+        .mode(settings.mode)
+        .unknown_events(settings.unknown)
+        .max_attempts(env::get(env::MAX_ATTEMPTS, 3))
+        .processor_batch_size(env::get(env::PROCESSOR_BATCH, 500))
+        .backoff(env::CONSUMER_BACKOFF)
+        .batch_size(200)
+        .processor_poll_interval(Duration::from_millis(100))
+        // tansu can serve a record before an earlier one is readable
+        // (RELIABILITY.md); FAULTS_REFETCH_GAPS=0 shows what happens without.
+        .refetch_offset_gaps(env::get(env::REFETCH_GAPS, 1u8) == 1)
+}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -60,11 +147,9 @@ async fn main() {
         other => panic!("FAULTS_UNKNOWN must be dead_letter or keep, not {other}"),
     };
     let handles = env::get(env::HANDLES, "entry,note".to_owned());
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy(&env::required(env::RECEIVER_URL))
-        .expect("valid database url");
+    let notes = handles.split(',').any(|h| h == "note");
+    let url = env::required(env::RECEIVER_URL);
+    let receiver = Receiver::connect_lazy(&url);
     let mut kafka = rdkafka::ClientConfig::new();
     kafka
         .set("bootstrap.servers", env::required(env::BROKERS))
@@ -78,38 +163,55 @@ async fn main() {
         // `librdkafka` (needs FAULTS_LOG to let it through).
         kafka.set("debug", debug);
     }
-    let mut builder = Consumer::builder(pool.clone(), kafka, group).handler(apply_entry);
-    if handles.split(',').any(|h| h == "note") {
-        builder = builder.handler(apply_note);
+    let settings = Settings {
+        mode,
+        unknown,
+        handler_timeout: std::env::var(env::HANDLER_TIMEOUT_MS).ok().map(|ms| {
+            Duration::from_millis(ms.parse().expect("FAULTS_HANDLER_TIMEOUT_MS is a number"))
+        }),
+    };
+    let consumer = match &receiver {
+        Receiver::Postgres(pool) => {
+            let mut builder = Consumer::builder(pool.clone(), kafka, group).handler(apply_entry);
+            if notes {
+                builder = builder.handler(apply_note);
+            }
+            configure(builder, &settings).build()
+        }
+        Receiver::MariaDb(pool) => {
+            assert!(
+                mode == Mode::Dedup,
+                "inbox mode runs on PostgreSQL only: no inbox consumer on a MariaDB receiver"
+            );
+            // The other side of the swallowed deadlocks (model.rs): a pool
+            // of its own, so that it never waits for the consumer's.
+            let deadlocks = MySqlPoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_lazy(&url)
+                .expect("valid database url");
+            DEADLOCK_POOL.set(deadlocks).expect("set once");
+            let mut builder =
+                Consumer::builder(pool.clone(), kafka, group).handler(apply_entry_mysql);
+            if notes {
+                builder = builder.handler(apply_note_mysql);
+            }
+            configure(builder, &settings).build()
+        }
     }
-    if let Ok(ms) = std::env::var(env::HANDLER_TIMEOUT_MS) {
-        let ms: u64 = ms.parse().expect("FAULTS_HANDLER_TIMEOUT_MS is a number");
-        builder = builder.handler_timeout(Duration::from_millis(ms));
-    }
-    let consumer = builder
-        .mode(mode)
-        .unknown_events(unknown)
-        .max_attempts(env::get(env::MAX_ATTEMPTS, 3))
-        .processor_batch_size(env::get(env::PROCESSOR_BATCH, 500))
-        .backoff(env::CONSUMER_BACKOFF)
-        .batch_size(200)
-        .processor_poll_interval(Duration::from_millis(100))
-        // tansu can serve a record before an earlier one is readable
-        // (RELIABILITY.md); FAULTS_REFETCH_GAPS=0 shows what happens without.
-        .refetch_offset_gaps(env::get(env::REFETCH_GAPS, 1u8) == 1)
-        .build()
-        .expect("consumer builds");
+    .expect("consumer builds");
     let running = consumer.spawn();
     if crash_after > 0 {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                let applied: Result<i64, _> =
-                    sqlx::query_scalar("SELECT count(*) FROM effect WHERE process = $1")
-                        .bind(&tag)
-                        .fetch_one(&pool)
-                        .await;
-                if applied.is_ok_and(|n| n >= crash_after) {
+                let applied = receiver.effects_of(&tag).await;
+                if let Some(n) = applied.ok().filter(|&n| n >= crash_after) {
+                    // Counted by the scenario (`crash hook:` lines).
+                    eprintln!(
+                        "crash hook: {n} effects committed by this process, killed before \
+                         any offset commit"
+                    );
                     let pid = std::process::id().to_string();
                     let _ = std::process::Command::new("kill")
                         .args(["-9", &pid])

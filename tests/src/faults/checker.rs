@@ -10,10 +10,9 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::db::{OutboxRow, SourceDb};
+use super::db::{OutboxRow, ReceiverDb, SourceDb};
 use super::poison::POISON_HEADER;
 use super::topic::Record;
 
@@ -114,6 +113,9 @@ pub struct Figures {
     pub recovery: Duration,
     /// Times a consumer process had to be started again because it died.
     pub consumer_restarts: u32,
+    /// Consumer kill scenario: consumers the crash hook killed (right after
+    /// their effects committed, before any offset commit).
+    pub consumer_crash_hook_kills: usize,
     /// Handler panics the consumers caught (their panic messages in the logs).
     pub handler_panics: usize,
     /// Misbehaving-handler scenario: database errors the handlers swallowed.
@@ -277,7 +279,7 @@ fn order_violations<'a>(firsts: impl Iterator<Item = (&'a str, i64)>, any_start:
 /// Computes the figures from both databases and the topic records.
 pub async fn check(
     source: &SourceDb,
-    receiver: &PgPool,
+    receiver: &ReceiverDb,
     topic: &[Record],
     dlq: &[Record],
     expect: &Expect,
@@ -397,13 +399,7 @@ pub async fn check(
 
     // The receivers.
     for (group, inbox) in &expect.groups {
-        let effects: Vec<(Uuid, String, i64)> = sqlx::query_as(
-            "SELECT event_id, key, seq FROM effect WHERE consumer_group = $1 ORDER BY id",
-        )
-        .bind(group)
-        .fetch_all(receiver)
-        .await
-        .expect("read effects");
+        let effects = receiver.effects(group).await.expect("read effects");
         let mut g = GroupFigures {
             group: group.clone(),
             inbox: *inbox,
@@ -481,14 +477,10 @@ pub async fn check(
             .filter_map(|r| r.header(POISON_HEADER).map(str::to_owned))
             .collect();
         if *inbox {
-            let parked: Vec<String> = sqlx::query_scalar(
-                "SELECT headers->>$1 FROM inbox_event
-                 WHERE parked_at IS NOT NULL AND headers ? $1",
-            )
-            .bind(POISON_HEADER)
-            .fetch_all(receiver)
-            .await
-            .expect("read parked inbox rows");
+            let parked = receiver
+                .parked_poison(POISON_HEADER)
+                .await
+                .expect("read parked inbox rows");
             set_aside.extend(parked);
         }
         g.poison_set_aside = set_aside.len();

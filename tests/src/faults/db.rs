@@ -1,8 +1,8 @@
-//! The scenario's two databases: the source (writers, outbox, relays), on
-//! PostgreSQL or MariaDB, and the receiver (consumers' dedup / inbox tables
-//! and effects), on PostgreSQL.
+//! The scenario's two databases: the source (writers, outbox, relays) and
+//! the receiver (consumers' dedup / inbox tables and effects), each on
+//! PostgreSQL or MariaDB.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -19,7 +19,19 @@ pub enum SourceBackend {
     #[default]
     Postgres,
     /// MariaDB (the writers' `#[outbox_handler]` and the relays on a
-    /// `MySqlPool`); the receiver stays on PostgreSQL.
+    /// `MySqlPool`).
+    MariaDb,
+}
+
+/// Which database the receiving service runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReceiverBackend {
+    /// PostgreSQL (every scenario's default).
+    #[default]
+    Postgres,
+    /// MariaDB (the consumers on a `MySqlPool`, dedup mode only: inbox mode
+    /// runs on PostgreSQL only, and a scenario asking for inbox consumers on
+    /// a MariaDB receiver fails at setup).
     MariaDb,
 }
 
@@ -59,7 +71,7 @@ macro_rules! on_source {
 
 impl SourceDb {
     /// The PostgreSQL pool, for the parts of the suite that run on
-    /// PostgreSQL only (frozen connections, consumer-side liveness).
+    /// PostgreSQL only (frozen connections, the partial broker outage).
     ///
     /// # Panics
     /// On a MariaDB source.
@@ -82,6 +94,38 @@ impl SourceDb {
                 sqlx::query_as("SELECT event_id, `key`, seq FROM ledger")
                     .fetch_all(&scratch.pool)
                     .await
+            }
+        }
+    }
+
+    /// The ledger rows committed in `[from, until)`: `(event_id, key,
+    /// committed_at)` (the commit clock is the database's on PostgreSQL and
+    /// UTC on MariaDB, as the writers record it).
+    pub async fn ledger_committed(
+        &self,
+        from: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> sqlx::Result<Vec<(Uuid, String, DateTime<Utc>)>> {
+        match self {
+            Self::Postgres(pool) => {
+                sqlx::query_as(
+                    "SELECT event_id, key, committed_at FROM ledger
+                     WHERE committed_at >= $1 AND committed_at < $2",
+                )
+                .bind(from)
+                .bind(until)
+                .fetch_all(pool)
+                .await
+            }
+            Self::MariaDb(scratch) => {
+                sqlx::query_as(
+                    "SELECT event_id, `key`, committed_at FROM ledger
+                     WHERE committed_at >= ? AND committed_at < ?",
+                )
+                .bind(from)
+                .bind(until)
+                .fetch_all(&scratch.pool)
+                .await
             }
         }
     }
@@ -114,33 +158,168 @@ impl SourceDb {
     }
 }
 
+/// One effect row as the checker reads it: `(event_id, key, seq)`.
+pub type Effect = (Uuid, String, i64);
+
+/// The receiver database, as the harness, the checker and the liveness
+/// figures read it: one method per query, one match arm per backend.
+#[derive(Debug)]
+pub enum ReceiverDb {
+    /// On PostgreSQL.
+    Postgres(PgPool),
+    /// On MariaDB (the scratch database it lives in).
+    MariaDb(Box<MySqlScratch>),
+}
+
+impl ReceiverDb {
+    /// The PostgreSQL pool, for the parts of the suite that run on
+    /// PostgreSQL only (inbox mode, frozen connections).
+    ///
+    /// # Panics
+    /// On a MariaDB receiver.
+    pub fn postgres(&self) -> &PgPool {
+        match self {
+            Self::Postgres(pool) => pool,
+            Self::MariaDb(_) => panic!("this part runs with a PostgreSQL receiver only"),
+        }
+    }
+
+    /// Distinct events `group` applied.
+    pub async fn applied(&self, group: &str) -> sqlx::Result<i64> {
+        match self {
+            Self::Postgres(pool) => {
+                sqlx::query_scalar(
+                    "SELECT count(DISTINCT event_id) FROM effect WHERE consumer_group = $1",
+                )
+                .bind(group)
+                .fetch_one(pool)
+                .await
+            }
+            Self::MariaDb(scratch) => {
+                sqlx::query_scalar(
+                    "SELECT COUNT(DISTINCT event_id) FROM effect WHERE consumer_group = ?",
+                )
+                .bind(group)
+                .fetch_one(&scratch.pool)
+                .await
+            }
+        }
+    }
+
+    /// Every effect of `group`, in the order they were inserted (`id`).
+    pub async fn effects(&self, group: &str) -> sqlx::Result<Vec<Effect>> {
+        match self {
+            Self::Postgres(pool) => {
+                sqlx::query_as(
+                    "SELECT event_id, key, seq FROM effect WHERE consumer_group = $1 ORDER BY id",
+                )
+                .bind(group)
+                .fetch_all(pool)
+                .await
+            }
+            Self::MariaDb(scratch) => {
+                sqlx::query_as(
+                    "SELECT event_id, `key`, seq FROM effect WHERE consumer_group = ? ORDER BY id",
+                )
+                .bind(group)
+                .fetch_all(&scratch.pool)
+                .await
+            }
+        }
+    }
+
+    /// When `group` first applied each of `ids` (those it applied).
+    pub async fn first_applied(
+        &self,
+        group: &str,
+        ids: &[Uuid],
+    ) -> sqlx::Result<HashMap<Uuid, DateTime<Utc>>> {
+        match self {
+            Self::Postgres(pool) => {
+                let rows: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+                    "SELECT event_id, min(applied_at) FROM effect
+                     WHERE consumer_group = $1 AND event_id = ANY($2) GROUP BY 1",
+                )
+                .bind(group)
+                .bind(ids)
+                .fetch_all(pool)
+                .await?;
+                Ok(rows.into_iter().collect())
+            }
+            Self::MariaDb(scratch) => {
+                // No arrays: every event of the group, filtered here.
+                let rows: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+                    "SELECT event_id, MIN(applied_at) FROM effect
+                     WHERE consumer_group = ? GROUP BY event_id",
+                )
+                .bind(group)
+                .fetch_all(&scratch.pool)
+                .await?;
+                let wanted: HashSet<&Uuid> = ids.iter().collect();
+                Ok(rows
+                    .into_iter()
+                    .filter(|(id, _)| wanted.contains(id))
+                    .collect())
+            }
+        }
+    }
+
+    /// The poison tags of the inbox rows of any group parked with the
+    /// poison header `header` (inbox mode: PostgreSQL only).
+    pub async fn parked_poison(&self, header: &str) -> sqlx::Result<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT headers->>$1 FROM inbox_event
+             WHERE parked_at IS NOT NULL AND headers ? $1",
+        )
+        .bind(header)
+        .fetch_all(self.postgres())
+        .await
+    }
+
+    async fn close(&self) {
+        match self {
+            Self::Postgres(pool) => pool.close().await,
+            Self::MariaDb(scratch) => scratch.pool.close().await,
+        }
+    }
+}
+
 /// The databases of one scenario; dropped by [`Databases::drop_all`].
 #[derive(Debug)]
 pub struct Databases {
-    names: [String; 2],
+    /// The PostgreSQL databases of the scenario (to drop).
+    postgres_names: Vec<String>,
     /// Source database URL.
     pub source_url: String,
     /// Receiver database URL.
     pub receiver_url: String,
     /// The source database (for the harness and the checker).
     pub source: SourceDb,
-    /// A pool on the receiver database.
-    pub receiver: PgPool,
+    /// The receiver database (for the harness and the checker).
+    pub receiver: ReceiverDb,
 }
 
 impl Databases {
-    /// Creates `faults_<scenario>_<id>_{src,rx}` with the workload's tables
-    /// and `keys` keys: the source on `backend` (PostgreSQL at
-    /// `DATABASE_URL`, MariaDB at `MYSQL_URL`), the receiver on PostgreSQL.
-    pub async fn create(scenario: &str, keys: usize, backend: SourceBackend) -> Self {
+    /// Creates the scenario's databases with the workload's tables and
+    /// `keys` keys: on PostgreSQL (`DATABASE_URL`)
+    /// `faults_<scenario>_<id>_{src,rx}`, on MariaDB (`MYSQL_URL`) a scratch
+    /// database each.
+    pub async fn create(
+        scenario: &str,
+        keys: usize,
+        source: SourceBackend,
+        receiver: ReceiverBackend,
+    ) -> Self {
         let id = &Uuid::new_v4().simple().to_string()[..8];
         let names = [
             format!("faults_{scenario}_{id}_src"),
             format!("faults_{scenario}_{id}_rx"),
         ];
-        let (source, source_url) = match backend {
+        let mut postgres_names = Vec::new();
+        let (source, source_url) = match source {
             SourceBackend::Postgres => {
                 create_database(&names[0]).await;
+                postgres_names.push(names[0].clone());
                 let pool = connect(&names[0], 4).await;
                 model::migrate_source(&pool, keys)
                     .await
@@ -156,15 +335,29 @@ impl Databases {
                 (SourceDb::MariaDb(Box::new(scratch)), url)
             }
         };
-        create_database(&names[1]).await;
-        let receiver = connect(&names[1], 4).await;
-        model::migrate_receiver(&receiver)
-            .await
-            .expect("migrate receiver");
+        let (receiver, receiver_url) = match receiver {
+            ReceiverBackend::Postgres => {
+                create_database(&names[1]).await;
+                postgres_names.push(names[1].clone());
+                let pool = connect(&names[1], 4).await;
+                model::migrate_receiver(&pool)
+                    .await
+                    .expect("migrate receiver");
+                (ReceiverDb::Postgres(pool), url_of(&names[1]))
+            }
+            ReceiverBackend::MariaDb => {
+                let scratch = MySqlScratch::create(4).await;
+                model::migrate_receiver_mysql(&scratch.pool)
+                    .await
+                    .expect("migrate receiver");
+                let url = scratch.url();
+                (ReceiverDb::MariaDb(Box::new(scratch)), url)
+            }
+        };
         Self {
-            receiver_url: url_of(&names[1]),
+            postgres_names,
             source_url,
-            names,
+            receiver_url,
             source,
             receiver,
         }
@@ -175,14 +368,14 @@ impl Databases {
     pub async fn drop_all(self) {
         self.source.close().await;
         self.receiver.close().await;
-        match self.source {
-            SourceDb::Postgres(_) => {
-                let _ = drop_databases(&self.names).await;
-            }
-            SourceDb::MariaDb(scratch) => {
-                let _ = drop_databases(&self.names[1..]).await;
-                (*scratch).drop().await;
-            }
+        if !self.postgres_names.is_empty() {
+            let _ = drop_databases(&self.postgres_names).await;
+        }
+        if let SourceDb::MariaDb(scratch) = self.source {
+            (*scratch).drop().await;
+        }
+        if let ReceiverDb::MariaDb(scratch) = self.receiver {
+            (*scratch).drop().await;
         }
     }
 }

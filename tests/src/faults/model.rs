@@ -226,6 +226,38 @@ fn first_time(kind: &'static str, event_id: Uuid) -> bool {
     first
 }
 
+/// The faults that need time, shared by both databases' handlers: a call
+/// that never returns by itself (the first time this process meets an event
+/// whose `seq` is a multiple of `hang_every`).
+async fn hang(event_id: Uuid, key: &str, seq: i64) {
+    let Some(faults) = HANDLER_FAULTS.get() else {
+        return;
+    };
+    if faults.hang_every > 0 && seq % faults.hang_every == 0 && first_time("hang", event_id) {
+        tracing::warn!(key, seq, "fault injection: a handler that never returns");
+        tokio::time::sleep(std::time::Duration::from_secs(3_600)).await;
+    }
+}
+
+/// Whether the handler is to swallow a database error for this event (the
+/// first time this process meets an event whose `seq` is a multiple of
+/// `swallow_every`).
+fn swallow_now(event_id: Uuid, seq: i64) -> bool {
+    HANDLER_FAULTS.get().is_some_and(|faults| {
+        faults.swallow_every > 0
+            && seq % faults.swallow_every == 0
+            && first_time("swallow", event_id)
+    })
+}
+
+fn log_swallowed(key: &str, seq: i64) {
+    tracing::warn!(
+        key,
+        seq,
+        "fault injection: a handler swallowed a database error"
+    );
+}
+
 /// The faults that need the transaction or time: a swallowed database error
 /// (`true`: return `Ok` at once, without the effect) and a call that never
 /// returns by itself.
@@ -235,27 +267,101 @@ async fn misbehave(
     key: &str,
     seq: i64,
 ) -> bool {
-    let Some(faults) = HANDLER_FAULTS.get() else {
-        return false;
-    };
-    if faults.hang_every > 0 && seq % faults.hang_every == 0 && first_time("hang", event_id) {
-        tracing::warn!(key, seq, "fault injection: a handler that never returns");
-        tokio::time::sleep(std::time::Duration::from_secs(3_600)).await;
-    }
-    if faults.swallow_every > 0
-        && seq % faults.swallow_every == 0
-        && first_time("swallow", event_id)
-    {
+    hang(event_id, key, seq).await;
+    if swallow_now(event_id, seq) {
+        // PostgreSQL aborts the transaction: every later statement fails.
         let failed = sqlx::query("SELECT 1 / 0").execute(&mut **tx).await;
         assert!(failed.is_err());
-        tracing::warn!(
-            key,
-            seq,
-            "fault injection: a handler swallowed a database error"
-        );
+        log_swallowed(key, seq);
         return true;
     }
     false
+}
+
+/// A second pool on the receiver database (set once by the consumer binary
+/// on MariaDB): the other transaction of [`misbehave_mysql`]'s deadlocks.
+pub static DEADLOCK_POOL: std::sync::OnceLock<MySqlPool> = std::sync::OnceLock::new();
+
+/// Rows the other transaction of a deadlock inserts before taking its lock,
+/// so that it is the heavier side: InnoDB rolls back the transaction with
+/// the fewest rows changed and locks, and a consumer's transaction holds at
+/// most a batch's dedup rows and effects (200 each in the harness).
+const DEADLOCK_BALLAST: u32 = 5_000;
+
+/// [`misbehave`] on MariaDB. A failed statement there undoes itself, not the
+/// transaction, so swallowing an ordinary error is harmless (the handler
+/// could go on and write its effect); the error that does what PostgreSQL's
+/// abort does is a deadlock (1213), which rolls the whole transaction back
+/// and leaves the session in autocommit. So the swallowed error is a real
+/// deadlock, against a transaction of [`DEADLOCK_POOL`] made the heavier
+/// side: the handler's transaction is rolled back under it, it drops the
+/// error and returns `Ok` without its effect (`true`). The framework must
+/// find the transaction gone and run the event again, not commit or count
+/// the attempt. Should InnoDB choose the other side after all, the handler's
+/// transaction is intact and the handler goes on (`false`), as any handler
+/// whose statement succeeded.
+async fn misbehave_mysql(
+    tx: &mut Transaction<'_, MySql>,
+    event_id: Uuid,
+    key: &str,
+    seq: i64,
+) -> Result<bool, sqlx::Error> {
+    hang(event_id, key, seq).await;
+    if !swallow_now(event_id, seq) {
+        return Ok(false);
+    }
+    let pool = DEADLOCK_POOL
+        .get()
+        .expect("the consumer binary sets DEADLOCK_POOL on MariaDB");
+    sqlx::query("INSERT IGNORE INTO deadlock_row (event_id, side) VALUES (?, 1), (?, 2)")
+        .bind(event_id)
+        .bind(event_id)
+        .execute(pool)
+        .await?;
+    let mut other = pool.begin().await?;
+    sqlx::query("INSERT INTO deadlock_ballast (n) SELECT seq FROM seq_1_to_1000000 LIMIT ?")
+        .bind(DEADLOCK_BALLAST)
+        .execute(&mut *other)
+        .await?;
+    let lock = move |side: i32| {
+        sqlx::query("UPDATE deadlock_row SET n = n + 1 WHERE event_id = ? AND side = ?")
+            .bind(event_id)
+            .bind(side)
+    };
+    lock(1).execute(&mut *other).await?;
+    lock(2).execute(&mut **tx).await?;
+    // The other transaction waits for side 2, the handler's for side 1.
+    let waiting = tokio::spawn(async move {
+        let locked = lock(2).execute(&mut *other).await;
+        let _ = other.rollback().await;
+        locked.map(drop)
+    });
+    let handler = lock(1).execute(&mut **tx).await;
+    let other = waiting.await.expect("the other transaction's task");
+    match handler {
+        Err(error) if is_deadlock(&error) => {
+            log_swallowed(key, seq);
+            Ok(true)
+        }
+        Err(error) => Err(error),
+        Ok(_) => {
+            tracing::warn!(
+                key,
+                seq,
+                ?other,
+                "fault injection: InnoDB rolled back the other side of the deadlock, \
+                 not the handler's; the handler goes on"
+            );
+            Ok(false)
+        }
+    }
+}
+
+fn is_deadlock(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|db| db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .is_some_and(|db| db.number() == 1213)
 }
 
 /// This process's handler faults.
@@ -315,6 +421,31 @@ async fn record_effect(
     Ok(())
 }
 
+/// [`record_effect`] on MariaDB: the same faults and the same row.
+async fn record_effect_mysql(
+    tx: &mut Transaction<'_, MySql>,
+    event_id: Uuid,
+    key: &str,
+    seq: i64,
+) -> Result<(), sqlx::Error> {
+    inject_faults(event_id, key, seq)?;
+    if misbehave_mysql(tx, event_id, key, seq).await? {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO effect (consumer_group, process, event_id, `key`, seq)
+         VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(EFFECT_GROUP.get().map_or("", String::as_str))
+    .bind(PROCESS_TAG.get().map_or("", String::as_str))
+    .bind(event_id)
+    .bind(key)
+    .bind(seq)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// Applies an event on the receiver: one `effect` row, in the consumer's
 /// transaction. No unique constraint on purpose: a second application would
 /// show as a second row instead of failing.
@@ -333,6 +464,24 @@ pub async fn apply_note(
     event: LedgerNote,
 ) -> Result<(), sqlx::Error> {
     record_effect(tx, event.event_id, &event.key, event.seq).await
+}
+
+/// [`apply_entry`] on a MariaDB receiver.
+#[event_handler]
+pub async fn apply_entry_mysql(
+    tx: &mut Transaction<'_, MySql>,
+    event: LedgerEntry,
+) -> Result<(), sqlx::Error> {
+    record_effect_mysql(tx, event.event_id, &event.key, event.seq).await
+}
+
+/// [`apply_note`] on a MariaDB receiver.
+#[event_handler]
+pub async fn apply_note_mysql(
+    tx: &mut Transaction<'_, MySql>,
+    event: LedgerNote,
+) -> Result<(), sqlx::Error> {
+    record_effect_mysql(tx, event.event_id, &event.key, event.seq).await
 }
 
 /// Creates the source database's tables: the framework's and the workload's.
@@ -402,6 +551,34 @@ pub async fn migrate_receiver(pool: &PgPool) -> sqlx::Result<()> {
              applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
          CREATE INDEX IF NOT EXISTS effect_event ON effect (event_id);
          CREATE INDEX IF NOT EXISTS effect_process ON effect (process);",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Creates the receiver database's tables on MariaDB: the framework's
+/// (dedup mode's `processed_event` and `consumer_dead_letter`) and the
+/// same `effect` table in MySQL types, plus the rows and the ballast of the
+/// swallowed-deadlock fault ([`misbehave_mysql`]).
+pub async fn migrate_receiver_mysql(pool: &MySqlPool) -> sqlx::Result<()> {
+    txoutbox_runtime::migrations::run(pool)
+        .await
+        .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS effect (
+             id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+             consumer_group VARCHAR(255) NOT NULL, process VARCHAR(64) NOT NULL,
+             event_id BINARY(16) NOT NULL, `key` VARCHAR(64) NOT NULL, seq BIGINT NOT NULL,
+             applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+             KEY effect_event (event_id),
+             KEY effect_process (process)
+         ) ENGINE = InnoDB;
+         CREATE TABLE IF NOT EXISTS deadlock_row (
+             event_id BINARY(16) NOT NULL, side INT NOT NULL, n BIGINT NOT NULL DEFAULT 0,
+             PRIMARY KEY (event_id, side)
+         ) ENGINE = InnoDB;
+         CREATE TABLE IF NOT EXISTS deadlock_ballast (n INT NOT NULL) ENGINE = InnoDB;",
     )
     .execute(pool)
     .await?;

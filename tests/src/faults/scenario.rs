@@ -11,7 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::broker::{Broker, Cluster, MockBrokers};
 use super::checker::{self, Expect, Figures, OutageFigures};
-use super::db::{Databases, SourceBackend};
+use super::db::{Databases, ReceiverBackend, SourceBackend};
 use super::env;
 use super::fleet::{Fleet, Role};
 use super::freeze::{Freeze, FreezeTarget};
@@ -185,6 +185,9 @@ pub struct Scenario {
     pub relay_database_timeout: Option<Duration>,
     /// The database of the source service (writers, outbox, relays).
     pub source: SourceBackend,
+    /// The database of the receiving service (consumers, effects). On
+    /// MariaDB, dedup consumers only: setup refuses inbox consumers there.
+    pub receiver: ReceiverBackend,
 }
 
 impl Scenario {
@@ -221,6 +224,7 @@ impl Scenario {
             relay_lease: None,
             relay_database_timeout: None,
             source: SourceBackend::Postgres,
+            receiver: ReceiverBackend::Postgres,
         }
     }
 }
@@ -324,13 +328,7 @@ async fn backlog(dbs: &Databases, groups: &[(String, bool)], poison_rows: usize)
     };
     let mut unapplied = 0;
     for (group, _) in groups {
-        let applied: Result<i64, _> = sqlx::query_scalar(
-            "SELECT count(DISTINCT event_id) FROM effect WHERE consumer_group = $1",
-        )
-        .bind(group)
-        .fetch_one(&dbs.receiver)
-        .await;
-        match applied {
+        match dbs.receiver.applied(group).await {
             Ok(applied) => unapplied += (committed - applied).max(0),
             Err(_) => return (i64::MAX, i64::MAX),
         }
@@ -378,7 +376,20 @@ fn restart_postgres() {
 /// If the services are missing or the harness itself fails; invariants are
 /// checked by the caller with [`Figures::assert_sound`].
 pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Leftovers) {
-    let dbs = Databases::create(scenario.name, scenario.keys, scenario.source).await;
+    assert!(
+        scenario.receiver == ReceiverBackend::Postgres || scenario.inbox_consumers == 0,
+        "scenario {}: inbox mode runs on PostgreSQL only; a MariaDB receiver takes dedup \
+         consumers only (inbox_consumers = {})",
+        scenario.name,
+        scenario.inbox_consumers
+    );
+    let dbs = Databases::create(
+        scenario.name,
+        scenario.keys,
+        scenario.source,
+        scenario.receiver,
+    )
+    .await;
     let freeze_target = match scenario.fault {
         Fault::Freeze { target, .. } => Some(target),
         _ => None,
@@ -815,8 +826,17 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
                 started_ms + from.as_millis() as u64,
                 started_ms + until.as_millis() as u64,
             );
-            for (group, _) in &expect.groups {
-                liveness::blocked_key(&dbs, group, started_ms, window, &mut figures).await;
+            for (group, inbox) in &expect.groups {
+                liveness::blocked_key(
+                    &dbs,
+                    group,
+                    *inbox,
+                    started_ms,
+                    window,
+                    &records,
+                    &mut figures,
+                )
+                .await;
             }
         }
         Fault::HandlerPanics { .. } => {
@@ -845,6 +865,17 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
                 figures.consumer_restarts
             ));
         }
+        Fault::KillConsumers {
+            crash_after_effects,
+            ..
+        } if crash_after_effects > 0 => {
+            figures.consumer_crash_hook_kills = count_log_lines(&logs, "consumer", "crash hook:");
+            figures.notes.push(format!(
+                "consumers killed by the crash hook (after {crash_after_effects} effects \
+                 committed, before any offset commit): {}; consumer processes started again: {}",
+                figures.consumer_crash_hook_kills, figures.consumer_restarts
+            ));
+        }
         Fault::RollingDeploy { .. } => {
             if let Some(at) = deployed_at {
                 liveness::rolling_deploy(&dbs, at, &mut figures).await;
@@ -857,7 +888,11 @@ pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Left
     }
     if let Some(freeze) = &freeze {
         figures.liveness = freeze
-            .figures(dbs.source.postgres(), &dbs.receiver, &expect.groups)
+            .figures(
+                dbs.source.postgres(),
+                dbs.receiver.postgres(),
+                &expect.groups,
+            )
             .await;
     }
     println!(
