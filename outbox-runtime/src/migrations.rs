@@ -130,6 +130,11 @@ pub const MYSQL_MIGRATIONS: &[Migration] = &[
         description: "consumer",
         sql: include_str!("../migrations/mysql/0004_consumer.sql"),
     },
+    Migration {
+        version: 5,
+        description: "inbox",
+        sql: include_str!("../migrations/mysql/0005_inbox.sql"),
+    },
 ];
 
 /// A database [`run`] migrates: `&PgPool`, or `&MySqlPool` (feature

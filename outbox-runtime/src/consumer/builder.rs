@@ -34,8 +34,8 @@ impl Consumer {
     ///
     /// The pool is a `PgPool`, or a `MySqlPool` (feature `mysql`, MariaDB
     /// 10.6 or later, schema from `migrations::run`): the builder then takes
-    /// handlers of `&mut Transaction<'_, MySql>`, in dedup mode (inbox mode
-    /// and sagas are PostgreSQL's for now, and `build` says so).
+    /// handlers of `&mut Transaction<'_, MySql>`, in dedup or inbox mode
+    /// (sagas are PostgreSQL's for now).
     pub fn builder<DB: ConsumerDatabase>(
         pool: sqlx::Pool<DB>,
         kafka_config: ClientConfig,
@@ -377,12 +377,6 @@ impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
                 "the consumer group id is longer than 1024 bytes (txoutbox_core::MAX_PARTITION_KEY_BYTES): \
                  it is indexed with every processed_event and inbox_event row, and PostgreSQL refuses \
                  longer index entries; use a shorter group id",
-            ));
-        }
-        if !matches!(self.pool, Pool::Postgres(_)) && self.settings.mode == Mode::Inbox {
-            return Err(BuildError::InvalidConfig(
-                "Mode::Inbox needs PostgreSQL for now: on MySQL / MariaDB a consumer runs in Mode::Dedup \
-                 (processed_event), which keeps the same once-per-event guarantee",
             ));
         }
         if self.settings.unknown_events == UnknownEventPolicy::Keep

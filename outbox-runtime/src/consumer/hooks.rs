@@ -49,7 +49,7 @@ impl Consumer {
                 },
             ),
             Mode::Inbox => report(
-                route(message, &ctx.dispatch, &ctx.settings, &IntoInbox),
+                route(message, &ctx.dispatch, &ctx.settings, &IntoInbox::POSTGRES),
                 |envelope| Route::Store {
                     event_id: envelope.meta.event_id,
                 },
@@ -83,12 +83,12 @@ impl Consumer {
         let ctx = &self.ctx;
         let rows: Vec<_> = messages
             .iter()
-            .filter_map(
-                |message| match route(message, &ctx.dispatch, &ctx.settings, &IntoInbox) {
+            .filter_map(|message| {
+                match route(message, &ctx.dispatch, &ctx.settings, &IntoInbox::POSTGRES) {
                     Routed::Take(envelope) => Some(envelope),
                     _ => None,
-                },
-            )
+                }
+            })
             .collect();
         super::inbox::store_pending(ctx, conn, &rows).await
     }

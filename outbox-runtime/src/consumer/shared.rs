@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     /// Metrics and the totals of the consumer's summary (shared with its
     /// handle).
     pub(crate) counts: Counts,
+    /// What inbox mode keeps in memory (on MySQL).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) inbox: super::inbox::State,
 }
 
 impl Shared {
@@ -56,6 +59,7 @@ impl Shared {
             db,
             calls,
             counts,
+            inbox: super::inbox::State::default(),
         }
     }
 

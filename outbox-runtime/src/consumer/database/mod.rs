@@ -6,9 +6,9 @@
 //! This is the consumer's seam between its loop and its SQL: the dedup
 //! pass, the handler calls and the dead letters speak to a [`Tx`] or to
 //! [`Database`], and each database's statements live in its own child
-//! module ([`postgres`], `mysql`). Inbox mode and sagas are PostgreSQL's
-//! alone for now ([`Database::postgres`]); building them on another pool
-//! fails at `build`.
+//! module ([`postgres`], `mysql`); inbox mode's statements are in
+//! `inbox/postgres.rs` and `inbox/mysql.rs`. Sagas are PostgreSQL's alone
+//! for now ([`Database::postgres`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -85,29 +85,50 @@ impl Tx {
 
     /// Sets the savepoint of one event (the same SQL on every database).
     pub(crate) async fn savepoint(&mut self) -> sqlx::Result<()> {
-        self.simple(&format!("SAVEPOINT {EVENT_SAVEPOINT}")).await
+        self.set_savepoint(EVENT_SAVEPOINT).await
     }
 
-    /// Releases the event's savepoint. On failure, [`TxLost`] says whether
-    /// the transaction could no longer commit (the handler left it aborted
-    /// or lost) rather than the statement failing on its own.
+    /// Releases the event's savepoint (see [`Tx::release`]).
     pub(crate) async fn release_savepoint(&mut self) -> Result<(), TxFailure> {
-        let released = self
-            .simple(&format!("RELEASE SAVEPOINT {EVENT_SAVEPOINT}"))
-            .await;
-        match released {
-            Ok(()) => Ok(()),
-            Err(error) => Err(match self.not_committable(&error).await {
-                Some(unusable) => TxFailure::Unusable(unusable),
-                None => TxFailure::Database(error),
-            }),
-        }
+        self.release(EVENT_SAVEPOINT).await
     }
 
     /// Undoes what ran since the event's savepoint.
     pub(crate) async fn rollback_to_savepoint(&mut self) -> sqlx::Result<()> {
         self.simple(&format!("ROLLBACK TO SAVEPOINT {EVENT_SAVEPOINT}"))
             .await
+    }
+
+    /// Sets the savepoint `name` (the same SQL on every database).
+    pub(crate) async fn set_savepoint(&mut self, name: &str) -> sqlx::Result<()> {
+        self.simple(&format!("SAVEPOINT {name}")).await
+    }
+
+    /// Releases the savepoint `name`. On failure, [`TxFailure`] says whether
+    /// the transaction could no longer commit (the handler left it aborted
+    /// or lost) rather than the statement failing on its own.
+    pub(crate) async fn release(&mut self, name: &str) -> Result<(), TxFailure> {
+        let released = self.simple(&format!("RELEASE SAVEPOINT {name}")).await;
+        self.classify(released).await
+    }
+
+    /// Undoes what ran since the savepoint `name`. On failure, [`TxFailure`]
+    /// says whether the transaction is gone (on MySQL, rolled back under a
+    /// handler by a deadlock, savepoints and all; on PostgreSQL, ended by
+    /// the handler).
+    pub(crate) async fn rollback_to(&mut self, name: &str) -> Result<(), TxFailure> {
+        let undone = self.simple(&format!("ROLLBACK TO SAVEPOINT {name}")).await;
+        self.classify(undone).await
+    }
+
+    async fn classify(&mut self, result: sqlx::Result<()>) -> Result<(), TxFailure> {
+        match result {
+            Ok(()) => Ok(()),
+            Err(error) => Err(match self.not_committable(&error).await {
+                Some(unusable) => TxFailure::Unusable(unusable),
+                None => TxFailure::Database(error),
+            }),
+        }
     }
 
     async fn simple(&mut self, statement: &str) -> sqlx::Result<()> {
@@ -152,6 +173,14 @@ impl Tx {
             Self::Postgres(_) => Ok(()),
             #[cfg(feature = "mysql")]
             Self::MySql(tx) => txoutbox_core::mysql::check_in_transaction(tx).await,
+        }
+    }
+
+    pub(crate) async fn rollback(self) -> sqlx::Result<()> {
+        match self {
+            Self::Postgres(tx) => tx.rollback().await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(tx) => tx.rollback().await,
         }
     }
 
@@ -268,21 +297,36 @@ impl Database {
         }
     }
 
-    /// A PostgreSQL transaction, for inbox mode and sagas (which `build`
-    /// refuses on any other database).
+    /// A PostgreSQL transaction, for what runs on PostgreSQL only (the
+    /// inbox's adoption of rows stored before groups).
     pub(crate) async fn begin_postgres(&self) -> sqlx::Result<Transaction<'static, Postgres>> {
         let statement = sqlx::AssertSqlSafe(Arc::clone(&self.begin_statement));
         self.postgres().begin_with(statement).await
     }
 
-    /// The PostgreSQL pool, for inbox mode and sagas (which `build` refuses
-    /// on any other database).
+    /// The PostgreSQL pool, for what runs on PostgreSQL only: the inbox's
+    /// adoption of legacy rows, and sagas' periodic work (a saga's builder
+    /// takes a PostgreSQL consumer).
     pub(crate) fn postgres(&self) -> &PgPool {
         match &self.pool {
             Pool::Postgres(pool) => pool,
             #[cfg(feature = "mysql")]
-            Pool::MySql(_) => unreachable!("inbox mode and sagas are refused at build on MySQL"),
+            Pool::MySql(_) => unreachable!("sagas and legacy inbox rows are PostgreSQL's"),
         }
+    }
+
+    /// The MySQL pool, if the consumer runs on MySQL.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(&self) -> Option<&sqlx::MySqlPool> {
+        match &self.pool {
+            Pool::MySql(pool) => Some(pool),
+            Pool::Postgres(_) => None,
+        }
+    }
+
+    /// The pool, for statements outside the consumer's transactions.
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// Keeps a dead letter in `consumer_dead_letter`; a record redelivered

@@ -5,6 +5,10 @@
 
 use uuid::Uuid;
 
+#[cfg(feature = "mysql")]
+use super::mysql;
+use super::postgres;
+use crate::consumer::database::Pool;
 use crate::consumer::shared::Shared;
 use crate::consumer::telemetry as m;
 
@@ -13,9 +17,6 @@ pub(crate) struct Membership {
     instance_id: Uuid,
     adopted: bool,
 }
-
-/// Advisory lock class serializing the adoption of legacy rows ("obxa").
-const ADOPT_LOCK: i32 = 0x6f62_7861;
 
 impl Membership {
     pub(crate) fn new() -> Self {
@@ -43,45 +44,30 @@ impl Membership {
     }
 
     async fn beat(&self, ctx: &Shared) -> sqlx::Result<()> {
-        let (topics, types) = ctx.dispatch.routes();
+        let handled = ctx.dispatch.routes();
         let heartbeat_ms =
             i32::try_from(ctx.settings.backlog_interval.as_millis()).unwrap_or(i32::MAX);
-        sqlx::query(
-            "INSERT INTO inbox_processor
-                 (consumer_group, instance_id, host, topics, event_types, heartbeat_ms)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (consumer_group, instance_id) DO UPDATE
-                 SET seen_at = now(), topics = excluded.topics,
-                     event_types = excluded.event_types, heartbeat_ms = excluded.heartbeat_ms",
-        )
-        .bind(&ctx.settings.group_id)
-        .bind(self.instance_id)
-        .bind(host())
-        .bind(topics)
-        .bind(types)
-        .bind(heartbeat_ms)
-        .execute(ctx.db.postgres())
-        .await?;
-        // Entries of processors gone for long (killed, not shut down).
-        sqlx::query(
-            "DELETE FROM inbox_processor
-             WHERE consumer_group = $1 AND seen_at < now() - interval '1 hour'",
-        )
-        .bind(&ctx.settings.group_id)
-        .execute(ctx.db.postgres())
-        .await?;
-        Ok(())
+        let group = &ctx.settings.group_id;
+        match ctx.db.pool() {
+            Pool::Postgres(pool) => {
+                postgres::heartbeat(pool, group, self.instance_id, host(), handled, heartbeat_ms)
+                    .await
+            }
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => {
+                mysql::heartbeat(pool, group, self.instance_id, host(), handled, heartbeat_ms).await
+            }
+        }
     }
 
     /// Removes this consumer's entry (graceful shutdown).
     pub(crate) async fn leave(self, ctx: &Shared) {
-        let _ = sqlx::query(
-            "DELETE FROM inbox_processor WHERE consumer_group = $1 AND instance_id = $2",
-        )
-        .bind(&ctx.settings.group_id)
-        .bind(self.instance_id)
-        .execute(ctx.db.postgres())
-        .await;
+        let group = &ctx.settings.group_id;
+        let _ = match ctx.db.pool() {
+            Pool::Postgres(pool) => postgres::leave(pool, group, self.instance_id).await,
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => mysql::leave(pool, group, self.instance_id).await,
+        };
     }
 }
 
@@ -89,43 +75,17 @@ fn host() -> Option<String> {
     std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty())
 }
 
-/// Rows stored before migration 0005 have the group `''`: one database held
-/// one inbox group then, so the first inbox consumer to start takes them
-/// over (rows it already holds itself are left alone). Their keys follow
-/// (the update trigger files them under the new group).
+/// Rows stored before PostgreSQL's migration 0005 have the group `''`: the
+/// first inbox consumer to start takes them over (see
+/// `postgres::adopt_legacy_rows`). MySQL's inbox had groups from its start.
 async fn adopt_legacy_rows(ctx: &Shared) -> sqlx::Result<()> {
-    let legacy: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM inbox_event WHERE consumer_group = '')")
-            .fetch_one(ctx.db.postgres())
-            .await?;
-    if !legacy || ctx.settings.group_id.is_empty() {
+    #[cfg(feature = "mysql")]
+    if ctx.db.mysql().is_some() {
         return Ok(());
     }
-    let mut tx = ctx.db.begin_postgres().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
-        .bind(ADOPT_LOCK)
-        .execute(&mut *tx)
-        .await?;
-    let adopted = sqlx::query(
-        "UPDATE inbox_event l SET consumer_group = $1
-         WHERE l.consumer_group = ''
-           AND NOT EXISTS (SELECT 1 FROM inbox_event g
-                           WHERE g.consumer_group = $1 AND g.event_id = l.event_id)",
-    )
-    .bind(&ctx.settings.group_id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    sqlx::query(
-        "DELETE FROM inbox_key k WHERE k.consumer_group = ''
-           AND NOT EXISTS (SELECT 1 FROM inbox_event i
-                           WHERE i.consumer_group = '' AND i.topic = k.topic
-                             AND i.partition_key IS NOT DISTINCT FROM k.partition_key
-                             AND NOT i.processed AND i.parked_at IS NULL)",
-    )
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    let pool = ctx.db.postgres();
+    let group = &ctx.settings.group_id;
+    let adopted = postgres::adopt_legacy_rows(pool, ctx.db.begin_postgres(), group).await?;
     if adopted > 0 {
         tracing::info!(
             group = %ctx.settings.group_id,
@@ -137,18 +97,22 @@ async fn adopt_legacy_rows(ctx: &Shared) -> sqlx::Result<()> {
 }
 
 async fn report_backlog(ctx: &Shared) {
-    let counts: Result<(i64, i64), _> = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE parked_at IS NULL), count(*) FILTER (WHERE parked_at IS NOT NULL)
-         FROM inbox_event WHERE consumer_group = $1 AND NOT processed",
-    )
-    .bind(&ctx.settings.group_id)
-    .fetch_one(ctx.db.postgres())
-    .await;
+    let group = &ctx.settings.group_id;
+    let counts = match ctx.db.pool() {
+        Pool::Postgres(pool) => postgres::backlog(pool, group).await,
+        #[cfg(feature = "mysql")]
+        Pool::MySql(pool) => mysql::backlog(pool, group).await,
+    };
     if let Ok((backlog, parked)) = counts {
         metrics::gauge!(m::INBOX_BACKLOG, "group" => ctx.group()).set(backlog as f64);
         metrics::gauge!(m::INBOX_PARKED_ROWS, "group" => ctx.group()).set(parked as f64);
     }
-    match super::unclaimed::inbox_unclaimed(ctx.db.postgres(), Some(&ctx.settings.group_id)).await {
+    let unclaimed = match ctx.db.pool() {
+        Pool::Postgres(pool) => super::unclaimed::inbox_unclaimed(pool, Some(group)).await,
+        #[cfg(feature = "mysql")]
+        Pool::MySql(pool) => mysql::inbox_unclaimed(pool, Some(group)).await,
+    };
+    match unclaimed {
         Ok(waiting) => {
             let keys: i64 = waiting.iter().map(|w| w.keys).sum();
             metrics::gauge!(m::INBOX_UNCLAIMED_KEYS, "group" => ctx.group()).set(keys as f64);

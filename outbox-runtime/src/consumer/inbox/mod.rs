@@ -1,19 +1,27 @@
 //! Inbox mode: store received messages in `inbox_event`, then processors run
 //! the handlers from there.
 //!
-//! Storing is one multi-row `INSERT .. ON CONFLICT DO NOTHING` per batch, in
-//! the consumer group's inbox; offsets are stored only after it commits.
+//! Storing is one multi-row insert per batch (PostgreSQL's `ON CONFLICT DO
+//! NOTHING`, MariaDB's `INSERT IGNORE`), in the consumer group's inbox;
+//! offsets are stored only after it commits.
 //! Processors claim due keys (see [`claim`]), handle each key's rows in
 //! arrival order and mark them processed in one transaction; a failing row
 //! backs off (or is parked at the attempt bound) and holds back only its own
-//! key. The `inbox_key` table, kept by triggers on `inbox_event`, says which
-//! keys have pending rows, where their head is and until when it waits, so a
-//! claim never reads the rows of keys that cannot go.
+//! key. The `inbox_key` table says which keys have pending rows, where their
+//! head is and until when it waits, so a claim never reads the rows of keys
+//! that cannot go: on PostgreSQL triggers on `inbox_event` keep it, on MySQL
+//! the statements that store and settle rows do, in their transactions.
+//!
+//! The logic is the same on every database; the statements are each
+//! database's own (`postgres.rs`, `mysql.rs`).
 
 mod admit;
 mod claim;
 mod group;
 mod handle;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+mod postgres;
 mod receipt;
 pub(crate) mod unclaimed;
 
@@ -30,6 +38,29 @@ pub(crate) use admit::IntoInbox;
 
 pub(crate) use group::Membership;
 
+/// What the inbox keeps in memory for the consumer's life.
+#[derive(Default)]
+pub(crate) struct State {
+    /// MySQL: the partitions whose store-lock row this process knows to
+    /// exist in `inbox_store_lock`.
+    #[cfg(feature = "mysql")]
+    pub(crate) known_store_locks: std::sync::Mutex<std::collections::HashSet<(String, i32)>>,
+    /// MySQL: the largest row one insert may carry (from the server's
+    /// `max_allowed_packet`), read before the first store.
+    #[cfg(feature = "mysql")]
+    pub(crate) max_row_bytes: tokio::sync::OnceCell<usize>,
+}
+
+/// A row's headers as the inbox keeps them: one JSON object of text values.
+fn headers_object(headers: &[(String, String)]) -> serde_json::Value {
+    serde_json::Value::Object(
+        headers
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect(),
+    )
+}
+
 /// Benchmarks only: one inbox claim of up to `batch` rows of `group`, for
 /// processors handling the (topic, event type) pairs `handled`, in a
 /// transaction that is rolled back; returns how many rows it claimed. Not a
@@ -43,7 +74,7 @@ pub async fn claim_once_for_benchmark(
 ) -> Result<usize, sqlx::Error> {
     let (topics, types): (Vec<&str>, Vec<&str>) = handled.iter().copied().unzip();
     let mut tx = pool.begin().await?;
-    let rows = claim::claim_rows(&mut tx, group, &topics, &types, batch, usize::MAX).await?;
+    let rows = postgres::claim_rows(&mut tx, group, &topics, &types, batch, usize::MAX).await?;
     tx.rollback().await?;
     Ok(rows.len())
 }
@@ -65,8 +96,11 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
     let mut taken = Taken::default();
     let mut stored = Vec::new();
     let mut rows = Vec::new();
+    let Some(admit) = IntoInbox::for_consumer(ctx).await else {
+        return Taken::interrupted();
+    };
     for (index, message) in batch.iter().enumerate() {
-        match route(message, &ctx.dispatch, &ctx.settings, &IntoInbox) {
+        match route(message, &ctx.dispatch, &ctx.settings, &admit) {
             Routed::Take(envelope) => {
                 stored.push(index);
                 rows.push(envelope);
@@ -80,12 +114,20 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
     }
     if !rows.is_empty() {
         // With no processor here, rows are only stored (for processors elsewhere).
-        let on_receipt = ctx.settings.handle_on_receipt && ctx.settings.processors > 0;
+        let mut on_receipt = ctx.settings.handle_on_receipt && ctx.settings.processors > 0;
         let mut db_retry = 0;
         let outcome = loop {
             match receipt::store(ctx, &rows, on_receipt).await {
                 Ok(outcome) => break outcome,
-                Err(error) => {
+                Err(receipt::StoreFailed::HandlingLost) => {
+                    tracing::warn!(
+                        group = %ctx.settings.group_id,
+                        "a handler called on receipt lost or ended the store's transaction; \
+                         storing the batch again, pending, for the processors"
+                    );
+                    on_receipt = false;
+                }
+                Err(receipt::StoreFailed::Database(error)) => {
                     if !ctx.db.failed(&error, &mut db_retry).await {
                         return Taken::interrupted();
                     }
@@ -106,6 +148,7 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
 /// Processor 0 also keeps the group's membership and gauges up to date.
 pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
     let mut db_retry = 0;
+    let mut recovery = handle::Recovery::default();
     let mut membership = (index == 0).then(Membership::new);
     let mut heartbeat_at = Instant::now();
     while !ctx.token.is_cancelled() {
@@ -119,7 +162,7 @@ pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
         let stored = ctx.stored.notified();
         tokio::pin!(stored);
         stored.as_mut().enable();
-        match handle::claim_and_handle(&ctx).await {
+        match handle::claim_and_handle(&ctx, &mut recovery).await {
             // Fewer rows than a batch does not mean nothing else is due: the
             // other keys' heads may have been locked by another processor a
             // moment ago. Only an empty claim waits.

@@ -25,10 +25,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::consumer::database::TxRef;
+use crate::consumer::database::{Tx, TxFailure};
 use crate::consumer::handler::{Decoded, ErasedHandler};
 use crate::consumer::message::Envelope;
 use crate::consumer::shared::Shared;
@@ -43,25 +42,54 @@ pub(super) struct Stored {
     pub(super) pending: u64,
 }
 
+/// Why a store did not commit.
+pub(super) enum StoreFailed {
+    /// The database failed (or is unreachable): the store runs again.
+    Database(sqlx::Error),
+    /// A handler called on receipt lost the transaction (MySQL rolled it
+    /// back under it, a deadlock it swallowed or returned) or ended it: the
+    /// store runs again with every row stored pending, for the processors,
+    /// which count attempts and retry transient failures.
+    HandlingLost,
+}
+
+impl From<sqlx::Error> for StoreFailed {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Database(error)
+    }
+}
+
+/// One partition's store lock: its topic and partition (of this group).
+pub(super) type PartitionLock = (String, i32);
+
+/// The savepoint before the rows handled on receipt.
+const RECEIPT_SAVEPOINT: &str = "outbox_inbox_receipt";
+
 /// Stores `rows` (in offset order) in the group's inbox in one transaction,
 /// handling on receipt those that qualify when `on_receipt` is set.
 pub(super) async fn store(
     ctx: &Shared,
     rows: &[Envelope],
     on_receipt: bool,
-) -> sqlx::Result<Stored> {
-    let group = ctx.settings.group_id.as_str();
-    let partitions = partition_locks(ctx, rows);
-    let mut tx = ctx.db.begin_postgres().await?;
-    if !try_lock_partitions(&mut tx, &partitions).await? {
+) -> Result<Stored, StoreFailed> {
+    let partitions = partition_locks(rows);
+    #[cfg(feature = "mysql")]
+    if ctx.db.mysql().is_some() {
+        // Outside the transaction: an insert into a lock row another store
+        // holds would wait for it.
+        let group = &ctx.settings.group_id;
+        super::mysql::ensure_store_locks(&ctx.db, &ctx.inbox, group, &partitions).await?;
+    }
+    let mut tx = ctx.db.begin().await?;
+    if !try_lock_partitions(ctx, &mut tx, &partitions).await? {
         // Another transaction is storing rows of these partitions: their
         // previous owner, still finishing its last batch after a rebalance.
         // Wait for it (holding no lock meanwhile, so two such waits cannot
         // deadlock), then read `inbox_key` after its commit.
         tx.rollback().await?;
         waiting(ctx, &partitions);
-        tx = ctx.db.begin_postgres().await?;
-        lock_partitions(&mut tx, &partitions).await?;
+        tx = ctx.db.begin().await?;
+        lock_partitions(ctx, &mut tx, &partitions).await?;
     }
     let mut stored = Stored::default();
     let mut later: Vec<&Envelope> = rows.iter().collect();
@@ -69,11 +97,9 @@ pub(super) async fn store(
     if on_receipt {
         let (now, rest) = qualify(ctx, &mut tx, rows).await?;
         if !now.is_empty() {
-            sqlx::query("SAVEPOINT outbox_inbox_receipt")
-                .execute(&mut *tx)
-                .await?;
+            tx.set_savepoint(RECEIPT_SAVEPOINT).await?;
             let envelopes: Vec<&Envelope> = now.iter().map(|(row, ..)| *row).collect();
-            let mut fresh: HashSet<Uuid> = insert(&mut tx, group, &envelopes, true)
+            let mut fresh: HashSet<Uuid> = insert(ctx, &mut tx, &envelopes, true)
                 .await?
                 .into_iter()
                 .collect();
@@ -85,9 +111,19 @@ pub(super) async fn store(
                 if !fresh.remove(&row.meta.event_id) {
                     continue;
                 }
+                // On MySQL a handler that swallowed a deadlock leaves the
+                // session outside any transaction, where the next
+                // handler's writes would commit on their own.
+                if !handled_by_type.is_empty() {
+                    match tx.check_still_open().await {
+                        Ok(()) => {}
+                        Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
+                        Err(_) => return Err(StoreFailed::HandlingLost),
+                    }
+                }
                 if ctx
                     .calls
-                    .call(&*handler, TxRef::Postgres(&mut tx), event, &row.meta)
+                    .call(&*handler, tx.lend(), event, &row.meta)
                     .await
                     .is_err()
                 {
@@ -102,17 +138,19 @@ pub(super) async fn store(
             // aborted transaction: whichever it was, the processors find it
             // (its savepoint release fails there) and charge it alone.
             if !failed && !handled_by_type.is_empty() {
-                match txoutbox_core::check_committable(&mut tx).await {
+                match tx.check_committable().await {
                     Ok(()) => {}
-                    Err(txoutbox_core::Error::Database(error)) => return Err(error),
+                    Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
                     Err(_) => failed = true,
                 }
             }
             if failed {
                 // The processors retry it, with the attempts counted.
-                sqlx::query("ROLLBACK TO SAVEPOINT outbox_inbox_receipt")
-                    .execute(&mut *tx)
-                    .await?;
+                match tx.rollback_to(RECEIPT_SAVEPOINT).await {
+                    Ok(()) => {}
+                    Err(TxFailure::Unusable(_)) => return Err(StoreFailed::HandlingLost),
+                    Err(TxFailure::Database(error)) => return Err(error.into()),
+                }
                 handled_by_type.clear();
             } else {
                 stored.inserted += inserted;
@@ -121,8 +159,9 @@ pub(super) async fn store(
         }
     }
     if !later.is_empty() {
-        // The insert trigger gives new keys their `inbox_key` entry.
-        let inserted = insert(&mut tx, group, &later, false).await?.len() as u64;
+        // New keys get their `inbox_key` entry (PostgreSQL's insert
+        // trigger, MySQL's insert statements).
+        let inserted = insert(ctx, &mut tx, &later, false).await?.len() as u64;
         stored.inserted += inserted;
         stored.pending = inserted;
     }
@@ -153,38 +192,30 @@ pub(super) async fn store(
 #[cfg(feature = "test-hooks")]
 pub(super) async fn store_pending(
     ctx: &Shared,
-    conn: &mut PgConnection,
+    conn: &mut sqlx::PgConnection,
     rows: &[Envelope],
 ) -> sqlx::Result<u64> {
-    lock_partitions(conn, &partition_locks(ctx, rows)).await?;
+    let group = &ctx.settings.group_id;
+    super::postgres::lock_partitions(conn, group, &partition_locks(rows)).await?;
     let rows: Vec<&Envelope> = rows.iter().collect();
-    Ok(insert(conn, &ctx.settings.group_id, &rows, false)
+    Ok(super::postgres::insert(conn, group, &rows, false)
         .await?
         .len() as u64)
 }
 
-/// Advisory lock class of the inbox's store locks ("obxi").
-const STORE_LOCK: i32 = 0x6f62_7869;
-
 /// The store locks of the partitions `rows` came from, one per (group,
-/// topic, partition), as the text PostgreSQL hashes into the lock's key
-/// (`hashtext`, so every process computes the same key). A topic name has
-/// no `:` and a partition is a number, so the text names one partition.
+/// topic, partition), in order.
 ///
 /// Why per partition: two transactions store rows of one partition at once
 /// only while its ownership overlaps (an evicted owner still committing its
 /// last batch while the new owner stores the records it reads again from
 /// the committed offset), and a key's order is a partition's order. A lock
 /// per key would hold as many locks as a batch has keys (up to
-/// `batch_size` per transaction, from PostgreSQL's shared lock table) for
-/// no more safety.
-fn partition_locks(ctx: &Shared, rows: &[Envelope]) -> Vec<String> {
-    let mut locks: Vec<String> = rows
+/// `batch_size` per transaction) for no more safety.
+fn partition_locks(rows: &[Envelope]) -> Vec<PartitionLock> {
+    let mut locks: Vec<PartitionLock> = rows
         .iter()
-        .map(|row| {
-            let partition = row.meta.partition.unwrap_or(-1);
-            format!("{}:{partition}:{}", row.meta.topic, ctx.settings.group_id)
-        })
+        .map(|row| (row.meta.topic.clone(), row.meta.partition.unwrap_or(-1)))
         .collect();
     locks.sort_unstable();
     locks.dedup();
@@ -193,7 +224,7 @@ fn partition_locks(ctx: &Shared, rows: &[Envelope]) -> Vec<String> {
 
 /// A store found `partitions` being stored by another transaction and waits
 /// for it: counted and logged, as it should only happen around a rebalance.
-fn waiting(ctx: &Shared, partitions: &[String]) {
+fn waiting(ctx: &Shared, partitions: &[PartitionLock]) {
     metrics::counter!(m::INBOX_STORE_WAITS, "group" => ctx.group()).increment(1);
     tracing::warn!(
         group = %ctx.settings.group_id,
@@ -204,33 +235,35 @@ fn waiting(ctx: &Shared, partitions: &[String]) {
     );
 }
 
-/// Takes every lock of `partitions` that is free, until the transaction
-/// ends; true if it got them all (the usual case: one statement, no wait).
-async fn try_lock_partitions(conn: &mut PgConnection, partitions: &[String]) -> sqlx::Result<bool> {
-    let all: Option<bool> = sqlx::query_scalar(
-        "SELECT bool_and(pg_try_advisory_xact_lock($1, hashtext(p)))
-         FROM unnest($2::text[]) AS p",
-    )
-    .bind(STORE_LOCK)
-    .bind(partitions)
-    .fetch_one(conn)
-    .await?;
-    Ok(all.unwrap_or(true))
+/// Takes every store lock of `partitions` that is free, until the
+/// transaction ends; true if it got them all (the usual case: no wait).
+async fn try_lock_partitions(
+    ctx: &Shared,
+    tx: &mut Tx,
+    partitions: &[PartitionLock],
+) -> sqlx::Result<bool> {
+    let group = &ctx.settings.group_id;
+    match tx {
+        Tx::Postgres(tx) => super::postgres::try_lock_partitions(tx, group, partitions).await,
+        #[cfg(feature = "mysql")]
+        Tx::MySql(tx) => super::mysql::try_lock_partitions(tx, group, partitions).await,
+    }
 }
 
-/// Takes the locks of `partitions` until the transaction ends, waiting for
-/// whoever holds them, in the order of their keys, as every store does, so
-/// two stores never wait for each other.
-async fn lock_partitions(conn: &mut PgConnection, partitions: &[String]) -> sqlx::Result<()> {
-    sqlx::query(
-        "SELECT pg_advisory_xact_lock($1, h)
-         FROM (SELECT DISTINCT hashtext(p) AS h FROM unnest($2::text[]) AS p ORDER BY 1) AS keys",
-    )
-    .bind(STORE_LOCK)
-    .bind(partitions)
-    .execute(conn)
-    .await
-    .map(drop)
+/// Takes the store locks of `partitions` until the transaction ends,
+/// waiting for whoever holds them, in order, as every store does, so two
+/// stores never wait for each other.
+async fn lock_partitions(
+    ctx: &Shared,
+    tx: &mut Tx,
+    partitions: &[PartitionLock],
+) -> sqlx::Result<()> {
+    let group = &ctx.settings.group_id;
+    match tx {
+        Tx::Postgres(tx) => super::postgres::lock_partitions(tx, group, partitions).await,
+        #[cfg(feature = "mysql")]
+        Tx::MySql(tx) => super::mysql::lock_partitions(tx, group, partitions).await,
+    }
 }
 
 /// A row handled on receipt: its envelope, handler and decoded event.
@@ -243,26 +276,22 @@ type Now<'a> = (&'a Envelope, Arc<dyn ErasedHandler>, Decoded);
 /// back the rest of its key.
 async fn qualify<'a>(
     ctx: &Shared,
-    conn: &mut PgConnection,
+    tx: &mut Tx,
     rows: &'a [Envelope],
 ) -> sqlx::Result<(Vec<Now<'a>>, Vec<&'a Envelope>)> {
     let (topics, keys): (Vec<&str>, Vec<&str>) = rows
         .iter()
         .filter_map(|row| Some((row.meta.topic.as_str(), row.meta.key.as_deref()?)))
         .unzip();
+    let group = &ctx.settings.group_id;
     let waiting: Vec<(String, String)> = if keys.is_empty() {
         Vec::new()
     } else {
-        sqlx::query_as(
-            "SELECT k.topic, k.partition_key FROM inbox_key k
-             WHERE k.consumer_group = $1
-               AND (k.topic, k.partition_key) IN (SELECT * FROM unnest($2::text[], $3::text[]))",
-        )
-        .bind(&ctx.settings.group_id)
-        .bind(&topics)
-        .bind(&keys)
-        .fetch_all(&mut *conn)
-        .await?
+        match tx {
+            Tx::Postgres(tx) => super::postgres::pending_keys(tx, group, &topics, &keys).await?,
+            #[cfg(feature = "mysql")]
+            Tx::MySql(tx) => super::mysql::pending_keys(tx, group, &topics, &keys).await?,
+        }
     };
     let mut held: HashSet<(&str, &str)> = waiting
         .iter()
@@ -294,53 +323,18 @@ async fn qualify<'a>(
     Ok((now, later))
 }
 
-/// Inserts `rows` into `group`'s inbox, already processed or pending;
+/// Inserts `rows` into the group's inbox, already processed or pending;
 /// returns the ids inserted (a row already in the inbox is left as it is).
 async fn insert(
-    conn: &mut PgConnection,
-    group: &str,
+    ctx: &Shared,
+    tx: &mut Tx,
     rows: &[&Envelope],
     processed: bool,
 ) -> sqlx::Result<Vec<Uuid>> {
-    let mut ids = Vec::with_capacity(rows.len());
-    let mut payloads = Vec::with_capacity(rows.len());
-    let mut types = Vec::with_capacity(rows.len());
-    let mut topics = Vec::with_capacity(rows.len());
-    let mut keys = Vec::with_capacity(rows.len());
-    let mut headers = Vec::with_capacity(rows.len());
-    for row in rows {
-        let meta = &row.meta;
-        ids.push(meta.event_id);
-        payloads.push(row.payload.as_str());
-        types.push(meta.event_type.as_str());
-        topics.push(meta.topic.as_str());
-        keys.push(meta.key.as_deref());
-        let map: serde_json::Map<_, _> = meta
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect();
-        headers.push(serde_json::Value::Object(map));
+    let group = &ctx.settings.group_id;
+    match tx {
+        Tx::Postgres(tx) => super::postgres::insert(tx, group, rows, processed).await,
+        #[cfg(feature = "mysql")]
+        Tx::MySql(tx) => super::mysql::insert(tx, group, rows, processed).await,
     }
-    sqlx::query_scalar(
-        "INSERT INTO inbox_event
-             (consumer_group, event_id, payload, payload_bytes, event_type, topic, partition_key,
-              headers, processed, processed_at)
-         SELECT $1, r.event_id, r.payload::jsonb, octet_length(r.payload), r.event_type, r.topic,
-                r.partition_key, r.headers, $8, CASE WHEN $8 THEN now() END
-         FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[])
-              AS r(event_id, payload, event_type, topic, partition_key, headers)
-         ON CONFLICT (consumer_group, event_id) DO NOTHING
-         RETURNING event_id",
-    )
-    .bind(group)
-    .bind(&ids)
-    .bind(&payloads)
-    .bind(&types)
-    .bind(&topics)
-    .bind(&keys)
-    .bind(&headers)
-    .bind(processed)
-    .fetch_all(conn)
-    .await
 }
