@@ -2,8 +2,7 @@
 //! or inbox mode applying one `effect` row per `LedgerEntry` (and
 //! `LedgerNote`, unless `FAULTS_HANDLES=entry`) in the receiver database:
 //! PostgreSQL, or MariaDB for a `mysql://` (`mariadb://`) URL, where it runs
-//! the MySQL twins of the handlers, in dedup mode only (inbox mode on MariaDB
-//! is refused here, as the framework refuses it).
+//! the MySQL twins of the handlers, in either mode.
 //! Unknown event types are dead-lettered (or, `FAULTS_UNKNOWN=keep`, kept in
 //! the inbox), so every poison message ends on the dead-letter topic. Stops
 //! gracefully on SIGTERM; exits 1 if the consumer stops on its own.
@@ -179,10 +178,6 @@ async fn main() {
             configure(builder, &settings).build()
         }
         Receiver::MariaDb(pool) => {
-            assert!(
-                mode == Mode::Dedup,
-                "inbox mode runs on PostgreSQL only: no inbox consumer on a MariaDB receiver"
-            );
             // The other side of the swallowed deadlocks (model.rs): a pool
             // of its own, so that it never waits for the consumer's.
             let deadlocks = MySqlPoolOptions::new()

@@ -29,9 +29,7 @@ pub enum ReceiverBackend {
     /// PostgreSQL (every scenario's default).
     #[default]
     Postgres,
-    /// MariaDB (the consumers on a `MySqlPool`, dedup mode only: inbox mode
-    /// runs on PostgreSQL only, and a scenario asking for inbox consumers on
-    /// a MariaDB receiver fails at setup).
+    /// MariaDB (the consumers on a `MySqlPool`).
     MariaDb,
 }
 
@@ -173,7 +171,7 @@ pub enum ReceiverDb {
 
 impl ReceiverDb {
     /// The PostgreSQL pool, for the parts of the suite that run on
-    /// PostgreSQL only (inbox mode, frozen connections).
+    /// PostgreSQL only (frozen connections, the rolling deploy's figures).
     ///
     /// # Panics
     /// On a MariaDB receiver.
@@ -265,15 +263,29 @@ impl ReceiverDb {
     }
 
     /// The poison tags of the inbox rows of any group parked with the
-    /// poison header `header` (inbox mode: PostgreSQL only).
+    /// poison header `header`.
     pub async fn parked_poison(&self, header: &str) -> sqlx::Result<Vec<String>> {
-        sqlx::query_scalar(
-            "SELECT headers->>$1 FROM inbox_event
-             WHERE parked_at IS NOT NULL AND headers ? $1",
-        )
-        .bind(header)
-        .fetch_all(self.postgres())
-        .await
+        match self {
+            Self::Postgres(pool) => {
+                sqlx::query_scalar(
+                    "SELECT headers->>$1 FROM inbox_event
+                     WHERE parked_at IS NOT NULL AND headers ? $1",
+                )
+                .bind(header)
+                .fetch_all(pool)
+                .await
+            }
+            Self::MariaDb(scratch) => {
+                let path = format!("$.\"{header}\"");
+                let tags: Vec<Option<String>> = sqlx::query_scalar(
+                    "SELECT JSON_VALUE(headers, ?) FROM inbox_event WHERE parked_at IS NOT NULL",
+                )
+                .bind(path)
+                .fetch_all(&scratch.pool)
+                .await?;
+                Ok(tags.into_iter().flatten().collect())
+            }
+        }
     }
 
     async fn close(&self) {

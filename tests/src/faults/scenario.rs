@@ -185,8 +185,7 @@ pub struct Scenario {
     pub relay_database_timeout: Option<Duration>,
     /// The database of the source service (writers, outbox, relays).
     pub source: SourceBackend,
-    /// The database of the receiving service (consumers, effects). On
-    /// MariaDB, dedup consumers only: setup refuses inbox consumers there.
+    /// The database of the receiving service (consumers, effects).
     pub receiver: ReceiverBackend,
 }
 
@@ -376,13 +375,6 @@ fn restart_postgres() {
 /// If the services are missing or the harness itself fails; invariants are
 /// checked by the caller with [`Figures::assert_sound`].
 pub async fn run(scenario: &Scenario, bins: &Binaries) -> (Figures, Expect, Leftovers) {
-    assert!(
-        scenario.receiver == ReceiverBackend::Postgres || scenario.inbox_consumers == 0,
-        "scenario {}: inbox mode runs on PostgreSQL only; a MariaDB receiver takes dedup \
-         consumers only (inbox_consumers = {})",
-        scenario.name,
-        scenario.inbox_consumers
-    );
     let dbs = Databases::create(
         scenario.name,
         scenario.keys,
