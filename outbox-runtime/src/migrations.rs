@@ -135,6 +135,11 @@ pub const MYSQL_MIGRATIONS: &[Migration] = &[
         description: "inbox",
         sql: include_str!("../migrations/mysql/0005_inbox.sql"),
     },
+    Migration {
+        version: 6,
+        description: "sagas",
+        sql: include_str!("../migrations/mysql/0006_sagas.sql"),
+    },
 ];
 
 /// A database [`run`] migrates: `&PgPool`, or `&MySqlPool` (feature

@@ -1,6 +1,6 @@
 //! Compile-time checks of the macros `txoutbox_runtime` exports, with
 //! trybuild: `#[event_handler]` in `tests/ui_event_handler/` and `#[saga]` in
-//! `tests/ui_saga/`.
+//! `tests/ui_saga/` (on MySQL, feature `mysql`: `tests/ui_saga_mysql/`).
 //!
 //! Each `fail/` case holds one mistake (`several_mistakes.rs` several, to show
 //! they are reported together) with its expected `.stderr`; the `pass/` cases
@@ -22,4 +22,9 @@ fn ui() {
     // #[saga]
     cases.pass("tests/ui_saga/pass/*.rs");
     cases.compile_fail("tests/ui_saga/fail/*.rs");
+    #[cfg(feature = "mysql")]
+    {
+        cases.pass("tests/ui_saga_mysql/pass/*.rs");
+        cases.compile_fail("tests/ui_saga_mysql/fail/*.rs");
+    }
 }

@@ -90,6 +90,30 @@ pub async fn write_events(
     Ok(AfterCommit::for_rows(rows))
 }
 
+/// [`cancel_scheduled`](crate::cancel_scheduled) on MySQL: deletes the
+/// scheduled event `event_id` from `outbox_scheduled` if it is not due yet
+/// (not moved to `outbox_event` by a relay); `false` if it was not there.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::MySqlPool, reminder_id: uuid::Uuid) -> Result<(), sqlx::Error> {
+/// let mut tx = pool.begin().await?;
+/// if !txoutbox_core::mysql::cancel_scheduled(&mut tx, reminder_id).await? {
+///     // Too late (or unknown): receivers must tolerate the reminder.
+/// }
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn cancel_scheduled(
+    conn: &mut sqlx::MySqlConnection,
+    event_id: uuid::Uuid,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query("DELETE FROM outbox_scheduled WHERE event_id = ?")
+        .bind(event_id)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
 pub use unit_of_work::{
     MySqlTransactionSource, MySqlUnitOfWork, RetryingMySqlUnitOfWork, transaction,
 };

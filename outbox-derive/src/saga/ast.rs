@@ -41,6 +41,10 @@ pub(crate) struct Handler {
     pub message: Option<Type>,
     /// Whether it takes `ctx: &mut SagaContext<'_>` after the message.
     pub with_ctx: bool,
+    /// The database its context names (`SagaContext<'_, MySql>`), with the
+    /// context type's span; `None` for `SagaContext<'_>` (PostgreSQL, the
+    /// default) or no context.
+    pub ctx_database: Option<(String, Span)>,
     /// `#[correlate(field)]` on the handler.
     pub correlate: Option<syn::Ident>,
     /// Where errors about the handler's result (e.g. `E` without `Display`) go.
@@ -228,6 +232,7 @@ impl Handler {
             .collect();
         let mut message = None;
         let mut with_ctx = false;
+        let mut ctx_database = None;
         match typed.as_slice() {
             [] => errors.spanned(
                 &sig.ident,
@@ -259,8 +264,12 @@ impl Handler {
                     ),
                 }
                 if let Some(ctx) = rest.first() {
-                    if matches!(ctx, Type::Reference(r) if r.mutability.is_some()) {
+                    if let Type::Reference(reference) = crate::kernel::types::ungrouped(ctx)
+                        && reference.mutability.is_some()
+                    {
                         with_ctx = true;
+                        ctx_database = crate::kernel::types::database_argument(&reference.elem)
+                            .map(|database| (database, ctx.span()));
                     } else {
                         errors.spanned(
                             ctx,
@@ -290,6 +299,7 @@ impl Handler {
             kind,
             message,
             with_ctx,
+            ctx_database,
             correlate,
             output_span: sig.output.span(),
         }

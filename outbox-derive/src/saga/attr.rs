@@ -17,7 +17,15 @@ use crate::kernel::crate_path::FrameworkCrate;
 use crate::kernel::suggest;
 
 /// Keys accepted in `#[saga(...)]`, in the order the docs list them.
-pub(crate) const KEYS: &[&str] = &["name", "id", "correlate", "starts_with", "handles", "crate"];
+pub(crate) const KEYS: &[&str] = &[
+    "name",
+    "id",
+    "correlate",
+    "starts_with",
+    "handles",
+    "database",
+    "crate",
+];
 
 /// Example of a complete attribute, for hints.
 pub(crate) const EXAMPLE: &str = "#[saga(id = Uuid, correlate = order_id, \
@@ -39,6 +47,9 @@ pub(crate) struct Args {
     pub correlate: Option<syn::Ident>,
     pub starts_with: Vec<Declared>,
     pub handles: Vec<Declared>,
+    /// `database = Postgres | MySql`: where the saga keeps its state (else
+    /// read from its handlers' contexts).
+    pub database: Option<syn::Ident>,
     /// `crate = "..."`: the path of `txoutbox_runtime` in generated code.
     pub krate: Option<syn::Path>,
     /// Keys written with an unreadable value, or suggested for a misspelt
@@ -133,6 +144,26 @@ impl Args {
                     )
                 })?);
             }
+            "database" => {
+                equals(input, known, "MySql")?;
+                let database = input.call(syn::Ident::parse_any).map_err(|error| {
+                    syn::Error::new(
+                        error.span(),
+                        "expected the saga's database, `Postgres` or `MySql`",
+                    )
+                })?;
+                if database == "Postgres" || database == "MySql" {
+                    self.database = Some(database);
+                } else {
+                    errors.spanned(
+                        &database,
+                        format!(
+                            "unknown database `{database}`\nhelp: write `database = Postgres` \
+                             (the default) or `database = MySql`"
+                        ),
+                    );
+                }
+            }
             "correlate" => {
                 equals(input, known, "order_id")?;
                 self.correlate = Some(input.call(syn::Ident::parse_any).map_err(|error| {
@@ -166,6 +197,7 @@ impl Args {
             "name" => self.name.is_some(),
             "id" => self.id.is_some(),
             "correlate" => self.correlate.is_some(),
+            "database" => self.database.is_some(),
             "crate" => self.krate.is_some(),
             // The lists may be split: `handles(A), handles(B)` is `handles(A, B)`.
             _ => false,

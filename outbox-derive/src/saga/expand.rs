@@ -22,6 +22,7 @@ pub(crate) fn saga(item: &syn::ItemImpl, saga: &Saga<'_>) -> TokenStream {
     let handlers: Vec<_> = saga.handlers.iter().map(|h| handler(saga, h)).collect();
     let accessors = saga.handlers.iter().map(|h| accessor(saga, h));
     let structs = saga.handlers.iter().map(|h| struct_ident(saga, h));
+    let database = database(saga);
     quote! {
         #item
 
@@ -35,12 +36,24 @@ pub(crate) fn saga(item: &syn::ItemImpl, saga: &Saga<'_>) -> TokenStream {
         impl #runtime::saga::Saga for #self_ty {
             const NAME: &'static str = #name;
 
+            type Database = #database;
+
             fn register(
-                consumer: #runtime::consumer::ConsumerBuilder,
-            ) -> #runtime::consumer::ConsumerBuilder {
+                consumer: #runtime::consumer::ConsumerBuilder<#database>,
+            ) -> #runtime::consumer::ConsumerBuilder<#database> {
                 consumer #(.handler(#structs))*
             }
         }
+    }
+}
+
+/// The saga's database type, as the runtime re-exports it.
+fn database(saga: &Saga<'_>) -> TokenStream {
+    let runtime = &saga.runtime;
+    if saga.mysql {
+        quote!(#runtime::__private::MySql)
+    } else {
+        quote!(#runtime::__private::Postgres)
     }
 }
 
@@ -61,6 +74,7 @@ fn accessor(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
     let vis = &checked.handler.vis;
     let message = checked.message;
     let struct_ident = struct_ident(saga, checked);
+    let database = database(saga);
     let ident = format_ident!("{}_handler", function.unraw(), span = function.span());
     let doc = format!(
         " The consumer handler that `#[saga]` generated for `{function}`: one message \
@@ -72,7 +86,7 @@ fn accessor(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
     quote! {
         #[doc = #doc]
         #[allow(dead_code)]
-        #vis fn #ident() -> impl #runtime::consumer::EventHandler<Event = #message> {
+        #vis fn #ident() -> impl #runtime::consumer::EventHandler<#database, Event = #message> {
             #struct_ident
         }
     }
@@ -153,8 +167,8 @@ fn handler(saga: &Saga<'_>, checked: &Checked<'_>) -> TokenStream {
 
     crate::consumer_handler::ConsumerHandler {
         runtime,
-        // Sagas keep their state in PostgreSQL (`saga_state`).
-        database: quote!(#runtime::__private::Postgres),
+        // Sagas keep their state (`saga_state`) in their consumer's database.
+        database: database(saga),
         attrs: quote!(#[doc(hidden)]),
         vis: TokenStream::new(),
         ident: &struct_ident,

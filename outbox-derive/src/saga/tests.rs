@@ -44,7 +44,7 @@ fn a_valid_saga_expands_to_handlers_and_the_saga_impl() {
     assert!(errors.is_empty(), "{errors:?}");
     for expected in [
         "struct __saga_OrderFulfilment_on_created ;",
-        "impl :: txoutbox_runtime :: consumer :: EventHandler for __saga_OrderFulfilment_on_paid",
+        "impl :: txoutbox_runtime :: consumer :: EventHandler < :: txoutbox_runtime :: __private :: Postgres > for __saga_OrderFulfilment_on_paid",
         "type Event = TimedOut ;",
         "const NAME : & 'static str = \"OrderFulfilment::on_timeout\" ;",
         ":: txoutbox_runtime :: __private :: handler_descriptor (< OrderCreated as :: txoutbox_runtime :: __private :: DomainEvent > :: TOPIC",
@@ -65,8 +65,9 @@ fn a_valid_saga_expands_to_handlers_and_the_saga_impl() {
         "const NAME : & 'static str = \"order_fulfilment\" ;",
         "consumer . handler (__saga_OrderFulfilment_on_created) . handler (__saga_OrderFulfilment_on_paid) . handler (__saga_OrderFulfilment_on_timeout)",
         // The documented handles on the hidden structs, with the functions' visibility.
-        "fn on_created_handler () -> impl :: txoutbox_runtime :: consumer :: EventHandler < Event = OrderCreated > { __saga_OrderFulfilment_on_created }",
-        "fn on_timeout_handler () -> impl :: txoutbox_runtime :: consumer :: EventHandler < Event = TimedOut > { __saga_OrderFulfilment_on_timeout }",
+        "fn on_created_handler () -> impl :: txoutbox_runtime :: consumer :: EventHandler < :: txoutbox_runtime :: __private :: Postgres , Event = OrderCreated > { __saga_OrderFulfilment_on_created }",
+        "fn on_timeout_handler () -> impl :: txoutbox_runtime :: consumer :: EventHandler < :: txoutbox_runtime :: __private :: Postgres , Event = TimedOut > { __saga_OrderFulfilment_on_timeout }",
+        "type Database = :: txoutbox_runtime :: __private :: Postgres ;",
     ] {
         assert!(
             expansion.contains(expected),
@@ -79,7 +80,12 @@ fn a_valid_saga_expands_to_handlers_and_the_saga_impl() {
         expansion.contains("fn total (& self) -> i64 { 0 }"),
         "{expansion}"
     );
-    assert_eq!(expansion.matches("EventHandler for").count(), 3);
+    assert_eq!(
+        expansion
+            .matches("EventHandler < :: txoutbox_runtime :: __private :: Postgres > for")
+            .count(),
+        3
+    );
 }
 
 #[test]
@@ -125,8 +131,8 @@ fn attribute_mistakes_are_all_reported() {
     assert_eq!(
         errors,
         [
-            "unknown key `nam` in `#[saga(...)]`; valid keys are `name`, `id`, `correlate`, `starts_with`, `handles`, `crate`",
-            "unknown key `colour` in `#[saga(...)]`; valid keys are `name`, `id`, `correlate`, `starts_with`, `handles`, `crate`",
+            "unknown key `nam` in `#[saga(...)]`; valid keys are `name`, `id`, `correlate`, `starts_with`, `handles`, `database`, `crate`",
+            "unknown key `colour` in `#[saga(...)]`; valid keys are `name`, `id`, `correlate`, `starts_with`, `handles`, `database`, `crate`",
             "`crate` must be a path to the crate that re-exports `txoutbox_runtime`, e.g. `crate = \"my_app::outbox\"`",
             // Checked after parsing, with the type's name at hand.
             "invalid character 'O' at position 1 of saga name \"Order Saga\"",

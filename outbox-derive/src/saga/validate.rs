@@ -32,6 +32,9 @@ pub(crate) struct Saga<'a> {
     pub id: &'a Type,
     pub runtime: proc_macro2::TokenStream,
     pub handlers: Vec<Checked<'a>>,
+    /// The saga runs on MySQL (its handlers' contexts are
+    /// `SagaContext<'_, MySql>`, or `database = MySql`).
+    pub mysql: bool,
 }
 
 pub(crate) fn saga<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) -> Option<Saga<'a>> {
@@ -226,6 +229,10 @@ pub(crate) fn saga<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) ->
     if !errors.is_empty() {
         return None;
     }
+    let mysql = check_database(args, &checked, errors);
+    if !errors.is_empty() {
+        return None;
+    }
     let runtime = FrameworkCrate::Runtime.tokens(args.krate.as_ref());
     Some(Saga {
         self_ty: &block.item.self_ty,
@@ -234,7 +241,71 @@ pub(crate) fn saga<'a>(args: &'a Args, block: &'a Block, errors: &mut Errors) ->
         id,
         runtime,
         handlers: checked,
+        mysql,
     })
+}
+
+/// Whether the saga runs on MySQL: `database = MySql`, else what the
+/// handlers' contexts say (`SagaContext<'_, MySql>`); every handler's
+/// context must name the same database, the default `SagaContext<'_>`
+/// being PostgreSQL's.
+fn check_database(args: &Args, handlers: &[Checked<'_>], errors: &mut Errors) -> bool {
+    let declared = args.database.as_ref().map(|ident| ident.to_string());
+    let inferred = handlers
+        .iter()
+        .find_map(|h| h.handler.ctx_database.as_ref())
+        .filter(|(database, _)| database == "MySql");
+    let mysql = match (&declared, inferred) {
+        (Some(database), _) => database == "MySql",
+        (None, found) => found.is_some(),
+    };
+    let (want, other) = if mysql {
+        ("MySql", "Postgres")
+    } else {
+        ("Postgres", "MySql")
+    };
+    let why = match (&declared, mysql) {
+        (Some(_), _) => format!("`database = {want}` in `#[saga(...)]`"),
+        (None, true) => "another handler's context is `SagaContext<'_, MySql>`".to_owned(),
+        (None, false) => "PostgreSQL is the default".to_owned(),
+    };
+    for checked in handlers {
+        let handler = checked.handler;
+        if !handler.with_ctx {
+            continue;
+        }
+        let named = handler.ctx_database.as_ref();
+        let says = named.map_or("Postgres", |(database, _)| database.as_str());
+        if says == want {
+            continue;
+        }
+        let span = named.map_or_else(|| handler.ident.span(), |(_, span)| *span);
+        let hint = if mysql {
+            "write `ctx: &mut SagaContext<'_, MySql>`".to_owned()
+        } else {
+            format!(
+                "write `ctx: &mut SagaContext<'_>`, or put the whole saga on {other}: every \
+                 handler's context names one database (`database = {other}` in `#[saga(...)]`)"
+            )
+        };
+        errors.at(
+            span,
+            format!(
+                "`{}` takes a context of {says}, but this saga runs on {want} ({why}): a saga \
+                 keeps its state in the database of its consumer, one for all its handlers\n\
+                 help: {hint}",
+                handler.ident
+            ),
+        );
+    }
+    if mysql && !cfg!(feature = "mysql") {
+        errors.at(
+            Span::call_site(),
+            "a saga on MySQL needs the `mysql` feature: turn on `features = [\"mysql\"]` of \
+             txoutbox-runtime in Cargo.toml",
+        );
+    }
+    mysql
 }
 
 /// The expected signature of a handler of `message`.
@@ -300,9 +371,20 @@ fn check_name(args: &Args, ident: Option<&syn::Ident>, errors: &mut Errors) -> O
     }
 }
 
+/// The longest saga name: MySQL's `saga_state.saga_type` is
+/// `VARBINARY(255)`.
+const MAX_NAME_LEN: usize = 255;
+
 pub(crate) fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
         return Some("the saga name must not be empty".to_owned());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Some(format!(
+            "the saga name \"{name}\" is {} characters long, more than the {MAX_NAME_LEN} \
+             `saga_state.saga_type` holds",
+            name.len()
+        ));
     }
     let (position, bad) = name.chars().enumerate().find(|(_, c)| {
         !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-'))

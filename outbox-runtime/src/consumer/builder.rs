@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
-use sqlx::{PgPool, Postgres};
+use sqlx::Postgres;
 use txoutbox_core::Backoff;
 
 use super::config::{Mode, PeriodicTask, Settings, UnknownEventPolicy};
@@ -132,7 +132,7 @@ impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
     }
 }
 
-impl ConsumerBuilder<Postgres> {
+impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
     /// Adds work the consumer runs beside its messages every
     /// [`backlog_interval`](Self::backlog_interval) while it runs, once per
     /// `name` (a second registration under a name is ignored): the extension
@@ -140,7 +140,7 @@ impl ConsumerBuilder<Postgres> {
     /// logged at debug level; the next one runs as usual.
     pub(crate) fn periodic<F>(mut self, name: &'static str, task: F) -> Self
     where
-        F: Fn(PgPool) -> BoxFuture<'static, sqlx::Result<()>> + Send + Sync + 'static,
+        F: Fn(Pool) -> BoxFuture<'static, sqlx::Result<()>> + Send + Sync + 'static,
     {
         if !self.settings.periodic.iter().any(|t| t.name == name) {
             self.settings.periodic.push(PeriodicTask {

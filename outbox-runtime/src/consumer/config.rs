@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::database::Pool;
 use futures::future::BoxFuture;
-use sqlx::PgPool;
 use txoutbox_core::Backoff;
 
 /// How received events reach their handlers.
@@ -91,7 +91,7 @@ pub(crate) struct Settings {
 #[derive(Clone)]
 pub(crate) struct PeriodicTask {
     pub(crate) name: &'static str,
-    pub(crate) run: Arc<dyn Fn(PgPool) -> BoxFuture<'static, sqlx::Result<()>> + Send + Sync>,
+    pub(crate) run: Arc<dyn Fn(Pool) -> BoxFuture<'static, sqlx::Result<()>> + Send + Sync>,
 }
 
 impl std::fmt::Debug for PeriodicTask {

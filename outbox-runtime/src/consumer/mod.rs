@@ -46,7 +46,7 @@ mod call;
 mod client_context;
 mod config;
 mod counts;
-mod database;
+pub(crate) mod database;
 mod dead_letter;
 mod dedup;
 mod dlq;

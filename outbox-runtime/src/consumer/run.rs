@@ -304,7 +304,7 @@ async fn periodic(ctx: Arc<Shared>) {
         for task in &ctx.settings.periodic {
             tokio::select! {
                 () = ctx.token.cancelled() => return,
-                ran = (task.run)(ctx.db.postgres().clone()) => if let Err(error) = ran {
+                ran = (task.run)(ctx.db.pool().clone()) => if let Err(error) = ran {
                     tracing::debug!(task = task.name, error = %txoutbox_core::DbErrorDisplay(&error), "periodic consumer work failed");
                 },
             }

@@ -272,7 +272,9 @@ impl<B: Backend> Lanes<B> {
         } = joined;
         if !records_held_topics {
             tracing::warn!(
-                "outbox relay: migration 0011 is not applied, so `outbox status` cannot show                  the topics this relay holds (the relay works all the same; run the outbox                  migrations)"
+                "outbox relay: migration 0011 is not applied, so `outbox status` cannot show \
+                 the topics this relay holds (the relay works all the same; run the outbox \
+                 migrations)"
             );
         }
         self.session = Some(Session {

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Transaction};
+
+use super::store::SagaDatabase;
 use txoutbox_core::{DomainEvent, Events, OutboxRecord};
 use uuid::Uuid;
 
@@ -16,8 +18,11 @@ use crate::consumer::EventMeta;
 /// Everything here happens in the step's transaction: messages are inserted
 /// into `outbox_event` (or `outbox_scheduled`) only if the step commits,
 /// together with the saga's new state and the incoming message's dedup row.
-pub struct SagaContext<'a> {
-    pub(super) tx: &'a mut Transaction<'static, Postgres>,
+///
+/// `DB` is the database the saga runs on: [`Postgres`] unless the saga's
+/// handlers take `ctx: &mut SagaContext<'_, MySql>` (feature `mysql`).
+pub struct SagaContext<'a, DB: SagaDatabase = Postgres> {
+    pub(super) tx: &'a mut Transaction<'static, DB>,
     pub(super) events: &'a mut Events,
     pub(super) meta: &'a EventMeta,
     pub(super) saga_type: &'static str,
@@ -32,7 +37,7 @@ pub struct SagaContext<'a> {
     pub(super) failure: Option<txoutbox_core::Error>,
 }
 
-impl std::fmt::Debug for SagaContext<'_> {
+impl<DB: SagaDatabase> std::fmt::Debug for SagaContext<'_, DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SagaContext")
             .field("saga_type", &self.saga_type)
@@ -44,7 +49,7 @@ impl std::fmt::Debug for SagaContext<'_> {
     }
 }
 
-impl<'a> SagaContext<'a> {
+impl<'a, DB: SagaDatabase> SagaContext<'a, DB> {
     /// The saga instance's id (`saga_state.saga_id`).
     pub fn saga_id(&self) -> &str {
         &self.saga_id
@@ -72,7 +77,7 @@ impl<'a> SagaContext<'a> {
 
     /// The step's transaction, for the service's own writes (they commit
     /// with the step, or not at all). Do not commit it.
-    pub fn tx(&mut self) -> &mut Transaction<'static, Postgres> {
+    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
         self.tx
     }
 
@@ -105,7 +110,7 @@ impl<'a> SagaContext<'a> {
     /// outbox and will be delivered; the handler of a timeout should check
     /// the state anyway).
     pub async fn cancel_scheduled(&mut self, event_id: Uuid) -> Result<bool, sqlx::Error> {
-        txoutbox_core::cancel_scheduled(self.tx, event_id).await
+        DB::cancel_scheduled(self.tx, event_id).await
     }
 
     /// Registers the compensation of the step just done (e.g. `ReleaseStock`

@@ -43,12 +43,16 @@
 //! how to operate sagas; [`crate::ops::sagas`] lists and inspects them.
 
 mod context;
+#[cfg(feature = "mysql")]
+mod mysql;
+mod postgres;
 mod step;
 mod store;
 pub mod telemetry;
 
 pub use context::SagaContext;
 pub use step::Step;
+pub use store::SagaDatabase;
 pub use txoutbox_derive::saga;
 
 use serde::Serialize;
@@ -56,18 +60,21 @@ use serde::de::DeserializeOwned;
 
 use crate::consumer::ConsumerBuilder;
 
-impl ConsumerBuilder {
+impl<DB: SagaDatabase> ConsumerBuilder<DB> {
     /// Registers a saga: one handler per message type it handles (see
     /// [`crate::saga`]). Each message is then one saga step in the
     /// consumer's transaction, in dedup or inbox mode alike. The consumer
     /// also refreshes the saga's gauges (`outbox_sagas_open`,
-    /// `outbox_saga_oldest_open_seconds`) every backlog interval.
+    /// `outbox_saga_oldest_open_seconds`) every backlog interval. The saga
+    /// runs on the consumer's database: a saga of `SagaContext<'_, MySql>`
+    /// handlers registers on a consumer of a `MySqlPool` (another is a
+    /// compile error).
     ///
     /// ```ignore
     /// Consumer::builder(pool, kafka, "orders").saga::<OrderFulfilment>().build()?;
     /// ```
-    pub fn saga<S: Saga>(self) -> Self {
-        let gauges = |pool: sqlx::PgPool| -> futures::future::BoxFuture<'static, sqlx::Result<()>> {
+    pub fn saga<S: Saga<Database = DB>>(self) -> Self {
+        let gauges = |pool: crate::consumer::database::Pool| -> futures::future::BoxFuture<'static, sqlx::Result<()>> {
             Box::pin(async move { telemetry::refresh(&pool, &[S::NAME]).await })
         };
         S::register(self.periodic(S::NAME, gauges))
@@ -80,8 +87,11 @@ pub trait Saga: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The saga type's name: `saga_state.saga_type`, metric labels, the CLI.
     const NAME: &'static str;
 
+    /// The database the saga keeps its state in (that of its consumer).
+    type Database: SagaDatabase;
+
     /// Adds one consumer handler per message type the saga handles.
-    fn register(consumer: ConsumerBuilder) -> ConsumerBuilder;
+    fn register(consumer: ConsumerBuilder<Self::Database>) -> ConsumerBuilder<Self::Database>;
 }
 
 /// Where a saga is in its life.

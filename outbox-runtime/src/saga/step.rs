@@ -2,11 +2,11 @@
 
 use std::marker::PhantomData;
 
-use sqlx::{Postgres, Transaction};
+use sqlx::Transaction;
 use txoutbox_core::{Events, MAX_PARTITION_KEY_BYTES};
 
 use super::context::SagaContext;
-use super::store::{self, Loaded};
+use super::store::{self, Loaded, SagaDatabase};
 use super::telemetry;
 use super::{Saga, SagaStatus};
 use crate::consumer::{EventMeta, HandlerError};
@@ -70,7 +70,7 @@ enum Phase<S> {
 /// # Ok(()) }
 /// ```
 pub struct Step<'a, S: Saga> {
-    ctx: SagaContext<'a>,
+    ctx: SagaContext<'a, S::Database>,
     phase: Phase<S>,
     _saga: PhantomData<fn() -> S>,
 }
@@ -90,7 +90,7 @@ impl<'a, S: Saga> Step<'a, S> {
     /// correlation field's `to_string()`); one longer than
     /// [`MAX_PARTITION_KEY_BYTES`] is refused.
     pub async fn load(
-        tx: &'a mut Transaction<'static, Postgres>,
+        tx: &'a mut Transaction<'static, S::Database>,
         events: &'a mut Events,
         meta: &'a EventMeta,
         saga_id: String,
@@ -105,7 +105,7 @@ impl<'a, S: Saga> Step<'a, S> {
                 saga_id.len()
             )));
         }
-        let loaded = store::load(tx, S::NAME, &saga_id).await?;
+        let loaded = S::Database::load(tx, S::NAME, &saga_id).await?;
         let (phase, version, compensations) = match loaded {
             None => (Phase::Absent, 0, Vec::new()),
             Some(Loaded {
@@ -156,7 +156,7 @@ impl<'a, S: Saga> Step<'a, S> {
     /// For a start message: the context to create the saga in, if no saga
     /// with this id exists yet. `None` for a saga that exists (a second start
     /// message of one saga: ignored).
-    pub fn starting(&mut self) -> Option<&mut SagaContext<'a>> {
+    pub fn starting(&mut self) -> Option<&mut SagaContext<'a, S::Database>> {
         match self.phase {
             Phase::Absent => Some(&mut self.ctx),
             Phase::Running(_) | Phase::Finished(_) => {
@@ -179,7 +179,7 @@ impl<'a, S: Saga> Step<'a, S> {
     /// have committed yet, and on the last attempt
     /// ([`EventMeta::is_last_attempt`]) the message is ignored as an
     /// unknown saga (never started, or removed by retention).
-    pub fn running(&mut self) -> Option<(&mut S, &mut SagaContext<'a>)> {
+    pub fn running(&mut self) -> Option<(&mut S, &mut SagaContext<'a, S::Database>)> {
         let phase = std::mem::replace(&mut self.phase, Phase::Ignored("unknown_saga"));
         self.phase = match phase {
             Phase::Running(state) => Phase::Applied(state),
@@ -248,9 +248,9 @@ impl<'a, S: Saga> Step<'a, S> {
             event_id: ctx.meta.event_id,
         };
         let written = if created {
-            store::insert(ctx.tx, &write).await?
+            S::Database::insert(ctx.tx, &write).await?
         } else {
-            store::update(ctx.tx, &write, ctx.version).await?
+            S::Database::update(ctx.tx, &write, ctx.version).await?
         };
         if !written {
             // Another step created or changed this saga after we looked (a
@@ -272,7 +272,7 @@ impl<'a, S: Saga> Step<'a, S> {
     }
 }
 
-fn ignored(ctx: &SagaContext<'_>, reason: &'static str) {
+fn ignored<DB: SagaDatabase>(ctx: &SagaContext<'_, DB>, reason: &'static str) {
     tracing::debug!(
         saga = ctx.saga_type,
         saga_id = %ctx.saga_id,

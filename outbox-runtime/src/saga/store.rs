@@ -1,141 +1,121 @@
-//! The saga steps' SQL on `saga_state`.
+//! What a saga step reads and writes in `saga_state`, and the database
+//! each saga runs on ([`SagaDatabase`]); the statements are each
+//! database's own (`postgres.rs`, `mysql.rs`).
 
+use futures::future::BoxFuture;
 use serde_json::{Map, Value};
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::Transaction;
 use txoutbox_core::OutboxRecord;
 use uuid::Uuid;
 
 use super::SagaStatus;
-use crate::consumer::HandlerError;
+use crate::consumer::{ConsumerDatabase, HandlerError};
 
-/// A saga row as a step finds it.
-pub(super) struct Loaded {
-    pub status: SagaStatus,
-    pub state: Value,
-    pub version: i64,
-    pub compensations: Vec<OutboxRecord>,
+/// A saga row as a step finds it. Not a public API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Loaded {
+    pub(super) status: SagaStatus,
+    pub(super) state: Value,
+    pub(super) version: i64,
+    pub(super) compensations: Vec<OutboxRecord>,
 }
 
-/// Loads and locks one saga's row.
-pub(super) async fn load(
-    conn: &mut PgConnection,
+/// What a step writes. Not a public API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Write<'a> {
+    pub(super) saga_type: &'a str,
+    pub(super) saga_id: &'a str,
+    pub(super) status: SagaStatus,
+    pub(super) state: Value,
+    pub(super) compensations: Value,
+    pub(super) message_type: &'a str,
+    pub(super) event_id: Uuid,
+}
+
+/// A database sagas keep their state in: [`Postgres`](sqlx::Postgres), or
+/// [`MySql`](sqlx::MySql) with the feature `mysql` (MariaDB >= 10.6, MySQL
+/// migration 0006). A saga runs on the database of the consumer it is
+/// registered with; `#[saga]` reads it from the handlers' contexts
+/// (`SagaContext<'_, MySql>`). Sealed, like [`ConsumerDatabase`].
+pub trait SagaDatabase: ConsumerDatabase {
+    /// Loads and locks one saga's row.
+    #[doc(hidden)]
+    fn load<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        saga_type: &'a str,
+        saga_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Loaded>, HandlerError>>;
+
+    /// Creates the saga's row (version 1). False if a concurrent step
+    /// created it first (this one waited for that step's commit).
+    #[doc(hidden)]
+    fn insert<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        write: &'a Write<'a>,
+    ) -> BoxFuture<'a, Result<bool, HandlerError>>;
+
+    /// Writes a step's result over version `version` (the row is locked by
+    /// [`load`](Self::load); the version check guards against anything that
+    /// bypassed it).
+    #[doc(hidden)]
+    fn update<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        write: &'a Write<'a>,
+        version: i64,
+    ) -> BoxFuture<'a, Result<bool, HandlerError>>;
+
+    /// Deletes a scheduled message that is not due yet.
+    #[doc(hidden)]
+    fn cancel_scheduled<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        event_id: Uuid,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+
+    /// The open-saga gauges' figures of `sagas`: (name, open, seconds since
+    /// the least recently changed open one moved).
+    #[doc(hidden)]
+    fn open_sagas<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sagas: &'a [&'static str],
+    ) -> BoxFuture<'a, sqlx::Result<Vec<(String, i64, f64)>>>;
+}
+
+/// A stored status read back.
+pub(super) fn status(
     saga_type: &str,
     saga_id: &str,
-) -> Result<Option<Loaded>, HandlerError> {
-    let row: Option<(String, Value, i64, Value)> = sqlx::query_as(
-        "SELECT status, state, version, compensations FROM saga_state
-         WHERE saga_type = $1 AND saga_id = $2
-         FOR UPDATE",
-    )
-    .bind(saga_type)
-    .bind(saga_id)
-    .fetch_optional(conn)
-    .await?;
-    let Some((status, state, version, compensations)) = row else {
-        return Ok(None);
-    };
-    let status = SagaStatus::parse(&status).ok_or_else(|| {
+    status: &str,
+) -> Result<SagaStatus, HandlerError> {
+    SagaStatus::parse(status).ok_or_else(|| {
         HandlerError::new(format!(
             "saga {saga_type} `{saga_id}` has an unknown status `{status}`"
         ))
-    })?;
-    let compensations = json_to_records(&compensations).map_err(|error| {
+    })
+}
+
+/// Stored compensations read back.
+pub(super) fn compensations(
+    saga_type: &str,
+    saga_id: &str,
+    value: &Value,
+) -> Result<Vec<OutboxRecord>, HandlerError> {
+    json_to_records(value).map_err(|error| {
         HandlerError::new(format!(
             "the stored compensations of saga {saga_type} `{saga_id}` cannot be read: {error}"
         ))
-    })?;
-    Ok(Some(Loaded {
-        status,
-        state,
-        version,
-        compensations,
-    }))
+    })
 }
 
-/// What a step writes.
-pub(super) struct Write<'a> {
-    pub saga_type: &'a str,
-    pub saga_id: &'a str,
-    pub status: SagaStatus,
-    pub state: Value,
-    pub compensations: Value,
-    pub message_type: &'a str,
-    pub event_id: Uuid,
-}
-
-type Query<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
-
-impl Write<'_> {
-    /// Binds the write as `$1` to `$7`: saga type and id, status, state,
-    /// compensations, message type and event id (both statements below
-    /// number them so).
-    fn bind<'q>(&'q self, query: Query<'q>) -> Query<'q> {
-        query
-            .bind(self.saga_type)
-            .bind(self.saga_id)
-            .bind(self.status.as_str())
-            .bind(&self.state)
-            .bind(&self.compensations)
-            .bind(self.message_type)
-            .bind(self.event_id)
-    }
-}
-
-/// Creates the saga's row (version 1). False if a concurrent step created it
-/// first (this one waited for that step's commit).
-pub(super) async fn insert(
-    tx: &mut Transaction<'static, Postgres>,
-    write: &Write<'_>,
-) -> Result<bool, HandlerError> {
-    let query = sqlx::query(
-        "INSERT INTO saga_state
-             (saga_type, saga_id, status, state, compensations, version,
-              last_message_type, last_event_id, finished_at)
-         VALUES ($1, $2, $3, $4, $5, 1, $6, $7, CASE WHEN $3 <> 'running' THEN now() END)
-         ON CONFLICT (saga_type, saga_id) DO NOTHING",
-    );
-    let done = write
-        .bind(query)
-        .execute(&mut **tx)
-        .await
-        .map_err(|error| write_failed(write, error))?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// A failed write of a step's result: when the transaction could no longer
-/// commit, the step's handler swallowed a database error (the write is the
-/// first statement after it), and the error says so.
-fn write_failed(write: &Write<'_>, error: sqlx::Error) -> HandlerError {
-    match txoutbox_core::not_committable(&error) {
-        Some(unusable) => HandlerError::new(format!(
-            "the `{}` step of saga {} `{}` returned Ok, but {unusable}",
-            write.message_type, write.saga_type, write.saga_id
-        )),
-        None => HandlerError::from(error),
-    }
-}
-
-/// Writes a step's result over version `version` (the row is locked by
-/// [`load`]; the version check guards against anything that bypassed it).
-pub(super) async fn update(
-    tx: &mut Transaction<'static, Postgres>,
-    write: &Write<'_>,
-    version: i64,
-) -> Result<bool, HandlerError> {
-    let query = sqlx::query(
-        "UPDATE saga_state
-         SET status = $3, state = $4, compensations = $5, version = version + 1,
-             last_message_type = $6, last_event_id = $7, updated_at = now(),
-             finished_at = CASE WHEN $3 <> 'running' THEN now() END
-         WHERE saga_type = $1 AND saga_id = $2 AND version = $8",
-    );
-    let done = write
-        .bind(query)
-        .bind(version)
-        .execute(&mut **tx)
-        .await
-        .map_err(|error| write_failed(write, error))?;
-    Ok(done.rows_affected() == 1)
+/// A failed write of a step's result whose transaction could no longer
+/// commit (`unusable`): the step's handler swallowed a database error (the
+/// write is the first statement after it), and the error says so.
+pub(super) fn unusable_write(write: &Write<'_>, unusable: &txoutbox_core::Error) -> HandlerError {
+    HandlerError::new(format!(
+        "the `{}` step of saga {} `{}` returned Ok, but {unusable}",
+        write.message_type, write.saga_type, write.saga_id
+    ))
 }
 
 /// Outbox records as stored in `saga_state.compensations`.

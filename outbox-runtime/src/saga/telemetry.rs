@@ -47,18 +47,17 @@ pub(super) fn ignored(saga: &'static str, message: &str, reason: &'static str) {
 }
 
 /// Sets the open-saga gauges of `sagas` from the database.
-pub(crate) async fn refresh(pool: &sqlx::PgPool, sagas: &[&'static str]) -> sqlx::Result<()> {
-    let names: Vec<&str> = sagas.to_vec();
-    let rows: Vec<(String, i64, f64)> = sqlx::query_as(
-        "SELECT s.name, count(t.saga_id),
-                COALESCE(EXTRACT(EPOCH FROM now() - min(t.updated_at))::float8, 0)
-         FROM unnest($1::text[]) AS s(name)
-         LEFT JOIN saga_state t ON t.saga_type = s.name AND t.finished_at IS NULL
-         GROUP BY s.name",
-    )
-    .bind(&names)
-    .fetch_all(pool)
-    .await?;
+pub(crate) async fn refresh(
+    pool: &crate::consumer::database::Pool,
+    sagas: &[&'static str],
+) -> sqlx::Result<()> {
+    use super::SagaDatabase;
+    use crate::consumer::database::Pool;
+    let rows = match pool {
+        Pool::Postgres(pool) => sqlx::Postgres::open_sagas(pool, sagas).await?,
+        #[cfg(feature = "mysql")]
+        Pool::MySql(pool) => sqlx::MySql::open_sagas(pool, sagas).await?,
+    };
     for (name, open, oldest) in rows {
         metrics::gauge!(OPEN, "saga" => name.clone()).set(open as f64);
         metrics::gauge!(OLDEST_OPEN, "saga" => name).set(oldest);
