@@ -38,6 +38,8 @@ run relay RELAY_BENCH_EVENTS=2000 RELAY_BENCH_BASELINE_EVENTS=100 RELAY_BENCH_PU
 run relay_mysql MYSQL_BENCH_EVENTS=2000 MYSQL_BENCH_BASELINE_EVENTS=100 MYSQL_BENCH_PUBLISHED_ROWS=5000 \
     MYSQL_BENCH_ROUNDS=1 \
     cargo bench -p txoutbox-runtime --features mysql --bench relay_mysql
+run consumer_mysql CONSUMER_MYSQL_EVENTS=2000 CONSUMER_MYSQL_ROUNDS=1 CONSUMER_MYSQL_BASELINE_EVENTS=200 \
+    cargo bench -p txoutbox-runtime --features mysql --bench consumer_mysql
 run hops HOPS_BENCH_MODES=dedup,inbox,saga HOPS_BENCH_CHAINS=1 HOPS_BENCH_RATES=100 \
     HOPS_BENCH_ROUNDS=1 HOPS_BENCH_SECS=1 \
     cargo bench -p txoutbox-runtime --features test-hooks --bench hops

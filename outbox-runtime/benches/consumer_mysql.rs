@@ -1,5 +1,7 @@
-//! The dedup consumer on MariaDB, next to the dedup consumer on PostgreSQL
-//! and a per-message baseline on MariaDB, in the same run (issue 26):
+//! The consumer on MariaDB, next to the consumer on PostgreSQL and a
+//! per-message baseline on MariaDB, in the same run (issue 26): dedup mode,
+//! inbox mode handling idle keys on receipt (its default), and inbox mode
+//! with every row stored pending and handled by the processors.
 //!
 //! ```text
 //! scripts/services.sh up
@@ -8,9 +10,9 @@
 //!
 //! `CONSUMER_MYSQL_EVENTS` [50000] events (one key per event, 4
 //! partitions) are produced once; each of `CONSUMER_MYSQL_ROUNDS` [3] rounds
-//! then drains them from the start with a fresh group, back to back: the
-//! dedup consumer on MariaDB, the dedup consumer on PostgreSQL, and the
-//! baseline on MariaDB over the first `CONSUMER_MYSQL_BASELINE_EVENTS`
+//! then drains them from the start with a fresh group, back to back: each
+//! mode on MariaDB and on PostgreSQL, and the baseline on MariaDB over the
+//! first `CONSUMER_MYSQL_BASELINE_EVENTS`
 //! [5000]: what a competent user of sqlx and rdkafka writes without the
 //! framework, one transaction per message (`INSERT IGNORE` of the dedup row,
 //! the effect, `COMMIT`, then the offset stored), at the server's default
@@ -29,7 +31,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::{MySql, MySqlPool, PgPool, Postgres, Transaction};
 use txoutbox_core::DomainEvent;
-use txoutbox_runtime::consumer::{Consumer, event_handler};
+use txoutbox_runtime::consumer::{
+    Consumer, ConsumerBuilder, ConsumerDatabase, Mode, event_handler,
+};
 use txoutbox_testkit::broker::{brokers, client_config, create_topic};
 use txoutbox_testkit::mysql::MySqlScratch;
 use uuid::Uuid;
@@ -50,7 +54,7 @@ async fn on_paid_mariadb(
     tx: &mut Transaction<'_, MySql>,
     event: BenchPaid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effect (event_id, amount, variant) VALUES (?, ?, 'dedup')")
+    sqlx::query("INSERT INTO effect (event_id, amount, variant) VALUES (?, ?, 'consumer')")
         .bind(event.event_id)
         .bind(event.amount)
         .execute(&mut **tx)
@@ -63,7 +67,7 @@ async fn on_paid_postgres(
     tx: &mut Transaction<'_, Postgres>,
     event: BenchPaid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effect (event_id, amount, variant) VALUES ($1, $2, 'dedup')")
+    sqlx::query("INSERT INTO effect (event_id, amount, variant) VALUES ($1, $2, 'consumer')")
         .bind(event.event_id)
         .bind(event.amount)
         .execute(&mut **tx)
@@ -184,11 +188,23 @@ impl Databases {
     async fn postgres_effects(&self) -> (i64, f64) {
         sqlx::query_as(
             "SELECT count(*), coalesce(extract(epoch FROM max(at) - min(at))::float8, 0)
-             FROM effect WHERE variant = 'dedup'",
+             FROM effect WHERE variant = 'consumer'",
         )
         .fetch_one(&self.postgres)
         .await
         .unwrap()
+    }
+
+    /// Empties both effect tables between two drains.
+    async fn clear(&self) {
+        sqlx::query("DELETE FROM effect")
+            .execute(&self.mariadb.pool)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM effect")
+            .execute(&self.postgres)
+            .await
+            .unwrap();
     }
 
     async fn drop(self) {
@@ -274,40 +290,46 @@ async fn main() {
         BenchPaid::TOPIC,
         produced.elapsed().as_secs_f64()
     );
-    let (mut mariadb, mut postgres, mut base) = (Vec::new(), Vec::new(), Vec::new());
+    // Per mode: the rates on MariaDB and on PostgreSQL, by round.
+    let mut rates: Vec<(Vec<f64>, Vec<f64>)> =
+        MODES.iter().map(|_| (Vec::new(), Vec::new())).collect();
+    let mut base = Vec::new();
     for round in 0..rounds {
         let dbs = Databases::create().await;
-        let group = format!("bench-mariadb-{}", Uuid::new_v4().simple());
-        start_group(&group, &start);
-        let running = Consumer::builder(dbs.mariadb.pool.clone(), kafka(), &group)
-            .handler(on_paid_mariadb)
-            .create_missing_dlq_topics(true)
-            .spawn()
-            .unwrap();
-        mariadb.push(rate(n, || dbs.mariadb_effects("dedup")).await);
-        running.shutdown().await.unwrap();
+        for (mode, (mariadb, postgres)) in MODES.iter().zip(&mut rates) {
+            dbs.clear().await;
+            let group = format!("bench-mariadb-{}", Uuid::new_v4().simple());
+            start_group(&group, &start);
+            let builder = Consumer::builder(dbs.mariadb.pool.clone(), kafka(), &group)
+                .handler(on_paid_mariadb);
+            let running = mode.apply(builder).spawn().unwrap();
+            mariadb.push(rate(n, || dbs.mariadb_effects("consumer")).await);
+            running.shutdown().await.unwrap();
 
-        let group = format!("bench-postgres-{}", Uuid::new_v4().simple());
-        start_group(&group, &start);
-        let running = Consumer::builder(dbs.postgres.clone(), kafka(), &group)
-            .handler(on_paid_postgres)
-            .create_missing_dlq_topics(true)
-            .spawn()
-            .unwrap();
-        postgres.push(rate(n, || dbs.postgres_effects()).await);
-        running.shutdown().await.unwrap();
+            let group = format!("bench-postgres-{}", Uuid::new_v4().simple());
+            start_group(&group, &start);
+            let builder =
+                Consumer::builder(dbs.postgres.clone(), kafka(), &group).handler(on_paid_postgres);
+            let running = mode.apply(builder).spawn().unwrap();
+            postgres.push(rate(n, || dbs.postgres_effects()).await);
+            running.shutdown().await.unwrap();
+            println!(
+                "round {}, {}: MariaDB {:.0}/s, PostgreSQL {:.0}/s (MariaDB / PostgreSQL {:.2})",
+                round + 1,
+                mode.name,
+                mariadb[round],
+                postgres[round],
+                mariadb[round] / postgres[round],
+            );
+        }
 
         baseline(&dbs.mariadb.pool, &start, baseline_events).await;
         base.push(rate(baseline_events, || dbs.mariadb_effects("baseline")).await);
         println!(
-            "round {}: MariaDB dedup {:.0}/s, PostgreSQL dedup {:.0}/s, MariaDB baseline {:.0}/s \
-             (MariaDB consumer / baseline {:.1}x, MariaDB / PostgreSQL {:.2})",
+            "round {}: MariaDB baseline {:.0}/s (MariaDB dedup consumer / baseline {:.1}x)",
             round + 1,
-            mariadb[round],
-            postgres[round],
             base[round],
-            mariadb[round] / base[round],
-            mariadb[round] / postgres[round],
+            rates[0].0[round] / base[round],
         );
         dbs.drop().await;
     }
@@ -318,24 +340,63 @@ async fn main() {
     );
     println!("| figure | min / median / max |");
     println!("|---|---|");
-    println!(
-        "| MariaDB dedup consumer, events/s | {} |",
-        spread(&mariadb)
-    );
-    println!(
-        "| PostgreSQL dedup consumer, events/s | {} |",
-        spread(&postgres)
-    );
+    for (mode, (mariadb, postgres)) in MODES.iter().zip(&rates) {
+        println!(
+            "| MariaDB {} consumer, events/s | {} |",
+            mode.name,
+            spread(mariadb)
+        );
+        println!(
+            "| PostgreSQL {} consumer, events/s | {} |",
+            mode.name,
+            spread(postgres)
+        );
+        println!(
+            "| MariaDB / PostgreSQL, {} | {} |",
+            mode.name,
+            spread(&ratio(mariadb, postgres))
+        );
+    }
     println!(
         "| MariaDB baseline (a transaction per message), events/s | {} |",
         spread(&base)
     );
     println!(
-        "| MariaDB consumer / MariaDB baseline | {}x |",
-        spread(&ratio(&mariadb, &base))
+        "| MariaDB dedup consumer / MariaDB baseline | {}x |",
+        spread(&ratio(&rates[0].0, &base))
     );
-    println!(
-        "| MariaDB / PostgreSQL consumer | {} |",
-        spread(&ratio(&mariadb, &postgres))
-    );
+}
+
+/// A consumer mode the bench drains with.
+struct BenchMode {
+    name: &'static str,
+    mode: Mode,
+    handle_on_receipt: bool,
+}
+
+const MODES: &[BenchMode] = &[
+    BenchMode {
+        name: "dedup",
+        mode: Mode::Dedup,
+        handle_on_receipt: true,
+    },
+    BenchMode {
+        name: "inbox (on receipt)",
+        mode: Mode::Inbox,
+        handle_on_receipt: true,
+    },
+    BenchMode {
+        name: "inbox (processors)",
+        mode: Mode::Inbox,
+        handle_on_receipt: false,
+    },
+];
+
+impl BenchMode {
+    fn apply<DB: ConsumerDatabase>(&self, builder: ConsumerBuilder<DB>) -> ConsumerBuilder<DB> {
+        builder
+            .mode(self.mode)
+            .handle_on_receipt(self.handle_on_receipt)
+            .create_missing_dlq_topics(true)
+    }
 }
