@@ -47,7 +47,7 @@ pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPo
         CliError::Usage("no database given: pass --database-url or set DATABASE_URL".into())
     })?;
     // The parser accepts any scheme; a SQLite URL is a mistake here, and a
-    // MariaDB one is for the commands on the outbox's own tables so far.
+    // MariaDB one is for the commands that work there so far.
     if is_mysql(Some(url)) {
         return Err(CliError::Usage(format!(
             "invalid database URL for this command: on MariaDB only {MARIADB_COMMANDS} work so far; expected postgres://user@host:port/database"

@@ -44,7 +44,7 @@ struct Cli {
 struct Global {
     /// URL of the service database holding the outbox tables: postgres://..,
     /// or mysql:// / mariadb:// (MariaDB >= 10.6) for migrate, status,
-    /// cleanup and dead-letters.
+    /// cleanup and dead-letters (outbox and consumer tables).
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -69,8 +69,8 @@ enum Command {
     ///
     /// On MariaDB >= 10.6 (`--database-url mysql://..` or `mariadb://..`)
     /// it creates the MySQL schema; there, status, cleanup and dead-letters
-    /// work on the outbox's tables, and the other commands need PostgreSQL
-    /// so far.
+    /// work on the outbox's and the consumers' tables, and the other
+    /// commands need PostgreSQL so far.
     Migrate,
     /// Show backlog, failing and parked rows; a health check with thresholds.
     ///
@@ -130,8 +130,8 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         command => command,
     };
     let json = global.json;
-    // MariaDB: the commands on the outbox's own tables (the others are
-    // refused by `db::connect`, naming these).
+    // MariaDB: the commands on the outbox's and the consumers' tables (the
+    // others are refused by `db::connect`, naming these).
     let on_mariadb = matches!(
         command,
         Command::Migrate | Command::Status(_) | Command::Cleanup(_) | Command::DeadLetters(_)

@@ -26,7 +26,8 @@ pub(crate) struct StatusArgs {
     /// Exit 1 when the oldest unpublished event is older than this (e.g. 30s).
     #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     max_age: Option<Duration>,
-    /// Exit 1 when more than N rows are parked (outbox and inbox together).
+    /// Exit 1 when more than N rows are parked (outbox, inbox and the
+    /// consumers' dead letters their topic refused, together).
     #[arg(long, value_name = "N")]
     max_parked: Option<i64>,
     /// Exit 1 when more than N inbox events wait for the processor.
@@ -83,8 +84,8 @@ pub(crate) async fn run(
     ] {
         if set && status.not_on_this_database.contains(&table) {
             return Err(CliError::Usage(format!(
-                "{flag}: {table} is not on this database (the consumer tables are \
-                 PostgreSQL-only so far)"
+                "{flag}: {table} is not measured on this database ({})",
+                why_missing(table)
             )));
         }
     }
@@ -113,13 +114,13 @@ fn render(status: &Status) -> String {
     out.push_str("outbox (outbox_event)\n");
     out.push_str(&queue(&status.outbox, "unpublished", true));
     out.push_str(&held_topics(&status.relays));
+    out.push_str("\ninbox (inbox_event)\n");
     if status.not_on_this_database.contains(&"inbox_event") {
         out.push_str(&format!(
-            "\nconsumers ({})\n  not on this database: the consumer tables are PostgreSQL-only so far\n",
-            status.not_on_this_database.join(", ")
+            "  not on this database ({})\n",
+            why_missing("inbox_event")
         ));
     } else {
-        out.push_str("\ninbox (inbox_event)\n");
         out.push_str(&queue(&status.inbox, "unprocessed", false));
     }
     if !status.inbox_unclaimed.is_empty() {
@@ -162,6 +163,34 @@ fn render(status: &Status) -> String {
     out.push_str(&relays(&status.relays));
     out.push_str(&sagas(&status.sagas));
     out.push_str(&consumer_dead_letters(&status.consumer_dead_letters));
+    out.push_str(&missing(&status.not_on_this_database));
+    out
+}
+
+/// Why a framework table is not measured: the saga operations (status,
+/// `outbox sagas`, retention) do not read MariaDB yet; the consumer tables
+/// of a schema migrated before them are missing.
+fn why_missing(table: &str) -> &'static str {
+    if table == "saga_state" {
+        "the saga operations are PostgreSQL-only so far"
+    } else {
+        "the schema predates it: run `outbox migrate`"
+    }
+}
+
+/// The framework's tables status does not measure on this database, each
+/// with why (nothing when it measures them all): their parts above are
+/// empty.
+fn missing(tables: &[&str]) -> String {
+    if tables.is_empty() {
+        return String::new();
+    }
+    let mut out = "\nnot measured on this database\n".to_owned();
+    let rows: Vec<Vec<String>> = tables
+        .iter()
+        .map(|table| vec![format!("  {table}"), why_missing(table).to_owned()])
+        .collect();
+    out.push_str(&output::table(&rows));
     out
 }
 

@@ -8,9 +8,10 @@
 //! parked outbox row, an unprocessed inbox row. Batches walk the primary key in
 //! order (keyset pagination), so no batch rescans what earlier ones deleted.
 //!
-//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) the two
-//! outbox targets run alike, with `FOR UPDATE SKIP LOCKED` on the chosen
-//! rows; the consumer targets are refused ([`OpsError::PostgresOnly`]).
+//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) the outbox,
+//! dedup and inbox targets run alike: each batch is chosen with a plain
+//! read, then its rows are locked by primary key `FOR UPDATE SKIP LOCKED`
+//! and deleted; finished sagas are refused ([`OpsError::PostgresOnly`]).
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
@@ -164,9 +165,10 @@ enum Cursor {
 }
 
 /// Whether the database has the table of `target`: `Ok` on PostgreSQL;
-/// on MariaDB for the outbox targets only, [`OpsError::PostgresOnly`] for
-/// the others. Asks nothing of the database: check every target of a job
-/// before deleting anything.
+/// on MariaDB for every target but [`Target::FinishedSaga`], which fails
+/// with [`OpsError::PostgresOnly`]. Asks nothing of the database (a schema
+/// migrated before a target's table fails when the target runs, as on
+/// PostgreSQL): check every target of a job before deleting anything.
 #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
 pub fn check<'a>(database: impl Into<Database<'a>>, target: Target) -> Result<(), OpsError> {
     match database.into() {
@@ -246,8 +248,8 @@ impl Purge {
 
     /// Deletes the next batch and returns how many rows it deleted (`0` once
     /// [`Self::is_done`]). Rows locked by someone else are skipped: a later run
-    /// takes them. On MariaDB a target whose table the database lacks fails
-    /// with [`OpsError::PostgresOnly`] (see [`check`]).
+    /// takes them. On MariaDB [`Target::FinishedSaga`] fails with
+    /// [`OpsError::PostgresOnly`] (see [`check`]).
     pub async fn step<'a>(&mut self, database: impl Into<Database<'a>>) -> Result<u64, OpsError> {
         match database.into() {
             Database::Postgres(pool) => self.step_postgres(pool).await,

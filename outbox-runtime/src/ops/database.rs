@@ -12,8 +12,10 @@ use super::OpsError;
 
 /// The service database an operation reads or changes: a `&PgPool`, or
 /// (feature `mysql`) a `&MySqlPool` on MariaDB >= 10.6, where the outbox's
-/// own tables exist (`outbox_event`, `outbox_scheduled`,
-/// `outbox_relay_member`) and the consumer tables do not yet.
+/// own tables (`outbox_event`, `outbox_scheduled`, `outbox_relay_member`)
+/// and the consumer's (`inbox_event`, `processed_event`,
+/// `consumer_dead_letter`, from MySQL migrations 0004 and 0005) are read;
+/// `saga_state` not yet.
 ///
 /// Every operation takes `impl Into<Database<'_>>`, so callers pass their
 /// pool as it is:
@@ -31,8 +33,8 @@ pub enum Database<'a> {
     /// PostgreSQL: every operation.
     Postgres(&'a PgPool),
     /// MariaDB >= 10.6 (feature `mysql`): status, dead letters and
-    /// retention of the outbox's own tables; an operation on a consumer
-    /// table fails with [`OpsError::PostgresOnly`].
+    /// retention of the outbox's and the consumers' tables; an operation on
+    /// sagas (`saga_state`) fails with [`OpsError::PostgresOnly`].
     #[cfg(feature = "mysql")]
     MySql(&'a sqlx::MySqlPool),
 }
@@ -95,4 +97,72 @@ pub(super) async fn begin_mysql(
 #[cfg(feature = "mysql")]
 pub(super) fn json_ids(ids: &[i64]) -> String {
     serde_json::to_string(ids).expect("integers serialize")
+}
+
+/// `bytes` in lowercase hexadecimal, for MariaDB's `UNHEX`.
+#[cfg(feature = "mysql")]
+pub(super) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+/// Primary keys `(consumer_group, event_id)` of `inbox_event` or
+/// `processed_event`, as MariaDB reads a list: a JSON array of `[group,
+/// event id]` pairs in hexadecimal (group ids are `VARBINARY`), for
+/// [`JSON_KEYS`].
+#[cfg(feature = "mysql")]
+pub(super) fn json_keys<'a>(keys: impl IntoIterator<Item = (&'a [u8], uuid::Uuid)>) -> String {
+    let pairs: Vec<[String; 2]> = keys
+        .into_iter()
+        .map(|(group, event_id)| [hex(group), hex(event_id.as_bytes())])
+        .collect();
+    serde_json::to_string(&pairs).expect("strings serialize")
+}
+
+/// The rows of a [`json_keys`] list (alias `f`, columns `g` and `e`):
+/// join on `t.consumer_group = UNHEX(f.g) AND t.event_id = UNHEX(f.e)`.
+#[cfg(feature = "mysql")]
+pub(super) const JSON_KEYS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (
+             g VARCHAR(2048) CHARACTER SET ascii PATH '$[0]',
+             e CHAR(32) CHARACTER SET ascii PATH '$[1]')) f";
+
+/// The consumer groups with rows in `inbox_event`, in byte order: one probe
+/// of its primary key per group (a loose index scan), however many rows
+/// each holds. Reads of the unfinished inbox rows name them so that
+/// `ix_inbox_event_group_processed (consumer_group, processed, ..)` narrows
+/// every group to its unprocessed rows (MySQL has no partial index, and no
+/// index leads with `processed`).
+#[cfg(feature = "mysql")]
+pub(super) async fn inbox_groups(pool: &sqlx::MySqlPool) -> sqlx::Result<Vec<Vec<u8>>> {
+    sqlx::query_scalar("SELECT DISTINCT consumer_group FROM inbox_event ORDER BY consumer_group")
+        .fetch_all(pool)
+        .await
+}
+
+/// Pushes `t.consumer_group IN (<groups>)` (`FALSE` for no group) to
+/// `query`, the groups bound.
+#[cfg(feature = "mysql")]
+pub(super) fn push_groups(query: &mut sqlx::QueryBuilder<sqlx::MySql>, groups: &[Vec<u8>]) {
+    if groups.is_empty() {
+        query.push("FALSE");
+        return;
+    }
+    query.push("t.consumer_group IN (");
+    let mut list = query.separated(", ");
+    for group in groups {
+        list.push_bind(group.as_slice());
+    }
+    query.push(")");
+}
+
+/// A group id or a key stored as bytes, read back (the consumer stored
+/// UTF-8).
+#[cfg(feature = "mysql")]
+pub(super) fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }

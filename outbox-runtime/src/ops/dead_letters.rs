@@ -13,9 +13,10 @@
 //!   removes it. It never sets `published_at` or `processed`, which would lie
 //!   about what happened.
 //!
-//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) the outbox's
-//! dead letters are handled alike; the inbox is not on that database
-//! ([`OpsError::PostgresOnly`]).
+//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) both
+//! tables' dead letters are handled alike. There no trigger keeps
+//! `inbox_key` (the head of each key with pending rows): a retry of inbox
+//! rows moves their keys' heads back to them itself, in its transaction.
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {

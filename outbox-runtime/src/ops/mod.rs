@@ -20,10 +20,11 @@
 //!
 //! Status, dead letters and retention take a [`Database`]: a `&PgPool`, or
 //! (feature `mysql`) a `&MySqlPool` on MariaDB, where they cover the
-//! outbox's own tables (`outbox_event`, `outbox_scheduled`,
-//! `outbox_relay_member`); the consumer tables are PostgreSQL-only so far
-//! ([`OpsError::PostgresOnly`]). Replay, sagas and `notify` take a
-//! `&PgPool`.
+//! outbox's tables (`outbox_event`, `outbox_scheduled`,
+//! `outbox_relay_member`) and the consumers' (`inbox_event` with
+//! `inbox_key`, `processed_event`, `consumer_dead_letter`); `saga_state`
+//! is read on PostgreSQL only so far ([`OpsError::PostgresOnly`]). Replay, sagas and
+//! `notify` take a `&PgPool`.
 
 pub mod cleanup;
 mod database;
@@ -47,14 +48,10 @@ pub enum OpsError {
     /// do not have.
     #[error("inbox rows have no numeric id; select them by event id")]
     InboxRowsHaveNoId,
-    /// The operation needs a table of the consumer side (`inbox_event`,
-    /// `processed_event`, `saga_state`, `consumer_dead_letter`), which the
-    /// database does not have: on MariaDB only the outbox's own tables
-    /// exist so far.
-    #[error(
-        "{table} is not on this database: the consumer tables (inbox_event, processed_event, \
-         saga_state, consumer_dead_letter) are PostgreSQL-only so far"
-    )]
+    /// The operation reads a table that only PostgreSQL's operations read so
+    /// far: `saga_state` (sagas run on MariaDB, MySQL migration 0006, but
+    /// their operator reads and retention are PostgreSQL's).
+    #[error("{table} is not read on this database: the saga operations are PostgreSQL-only so far")]
     PostgresOnly {
         /// The table the operation needs.
         table: &'static str,

@@ -1,33 +1,65 @@
 //! Retention on MariaDB (feature `mysql`): published and discarded
-//! `outbox_event` rows; the consumer tables are not on this database.
+//! `outbox_event` rows, `processed_event` dedup rows (MySQL migration
+//! 0004), processed and discarded `inbox_event` rows (0005); finished
+//! sagas not yet.
 //!
 //! One batch is three statements. A plain read (no locks) chooses the next
-//! `batch_size` eligible rows, walking `ix_outbox_event_unpublished
-//! (published_at, id)` from where the previous batch stopped: published rows
-//! in `(published_at, id)` order (the index range below the cutoff holds
-//! published rows only), discarded ones in id order among the unpublished
-//! (the index's NULL head). Then one `READ COMMITTED` transaction locks
-//! those rows by primary key (forced: on a small table the optimizer would
-//! rather scan it all, locking every row) with `FOR UPDATE SKIP LOCKED`,
-//! re-checking the condition, and deletes the rows it locked. The locks are taken on the
+//! `batch_size` eligible rows, walking an index from where the previous
+//! batch stopped:
+//!
+//! - published outbox rows in `(published_at, id)` order on
+//!   `ix_outbox_event_unpublished (published_at, id)` (the index range
+//!   below the cutoff holds published rows only), discarded ones in id
+//!   order among the unpublished (the index's NULL head);
+//! - dedup rows in `(processed_at, consumer_group, event_id)` order on
+//!   `ix_processed_event_processed_at` (the primary key completes it);
+//! - inbox rows group by group on `ix_inbox_event_group_processed
+//!   (consumer_group, processed, processed_at)`: processed ones in
+//!   `(processed_at, event_id)` order below the cutoff, discarded ones by
+//!   event id among the group's unprocessed rows.
+//!
+//! Then one `READ COMMITTED` transaction locks those rows by primary key
+//! (forced: on a small table the optimizer would rather scan it all,
+//! locking every row) with `FOR UPDATE SKIP LOCKED`, re-checking the
+//! condition, and deletes the rows it locked. The locks are taken on the
 //! chosen rows only: InnoDB locks every row a locking read examines before
 //! the server filters it, so a locking scan of the unpublished rows would
 //! hold, for a moment, rows a relay is about to claim, and its claim (`SKIP
-//! LOCKED`) would pass over them.
+//! LOCKED`) would pass over them; the same holds for the inbox's pending
+//! rows and its processors' claims.
 
 use chrono::{DateTime, Utc};
-use sqlx::MySqlPool;
+use sqlx::{MySql, MySqlPool, QueryBuilder};
+use uuid::Uuid;
 
 use super::{Target, TargetSql};
 use crate::ops::OpsError;
-use crate::ops::database::{begin_mysql, json_ids};
+use crate::ops::database::{
+    JSON_KEYS, begin_mysql, inbox_groups, json_ids, json_keys, push_groups,
+};
 
 /// Where a MariaDB pass stopped: the last row of the previous batch.
 #[derive(Debug, Clone)]
-pub(super) struct Position {
-    /// Its `published_at` (`None` for a discarded row, never published).
-    published_at: Option<DateTime<Utc>>,
-    id: i64,
+pub(super) enum Position {
+    /// An outbox row: its `published_at` (`None` for a discarded row,
+    /// never published) and id.
+    Outbox {
+        published_at: Option<DateTime<Utc>>,
+        id: i64,
+    },
+    /// A dedup row.
+    Processed {
+        processed_at: DateTime<Utc>,
+        group: Vec<u8>,
+        event_id: Uuid,
+    },
+    /// An inbox row (`processed_at` is `None` for a discarded one, never
+    /// processed).
+    Inbox {
+        group: Vec<u8>,
+        processed_at: Option<DateTime<Utc>>,
+        event_id: Uuid,
+    },
 }
 
 /// What one batch did.
@@ -41,23 +73,40 @@ pub(super) struct Batch {
     pub last: Option<Position>,
 }
 
-/// The condition of `target` on this database (alias `t`, `?` the cutoff),
-/// or the error for a table it does not have.
-fn condition(target: Target) -> Result<&'static str, OpsError> {
+/// The table and condition of `target` on this database (alias `t`, `?`
+/// the cutoff), or the error for a table it does not have.
+fn condition(target: Target) -> Result<(&'static str, &'static str), OpsError> {
     match target {
-        Target::PublishedOutbox => Ok("t.published_at < ? AND t.parked_at IS NULL"),
-        // A discarded row is always parked, and never published.
-        Target::DiscardedOutbox => {
-            Ok("t.discarded_at < ? AND t.published_at IS NULL AND t.parked_at IS NOT NULL")
+        Target::PublishedOutbox => {
+            Ok(("outbox_event", "t.published_at < ? AND t.parked_at IS NULL"))
         }
-        Target::ProcessedEvent
-        | Target::ProcessedInbox
-        | Target::DiscardedInbox
-        | Target::FinishedSaga => {
+        // A discarded row is always parked, and never published.
+        Target::DiscardedOutbox => Ok((
+            "outbox_event",
+            "t.discarded_at < ? AND t.published_at IS NULL AND t.parked_at IS NOT NULL",
+        )),
+        Target::ProcessedEvent => Ok(("processed_event", "t.processed_at < ?")),
+        Target::ProcessedInbox => Ok(("inbox_event", "t.processed = TRUE AND t.processed_at < ?")),
+        // A discarded row is always parked: saying so keeps a row that
+        // was (wrongly) made pending again, which its key's entry in
+        // `inbox_key` may point at.
+        Target::DiscardedInbox => Ok((
+            "inbox_event",
+            "t.discarded_at < ? AND t.processed = FALSE AND t.parked_at IS NOT NULL",
+        )),
+        Target::FinishedSaga => {
             let TargetSql { table, .. } = target.sql();
             Err(OpsError::PostgresOnly { table })
         }
     }
+}
+
+/// Pushes `condition` to `query` with `cutoff` bound at its one `?`.
+fn push_condition(query: &mut QueryBuilder<MySql>, condition: &str, cutoff: DateTime<Utc>) {
+    let (before, after) = condition
+        .split_once('?')
+        .expect("every condition has the cutoff");
+    query.push(before).push_bind(cutoff).push(after);
 }
 
 pub(super) fn check(target: Target) -> Result<(), OpsError> {
@@ -69,13 +118,19 @@ pub(super) async fn count(
     target: Target,
     cutoff: DateTime<Utc>,
 ) -> Result<i64, OpsError> {
-    let condition = condition(target)?;
-    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM outbox_event t WHERE {condition}"
-    )))
-    .bind(cutoff)
-    .fetch_one(pool)
-    .await?)
+    let (table, condition) = condition(target)?;
+    let mut query = QueryBuilder::<MySql>::new("SELECT COUNT(*) FROM ");
+    if table == "inbox_event" {
+        // Each group's rows of the target only, through the index.
+        let groups = inbox_groups(pool).await?;
+        query.push("inbox_event t FORCE INDEX (ix_inbox_event_group_processed) WHERE ");
+        push_groups(&mut query, &groups);
+        query.push(" AND ");
+    } else {
+        query.push(table).push(" t WHERE ");
+    }
+    push_condition(&mut query, condition, cutoff);
+    Ok(query.build_query_scalar().fetch_one(pool).await?)
 }
 
 pub(super) async fn step(
@@ -85,8 +140,26 @@ pub(super) async fn step(
     batch_size: i64,
     after: Option<&Position>,
 ) -> Result<Batch, OpsError> {
-    let condition = condition(target)?;
-    let chosen = choose(pool, target, condition, cutoff, batch_size, after).await?;
+    let (table, condition) = condition(target)?;
+    match table {
+        "outbox_event" => step_outbox(pool, target, condition, cutoff, batch_size, after).await,
+        _ => step_keyed(pool, target, table, condition, cutoff, batch_size, after).await,
+    }
+}
+
+async fn step_outbox(
+    pool: &MySqlPool,
+    target: Target,
+    condition: &str,
+    cutoff: DateTime<Utc>,
+    batch_size: i64,
+    after: Option<&Position>,
+) -> Result<Batch, OpsError> {
+    let after = match after {
+        Some(Position::Outbox { published_at, id }) => Some((*published_at, *id)),
+        _ => None,
+    };
+    let chosen = choose_outbox(pool, target, condition, cutoff, batch_size, after).await?;
     let Some((last_id, last_published_at)) = chosen.last().copied() else {
         return Ok(Batch {
             chosen: 0,
@@ -126,22 +199,22 @@ pub(super) async fn step(
     Ok(Batch {
         chosen: chosen.len() as i64,
         deleted,
-        last: Some(Position {
+        last: Some(Position::Outbox {
             published_at: last_published_at,
             id: last_id,
         }),
     })
 }
 
-/// The next `batch_size` eligible rows after `after`, in the walk's order:
-/// `(id, published_at)`.
-async fn choose(
+/// The next `batch_size` eligible outbox rows after `after`, in the walk's
+/// order: `(id, published_at)`.
+async fn choose_outbox(
     pool: &MySqlPool,
     target: Target,
     condition: &str,
     cutoff: DateTime<Utc>,
     batch_size: i64,
-    after: Option<&Position>,
+    after: Option<(Option<DateTime<Utc>>, i64)>,
 ) -> Result<Vec<(i64, Option<DateTime<Utc>>)>, OpsError> {
     let published = target == Target::PublishedOutbox;
     let (keyset, order) = match (published, after) {
@@ -159,11 +232,203 @@ async fn choose(
          ORDER BY {order} LIMIT ?"
     )))
     .bind(cutoff);
-    if let Some(after) = after {
+    if let Some((published_at, id)) = after {
         if published {
-            query = query.bind(after.published_at).bind(after.published_at);
+            query = query.bind(published_at).bind(published_at);
         }
-        query = query.bind(after.id);
+        query = query.bind(id);
     }
     Ok(query.bind(batch_size).fetch_all(pool).await?)
+}
+
+/// A chosen row of a table keyed by `(consumer_group, event_id)`, with the
+/// column its walk orders by (`processed_at`).
+type Chosen = (Vec<u8>, Uuid, Option<DateTime<Utc>>);
+
+/// A batch of `processed_event` or `inbox_event`, whose primary key is
+/// `(consumer_group, event_id)`.
+async fn step_keyed(
+    pool: &MySqlPool,
+    target: Target,
+    table: &str,
+    condition: &str,
+    cutoff: DateTime<Utc>,
+    batch_size: i64,
+    after: Option<&Position>,
+) -> Result<Batch, OpsError> {
+    let chosen = if table == "processed_event" {
+        choose_processed(pool, condition, cutoff, batch_size, after).await?
+    } else {
+        choose_inbox(pool, target, condition, cutoff, batch_size, after).await?
+    };
+    let Some((group, event_id, processed_at)) = chosen.last().cloned() else {
+        return Ok(Batch {
+            chosen: 0,
+            deleted: 0,
+            last: None,
+        });
+    };
+    let last = if table == "processed_event" {
+        Position::Processed {
+            processed_at: processed_at.unwrap_or_default(),
+            group,
+            event_id,
+        }
+    } else {
+        Position::Inbox {
+            group,
+            processed_at,
+            event_id,
+        }
+    };
+    // Locked in primary-key order.
+    let mut keys: Vec<(&[u8], Uuid)> = chosen.iter().map(|(g, e, _)| (g.as_slice(), *e)).collect();
+    keys.sort_unstable();
+    let mut tx = begin_mysql(pool).await?;
+    let locked: Vec<(Vec<u8>, Uuid)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT t.consumer_group, t.event_id
+         FROM {JSON_KEYS}
+              STRAIGHT_JOIN {table} t FORCE INDEX (PRIMARY)
+              ON t.consumer_group = UNHEX(f.g) AND t.event_id = UNHEX(f.e)
+         WHERE {condition}
+         FOR UPDATE SKIP LOCKED"
+    )))
+    .bind(json_keys(keys))
+    .bind(cutoff)
+    .fetch_all(&mut *tx)
+    .await?;
+    let deleted = if locked.is_empty() {
+        0
+    } else {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE t FROM {JSON_KEYS}
+                 STRAIGHT_JOIN {table} t FORCE INDEX (PRIMARY)
+                 ON t.consumer_group = UNHEX(f.g) AND t.event_id = UNHEX(f.e)
+             WHERE {condition}"
+        )))
+        .bind(json_keys(locked.iter().map(|(g, e)| (g.as_slice(), *e))))
+        .bind(cutoff)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+    };
+    tx.commit().await?;
+    Ok(Batch {
+        chosen: chosen.len() as i64,
+        deleted,
+        last: Some(last),
+    })
+}
+
+/// The next `batch_size` dedup rows processed before the cutoff, after
+/// `after`, in `(processed_at, consumer_group, event_id)` order: the order
+/// of `ix_processed_event_processed_at`, whose entries end with the
+/// primary key.
+async fn choose_processed(
+    pool: &MySqlPool,
+    condition: &str,
+    cutoff: DateTime<Utc>,
+    batch_size: i64,
+    after: Option<&Position>,
+) -> Result<Vec<Chosen>, OpsError> {
+    let mut query = QueryBuilder::<MySql>::new(
+        "SELECT t.consumer_group, t.event_id, t.processed_at
+         FROM processed_event t FORCE INDEX (ix_processed_event_processed_at)
+         WHERE ",
+    );
+    push_condition(&mut query, condition, cutoff);
+    if let Some(Position::Processed {
+        processed_at,
+        group,
+        event_id,
+    }) = after
+    {
+        query
+            .push(" AND (t.processed_at > ")
+            .push_bind(*processed_at)
+            .push(" OR (t.processed_at = ")
+            .push_bind(*processed_at)
+            .push(" AND (t.consumer_group > ")
+            .push_bind(group.as_slice())
+            .push(" OR (t.consumer_group = ")
+            .push_bind(group.as_slice())
+            .push(" AND t.event_id > ")
+            .push_bind(*event_id)
+            .push("))))");
+    }
+    query
+        .push(" ORDER BY t.processed_at, t.consumer_group, t.event_id LIMIT ")
+        .push_bind(batch_size);
+    Ok(query.build_query_as().fetch_all(pool).await?)
+}
+
+/// The next `batch_size` inbox rows of `target` after `after`: group by
+/// group (from the position's), each group's range of
+/// `ix_inbox_event_group_processed`.
+async fn choose_inbox(
+    pool: &MySqlPool,
+    target: Target,
+    condition: &str,
+    cutoff: DateTime<Utc>,
+    batch_size: i64,
+    after: Option<&Position>,
+) -> Result<Vec<Chosen>, OpsError> {
+    let after = match after {
+        Some(Position::Inbox {
+            group,
+            processed_at,
+            event_id,
+        }) => Some((group.as_slice(), *processed_at, *event_id)),
+        _ => None,
+    };
+    let groups = inbox_groups(pool).await?;
+    let processed = target == Target::ProcessedInbox;
+    let order = if processed {
+        "t.processed_at, t.event_id"
+    } else {
+        "t.event_id"
+    };
+    let mut chosen: Vec<Chosen> = Vec::new();
+    for group in groups {
+        let resume = match after {
+            Some((last, ..)) if group.as_slice() < last => continue,
+            Some((last, processed_at, event_id)) if group.as_slice() == last => {
+                Some((processed_at, event_id))
+            }
+            _ => None,
+        };
+        let want = batch_size - chosen.len() as i64;
+        if want <= 0 {
+            break;
+        }
+        let mut query = QueryBuilder::<MySql>::new(
+            "SELECT t.consumer_group, t.event_id, t.processed_at
+             FROM inbox_event t FORCE INDEX (ix_inbox_event_group_processed)
+             WHERE t.consumer_group = ",
+        );
+        query.push_bind(group.as_slice()).push(" AND ");
+        push_condition(&mut query, condition, cutoff);
+        match resume {
+            Some((processed_at, event_id)) if processed => {
+                query
+                    .push(" AND (t.processed_at > ")
+                    .push_bind(processed_at)
+                    .push(" OR (t.processed_at = ")
+                    .push_bind(processed_at)
+                    .push(" AND t.event_id > ")
+                    .push_bind(event_id)
+                    .push("))");
+            }
+            Some((_, event_id)) => {
+                query.push(" AND t.event_id > ").push_bind(event_id);
+            }
+            None => {}
+        }
+        query
+            .push(format!(" ORDER BY {order} LIMIT "))
+            .push_bind(want);
+        let rows: Vec<Chosen> = query.build_query_as().fetch_all(pool).await?;
+        chosen.extend(rows);
+    }
+    Ok(chosen)
 }

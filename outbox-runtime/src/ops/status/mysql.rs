@@ -1,25 +1,35 @@
 //! `status` on MariaDB (feature `mysql`): the outbox's backlog, its failing,
-//! parked and discarded rows, the sizes of `outbox_event` and
-//! `outbox_scheduled`, and the live relays with the lanes they hold. The
-//! consumer side is not on this database: it is named in
-//! [`Status::not_on_this_database`] and its parts are left empty.
+//! parked and discarded rows, the inbox's alike (MySQL migration 0005), its
+//! keys no running processor claims, the dead letters their topic refused
+//! (`consumer_dead_letter`, MySQL migration 0004), the sizes of the tables,
+//! and the live relays with the lanes they hold. Sagas are not read here
+//! yet, nor are the consumer tables of a schema migrated before them: they
+//! are named in [`Status::not_on_this_database`] and their parts are left
+//! empty.
 //!
 //! Every statement is a plain read (no locks). A relay member is live while
 //! its session holds the member lock `obx:<database>:m<connection id>`; it
 //! owns the lanes whose lock `obx:<database>:l<lane>` its session holds
-//! (`IS_USED_LOCK` names the holder's connection id).
+//! (`IS_USED_LOCK` names the holder's connection id). The inbox's counts
+//! read each group's unprocessed rows only (see
+//! [`inbox_groups`](crate::ops::database::inbox_groups)), however many
+//! processed ones the table keeps.
 
 use chrono::{DateTime, Utc};
-use sqlx::MySqlPool;
+use sqlx::{MySql, MySqlPool, QueryBuilder};
 
 use super::{
-    ConsumerDeadLetters, HeldTopic, ProblemRow, QueueStatus, RelayMember, Status, TableSize,
-    TopicBacklog,
+    ConsumerDeadLetterRow, ConsumerDeadLetters, HeldTopic, ProblemRow, QueueStatus, RelayMember,
+    Status, TableSize, TopicBacklog,
 };
-use crate::ops::OpsError;
+use crate::ops::database::{inbox_groups, push_groups, text};
+use crate::ops::{OpsError, PARKED_NOT_DISCARDED};
 use crate::relay::{LockNames, NO_SUCH_TABLE, error_number};
 
-/// The tables of the consumer side, PostgreSQL-only so far.
+/// The framework's tables of the consumer side, in the order
+/// [`Status::not_on_this_database`] names the missing ones: the inbox's
+/// (MySQL migration 0005), the dedup table and the refused dead letters
+/// (0004), and the sagas' (always named: sagas are not read here yet).
 const CONSUMER_TABLES: [&str; 4] = [
     "inbox_event",
     "processed_event",
@@ -37,22 +47,67 @@ const EXACT_BELOW: i64 = 100_000;
 const LIVE: &str = "IS_USED_LOCK(CONCAT(?, m.backend_pid)) = m.backend_pid";
 
 pub(super) async fn collect(pool: &MySqlPool, sample: i64) -> Result<Status, OpsError> {
+    let sample = sample.max(0);
+    let present = consumer_tables(pool).await?;
+    let has = |table: &str| present.iter().any(|t| t == table);
     let outbox = outbox(pool, sample).await?;
+    let (inbox, inbox_unclaimed) = if has("inbox_event") {
+        (
+            inbox(pool, sample).await?,
+            crate::consumer::inbox::mysql::inbox_unclaimed(pool, None).await?,
+        )
+    } else {
+        (not_here(), Vec::new())
+    };
+    let consumer_dead_letters = if has("consumer_dead_letter") {
+        consumer_dead_letters(pool, sample).await?
+    } else {
+        ConsumerDeadLetters::default()
+    };
     let mut tables = Vec::new();
-    for table in ["outbox_event", "outbox_scheduled"] {
+    for table in [
+        "outbox_event",
+        "outbox_scheduled",
+        "inbox_event",
+        "processed_event",
+    ] {
         tables.extend(table_size(pool, table).await?);
+    }
+    // As on PostgreSQL: shown while it holds something to act on.
+    if consumer_dead_letters.unpublished > 0 {
+        tables.extend(table_size(pool, "consumer_dead_letter").await?);
     }
     let relays = relays(pool).await?;
     Ok(Status {
         outbox,
-        inbox: not_here(),
-        inbox_unclaimed: Vec::new(),
+        inbox,
+        inbox_unclaimed,
         tables,
         relays,
         sagas: Vec::new(),
-        consumer_dead_letters: ConsumerDeadLetters::default(),
-        not_on_this_database: CONSUMER_TABLES.to_vec(),
+        consumer_dead_letters,
+        not_on_this_database: CONSUMER_TABLES
+            .into_iter()
+            .filter(|table| !has(table))
+            .collect(),
     })
+}
+
+/// Which of the consumer tables the schema has (none before MySQL
+/// migration 0004), `saga_state` left out.
+async fn consumer_tables(pool: &MySqlPool) -> Result<Vec<String>, OpsError> {
+    let mut query = QueryBuilder::<MySql>::new(
+        "SELECT TABLE_NAME FROM information_schema.TABLES
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (",
+    );
+    let mut list = query.separated(", ");
+    // Not saga_state: status reads no sagas on this database yet, so they
+    // are named missing whether the table exists or not.
+    for table in CONSUMER_TABLES.iter().filter(|t| **t != "saga_state") {
+        list.push_bind(*table);
+    }
+    query.push(")");
+    Ok(query.build_query_scalar().fetch_all(pool).await?)
 }
 
 /// The inbox's counts on a database without an inbox: nothing, as
@@ -69,6 +124,13 @@ fn not_here() -> QueueStatus {
         parked_rows: Vec::new(),
         discarded: 0,
     }
+}
+
+/// Age in seconds of `oldest` at `now` (both by the database clock).
+fn age(now: DateTime<Utc>, oldest: DateTime<Utc>) -> f64 {
+    (now - oldest)
+        .num_microseconds()
+        .map_or(f64::MAX, |us| us as f64 / 1e6)
 }
 
 /// The outbox's counts. Unpublished rows (pending and parked alike) are the
@@ -98,11 +160,7 @@ async fn outbox(pool: &MySqlPool, sample: i64) -> Result<QueueStatus, OpsError> 
     .await?;
     let oldest_pending_at = topics.iter().filter_map(|t| t.oldest_pending_at).min();
     // By the database clock, read with the counts.
-    let oldest_pending_age_secs = oldest_pending_at.map(|oldest| {
-        (now - oldest)
-            .num_microseconds()
-            .map_or(f64::MAX, |us| us as f64 / 1e6)
-    });
+    let oldest_pending_age_secs = oldest_pending_at.map(|oldest| age(now, oldest));
     let rows = |which: &str| {
         sqlx::AssertSqlSafe(format!(
             "SELECT id, event_id, topic, event_type, attempts, last_error,
@@ -111,12 +169,11 @@ async fn outbox(pool: &MySqlPool, sample: i64) -> Result<QueueStatus, OpsError> 
              ORDER BY created_at, id LIMIT ?"
         ))
     };
-    let sample = sample.max(0);
     let failing_rows: Vec<ProblemRow> = sqlx::query_as(rows("parked_at IS NULL AND attempts > 0"))
         .bind(sample)
         .fetch_all(pool)
         .await?;
-    let parked_rows: Vec<ProblemRow> = sqlx::query_as(rows(crate::ops::PARKED_NOT_DISCARDED))
+    let parked_rows: Vec<ProblemRow> = sqlx::query_as(rows(PARKED_NOT_DISCARDED))
         .bind(sample)
         .fetch_all(pool)
         .await?;
@@ -130,6 +187,155 @@ async fn outbox(pool: &MySqlPool, sample: i64) -> Result<QueueStatus, OpsError> 
         parked,
         parked_rows,
         discarded,
+    })
+}
+
+/// `SELECT <columns> FROM inbox_event t WHERE <the groups' unprocessed
+/// rows> AND <which>`, through `ix_inbox_event_group_processed` (forced:
+/// InnoDB's estimates of a young table can make the optimizer prefer the
+/// whole primary key).
+fn unprocessed(columns: &str, groups: &[Vec<u8>], which: &str) -> QueryBuilder<MySql> {
+    let mut query = QueryBuilder::new(format!(
+        "SELECT {columns} FROM inbox_event t FORCE INDEX (ix_inbox_event_group_processed) WHERE "
+    ));
+    push_groups(&mut query, groups);
+    query.push(format!(" AND t.processed = FALSE AND {which}"));
+    query
+}
+
+/// The inbox's counts, as PostgreSQL's (`received_at` for the age), read
+/// on every group's unprocessed rows (pending and parked).
+async fn inbox(pool: &MySqlPool, sample: i64) -> Result<QueueStatus, OpsError> {
+    let groups = inbox_groups(pool).await?;
+    if groups.is_empty() {
+        return Ok(not_here());
+    }
+    let topics: Vec<TopicBacklog> = unprocessed(
+        "t.topic, COUNT(*) AS pending, MIN(t.received_at) AS oldest_pending_at",
+        &groups,
+        "t.parked_at IS NULL",
+    )
+    .push(" GROUP BY t.topic ORDER BY t.topic")
+    .build_query_as()
+    .fetch_all(pool)
+    .await?;
+    // One scan of the unprocessed rows; a discarded row is always parked.
+    let (failing, parked, discarded, now): (i64, i64, i64, DateTime<Utc>) = unprocessed(
+        &format!(
+            "CAST(COALESCE(SUM(t.parked_at IS NULL AND t.attempts > 0), 0) AS SIGNED),
+             CAST(COALESCE(SUM({PARKED_NOT_DISCARDED}), 0) AS SIGNED),
+             CAST(COALESCE(SUM(t.parked_at IS NOT NULL AND t.discarded_at IS NOT NULL), 0)
+                  AS SIGNED),
+             UTC_TIMESTAMP(6)"
+        ),
+        &groups,
+        "TRUE",
+    )
+    .build_query_as()
+    .fetch_one(pool)
+    .await?;
+    let oldest_pending_at = topics.iter().filter_map(|t| t.oldest_pending_at).min();
+    let oldest_pending_age_secs = oldest_pending_at.map(|oldest| age(now, oldest));
+    let rows = |which: &str| {
+        let mut query = unprocessed(
+            "CAST(NULL AS SIGNED) AS id, t.event_id, t.topic, t.event_type, t.attempts,
+             t.last_error, t.received_at AS written_at, t.parked_at, t.next_attempt_at",
+            &groups,
+            which,
+        );
+        query
+            .push(" ORDER BY t.received_at, t.seq LIMIT ")
+            .push_bind(sample);
+        query
+    };
+    let failing_rows: Vec<ProblemRow> = rows("t.parked_at IS NULL AND t.attempts > 0")
+        .build_query_as()
+        .fetch_all(pool)
+        .await?;
+    let parked_rows: Vec<ProblemRow> = rows(PARKED_NOT_DISCARDED)
+        .build_query_as()
+        .fetch_all(pool)
+        .await?;
+    Ok(QueueStatus {
+        pending: topics.iter().map(|t| t.pending).sum(),
+        oldest_pending_at,
+        oldest_pending_age_secs,
+        topics,
+        failing,
+        failing_rows,
+        parked,
+        parked_rows,
+        discarded,
+    })
+}
+
+/// One row of `consumer_dead_letter` as MariaDB returns it (the group as
+/// bytes).
+type DeadLetterRow = (
+    i64,
+    Vec<u8>,
+    String,
+    i32,
+    i64,
+    String,
+    String,
+    String,
+    String,
+    DateTime<Utc>,
+);
+
+/// The consumers' unpublished dead letters, through
+/// `ix_consumer_dead_letter_unpublished (republished_at, parked_at)`.
+async fn consumer_dead_letters(
+    pool: &MySqlPool,
+    sample: i64,
+) -> Result<ConsumerDeadLetters, OpsError> {
+    let (unpublished, oldest_parked_at): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT COUNT(*), MIN(parked_at) FROM consumer_dead_letter WHERE republished_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await?;
+    let rows: Vec<DeadLetterRow> = sqlx::query_as(
+        "SELECT id, consumer_group, topic, `partition`, `offset`, reason, error,
+                dead_letter_topic, publish_error, parked_at
+         FROM consumer_dead_letter WHERE republished_at IS NULL
+         ORDER BY parked_at, id LIMIT ?",
+    )
+    .bind(sample)
+    .fetch_all(pool)
+    .await?;
+    let rows = rows
+        .into_iter()
+        .map(
+            |(
+                id,
+                consumer_group,
+                topic,
+                partition,
+                offset,
+                reason,
+                error,
+                dead_letter_topic,
+                publish_error,
+                parked_at,
+            )| ConsumerDeadLetterRow {
+                id,
+                consumer_group: text(consumer_group),
+                topic,
+                partition,
+                offset,
+                reason,
+                error,
+                dead_letter_topic,
+                publish_error,
+                parked_at,
+            },
+        )
+        .collect();
+    Ok(ConsumerDeadLetters {
+        unpublished,
+        oldest_parked_at,
+        rows,
     })
 }
 
