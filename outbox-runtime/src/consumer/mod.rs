@@ -81,6 +81,9 @@ pub use hooks::Route;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use inbox::claim_once_for_benchmark;
+#[cfg(all(feature = "test-hooks", feature = "mysql"))]
+#[doc(hidden)]
+pub use inbox::claim_once_for_benchmark_mysql;
 #[cfg(feature = "test-hooks")]
 pub use run::fetch_settings_for_benchmark;
 pub use run::{Consumer, ConsumerHandle};

@@ -79,6 +79,24 @@ pub async fn claim_once_for_benchmark(
     Ok(rows.len())
 }
 
+/// Benchmarks only: [`claim_once_for_benchmark`] on MySQL / MariaDB. Not a
+/// public API.
+#[cfg(all(feature = "test-hooks", feature = "mysql"))]
+pub async fn claim_once_for_benchmark_mysql(
+    pool: &sqlx::MySqlPool,
+    group: &str,
+    handled: &[(&str, &str)],
+    batch: usize,
+) -> Result<usize, sqlx::Error> {
+    let (topics, types): (Vec<&str>, Vec<&str>) = handled.iter().copied().unzip();
+    let mut tx = pool
+        .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+        .await?;
+    let rows = mysql::claim_rows(&mut tx, group, &topics, &types, batch, usize::MAX).await?;
+    tx.rollback().await?;
+    Ok(rows.len())
+}
+
 /// Tests only: stores `rows` pending in `conn`'s transaction as a store
 /// does, without committing (see `Consumer::__store_pending`).
 #[cfg(feature = "test-hooks")]

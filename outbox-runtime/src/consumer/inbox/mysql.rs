@@ -618,8 +618,9 @@ type NewHead = (i64, Option<String>, NotBefore);
 type NotBefore = Option<DateTime<Utc>>;
 
 /// Moves the heads of `keys` (sorted by topic and key) to their oldest
-/// pending row at or after `from_seq`, or removes the entries of keys with
-/// none left (see the module's notes on the two steps).
+/// pending row at or after `from_seq` (or after the entry's head, if that
+/// is earlier: a row retried meanwhile), or removes the entries of keys
+/// with none left (see the module's notes on the two steps).
 pub(crate) async fn move_heads(
     conn: &mut MySqlConnection,
     group: &str,
@@ -630,12 +631,27 @@ pub(crate) async fn move_heads(
             .iter()
             .map(|k| (k.topic.as_str(), k.key.as_slice()))
             .collect();
-        let mut lock =
-            QueryBuilder::<MySql>::new("SELECT head_seq FROM inbox_key WHERE consumer_group = ");
+        let mut lock = QueryBuilder::<MySql>::new(
+            "SELECT topic, partition_key, head_seq FROM inbox_key WHERE consumer_group = ",
+        );
         lock.push_bind(group.as_bytes()).push(" AND ");
         push_key_list(&mut lock, &pairs);
         lock.push(" ORDER BY topic, partition_key FOR UPDATE");
-        lock.build().execute(&mut *conn).await?;
+        let locked: Vec<(String, Vec<u8>, i64)> =
+            lock.build_query_as().fetch_all(&mut *conn).await?;
+        // An entry may point before `from_seq`: an operator retried an
+        // older parked row of the key meanwhile (and moved the head back to
+        // it). The new head is then at or after that.
+        let heads_now: HashMap<(&str, &[u8]), i64> = locked
+            .iter()
+            .map(|(topic, key, head)| ((topic.as_str(), key.as_slice()), *head))
+            .collect();
+        let from = |index: usize| {
+            let key = &chunk[index];
+            heads_now
+                .get(&(key.topic.as_str(), key.key.as_slice()))
+                .map_or(key.from_seq, |head| key.from_seq.min(*head))
+        };
 
         let mut heads = QueryBuilder::<MySql>::new("");
         for (index, key) in chunk.iter().enumerate() {
@@ -654,7 +670,7 @@ pub(crate) async fn move_heads(
                 .push(" AND partition_key = ")
                 .push_bind(key.key.as_slice());
             heads.push(" AND processed = FALSE AND seq >= ");
-            heads.push_bind(key.from_seq);
+            heads.push_bind(from(index));
             heads.push(" AND parked_at IS NULL ORDER BY seq LIMIT 1)");
         }
         let found: Vec<(i64, i64, Option<String>, NotBefore)> =
