@@ -591,6 +591,7 @@ test_event!(
 );
 test_event!(InboxRun, "consumer-backends.inbox.runs", "InboxRun");
 test_event!(InboxOld, "consumer-backends.inbox.deploy", "InboxOld");
+test_event!(InboxGate, "consumer-backends.inbox.gate", "InboxGate");
 test_event!(InboxNew, "consumer-backends.inbox.deploy", "InboxNew");
 
 handlers!(InboxOnce, inbox_once_pg, inbox_once_my);
@@ -1160,6 +1161,135 @@ async fn inbox_rows_without_a_handler_wait_for_one(db: Db) {
     running.shutdown().await.unwrap();
     assert_eq!(db.applied_by_key().await[&waiting], vec![1, 2, 3]);
     db.drop().await;
+}
+
+/// The gate of the retried-row test: row 13 fails until healed; row 2
+/// waits, once its call has begun, until the test opens the gate.
+struct Gate {
+    healed: std::sync::atomic::AtomicBool,
+    /// Calls of row 2 so far.
+    entered: std::sync::atomic::AtomicUsize,
+    open: tokio::sync::Semaphore,
+}
+
+static GATE: Gate = Gate {
+    healed: std::sync::atomic::AtomicBool::new(false),
+    entered: std::sync::atomic::AtomicUsize::new(0),
+    open: tokio::sync::Semaphore::const_new(0),
+};
+
+impl Gate {
+    async fn pass(&self, amount: i64) -> Result<(), HandlerError> {
+        match amount {
+            13 if !self.healed.load(std::sync::atomic::Ordering::SeqCst) => {
+                Err(HandlerError::new("row 13 fails until healed"))
+            }
+            2 => {
+                self.entered
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                self.open.acquire().await.expect("open").forget();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[event_handler]
+async fn inbox_gate_pg(
+    tx: &mut Transaction<'_, Postgres>,
+    event: InboxGate,
+) -> Result<(), HandlerError> {
+    GATE.pass(event.amount).await?;
+    sqlx::query("INSERT INTO effect (event_id, order_id, amount) VALUES ($1, $2, $3)")
+        .bind(event.event_id)
+        .bind(event.order_id)
+        .bind(event.amount)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[event_handler]
+async fn inbox_gate_my(
+    tx: &mut Transaction<'_, MySql>,
+    event: InboxGate,
+) -> Result<(), HandlerError> {
+    GATE.pass(event.amount).await?;
+    sqlx::query("INSERT INTO effect (event_id, order_id, amount) VALUES (?, ?, ?)")
+        .bind(event.event_id)
+        .bind(event.order_id)
+        .bind(event.amount)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Inbox: a parked row made pending again by hand (as an operator's retry
+/// does, its key's head moved back to it) while a processor is in the
+/// middle of the key's later row: once that processor commits and moves
+/// the key's head on, the retried row is still its head and is handled,
+/// not stranded behind the row just processed. One test per process (the
+/// gate is global), run on each database in turn.
+async fn inbox_a_row_retried_while_its_key_is_claimed_is_handled(db: Db) {
+    create_topic(InboxGate::TOPIC, 1).await;
+    let group = unique_group("backends-inbox-gate");
+    start_group_at(&group, InboxGate::TOPIC, 1, true).await;
+    GATE.healed
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    // Closed: permits left by the other database's run are taken back.
+    while let Ok(permit) = GATE.open.try_acquire() {
+        permit.forget();
+    }
+    let producer = producer();
+    let parked = InboxGate::new(13);
+    let later = InboxGate {
+        event_id: Uuid::new_v4(),
+        order_id: parked.order_id,
+        amount: 2,
+    };
+    let setup = Setup {
+        max_attempts: 1,
+        handle_on_receipt: false,
+        processors: 1,
+        ..Setup::inbox()
+    };
+    let running = db.spawn(&group, setup, inbox_gate_pg, inbox_gate_my);
+    produce_to(&producer, &parked, 0).await;
+    eventually("the first row parked", Duration::from_secs(30), || async {
+        db.is_parked(parked.event_id).await
+    })
+    .await;
+    let calls = GATE.entered.load(std::sync::atomic::Ordering::SeqCst);
+    produce_to(&producer, &later, 0).await;
+    eventually(
+        "the later row's call begun",
+        Duration::from_secs(30),
+        || async { GATE.entered.load(std::sync::atomic::Ordering::SeqCst) > calls },
+    )
+    .await;
+    // The processor holds the key's later row; the first row comes back.
+    GATE.healed.store(true, std::sync::atomic::Ordering::SeqCst);
+    db.unpark_by_hand(parked.event_id).await;
+    GATE.open.add_permits(10);
+    wait_for_effects(
+        &db,
+        &[later.event_id, parked.event_id],
+        &[],
+        "both rows handled",
+    )
+    .await;
+    wait_for_empty_inbox(&db).await;
+    running.shutdown().await.unwrap();
+    db.drop().await;
+}
+
+/// [`inbox_a_row_retried_while_its_key_is_claimed_is_handled`] on both
+/// databases, one after the other (the gate is global).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_a_row_retried_while_its_key_is_claimed_is_handled_on_both() {
+    inbox_a_row_retried_while_its_key_is_claimed_is_handled(Db::postgres().await).await;
+    inbox_a_row_retried_while_its_key_is_claimed_is_handled(Db::mariadb().await).await;
 }
 
 mod inbox {

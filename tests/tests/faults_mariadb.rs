@@ -265,6 +265,13 @@ async fn mariadb_consumer_poison_messages_mixed_into_traffic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_misbehaving_handlers_lose_nothing() {
     let mut s = consumers_on_mariadb("my_misbehaving", load(), SourceBackend::Postgres);
+    if scenario::long_mode() {
+        // A minute of load makes about 800 swallowed deadlocks (each with
+        // the 5,000-row transaction that loses it) and 700 calls abandoned
+        // at 400 ms, a dedup partition or an inbox processor waiting for
+        // each: the consumers need more than the default 90 s to catch up.
+        s.settle_timeout = Duration::from_secs(300);
+    }
     s.fault = Fault::MisbehavingHandlers {
         swallow_every: 20,
         hang_every: 45,

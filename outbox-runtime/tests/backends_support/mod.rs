@@ -268,6 +268,100 @@ impl Db {
         }
     }
 
+    /// Whether the inbox row of `event_id` is there and parked.
+    pub(crate) async fn is_parked(&self, event_id: Uuid) -> bool {
+        let sql = "SELECT count(*) FROM inbox_event WHERE parked_at IS NOT NULL AND event_id = ";
+        let parked: i64 = match self {
+            Self::Postgres { pool, .. } => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("{sql}$1")))
+                    .bind(event_id)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
+            Self::MariaDb(scratch) => sqlx::query_scalar(sqlx::AssertSqlSafe(format!("{sql}?")))
+                .bind(event_id)
+                .fetch_one(&scratch.pool)
+                .await
+                .unwrap(),
+        };
+        parked == 1
+    }
+
+    /// Makes the parked inbox row of `event_id` pending again, by hand, as
+    /// an operator's retry does: on MariaDB moving its key's `inbox_key`
+    /// entry back to it too (PostgreSQL's trigger does that).
+    pub(crate) async fn unpark_by_hand(&self, event_id: Uuid) {
+        match self {
+            Self::Postgres { pool, .. } => {
+                sqlx::query(
+                    "UPDATE inbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
+                     WHERE event_id = $1",
+                )
+                .bind(event_id)
+                .execute(pool)
+                .await
+                .unwrap();
+            }
+            Self::MariaDb(scratch) => {
+                let mut tx = scratch.pool.begin().await.unwrap();
+                // The row's key and place, by a plain read; then the row by
+                // its primary key and its key's entry by its unique key:
+                // locking none of the rows a processor holds.
+                let (group, topic, key, seq, event_type): (Vec<u8>, String, Vec<u8>, i64, String) =
+                    sqlx::query_as(
+                        "SELECT consumer_group, topic, partition_key, seq, event_type
+                         FROM inbox_event WHERE event_id = ?",
+                    )
+                    .bind(event_id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                sqlx::query(
+                    "UPDATE inbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
+                     WHERE consumer_group = ? AND event_id = ?",
+                )
+                .bind(&group)
+                .bind(event_id)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+                let moved = sqlx::query(
+                    "UPDATE inbox_key SET head_seq = ?, head_event_type = ?, not_before = NULL
+                     WHERE consumer_group = ? AND topic = ? AND partition_key = ? AND head_seq > ?",
+                )
+                .bind(seq)
+                .bind(event_type)
+                .bind(group)
+                .bind(topic)
+                .bind(key)
+                .bind(seq)
+                .execute(&mut *tx)
+                .await
+                .unwrap()
+                .rows_affected();
+                if moved != 1 {
+                    let keys: Vec<(i64, Option<String>)> =
+                        sqlx::query_as("SELECT head_seq, head_event_type FROM inbox_key")
+                            .fetch_all(&mut *tx)
+                            .await
+                            .unwrap();
+                    let rows: Vec<(i64, bool, bool, i32)> = sqlx::query_as(
+                        "SELECT seq, processed, parked_at IS NOT NULL, attempts FROM inbox_event",
+                    )
+                    .fetch_all(&mut *tx)
+                    .await
+                    .unwrap();
+                    panic!(
+                        "the key's entry did not point at a later row: entries (head, type) \
+                         {keys:?}, rows (seq, processed, parked, attempts) {rows:?}"
+                    );
+                }
+                tx.commit().await.unwrap();
+            }
+        }
+    }
+
     /// The parked dead letters: (reason, record value, partition).
     pub(crate) async fn parked(&self) -> Vec<(String, Option<Vec<u8>>, i32)> {
         match self {
