@@ -17,7 +17,17 @@
 //!   (Prometheus), `/health/live` and `/health/ready`.
 //! - the `demo` binary runs the three on embedded defaults and drives orders
 //!   through HTTP; `orders`, `inventory` and `payments` run one service each.
+//!
+//! Every service runs on PostgreSQL or on MariaDB, whichever
+//! `EXAMPLE_DATABASE_URL` names ([`database`]). Its logic (the decisions,
+//! the amounts, the saga's transitions) is written once, in the service's
+//! module, over a trait of the service's statements (`OrdersSql`,
+//! `InventorySql`, `PaymentsSql`); each database implements that trait in
+//! the service's `postgres.rs` and `mysql.rs`, next to its
+//! `#[event_handler]`s, which are one line each. The saga is declared for
+//! both databases by one `macro_rules!` ([`fulfilment`]).
 
+pub mod database;
 pub mod demo;
 pub mod events;
 pub mod fulfilment;

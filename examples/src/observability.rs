@@ -22,10 +22,12 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Serialize;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::Pool;
 use txoutbox_runtime::ops::status::{self, Breach, Thresholds};
 use txoutbox_runtime::relay::telemetry;
 use txoutbox_runtime::service::ServiceStatus;
+
+use crate::database::ExampleDatabase;
 
 /// Bucket bounds (seconds) of `outbox_relay_batch_duration_seconds`: from a
 /// quick local batch to the relay's default delivery timeout (30 s).
@@ -253,26 +255,37 @@ fn override_with<T>(
 }
 
 /// What `/metrics` and `/health/*` need.
-#[derive(Clone)]
-struct Probes {
-    pool: PgPool,
+struct Probes<DB: sqlx::Database> {
+    pool: Pool<DB>,
     liveness: Liveness,
     readiness: Readiness,
     metrics: PrometheusHandle,
 }
 
+// Not derived: that would ask `DB: Clone` of the database's marker type.
+impl<DB: sqlx::Database> Clone for Probes<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            liveness: self.liveness.clone(),
+            readiness: self.readiness.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
 /// `/metrics`, `/health/live` and `/health/ready` of a service whose
-/// framework tables live in `pool`.
-pub fn router(
-    pool: PgPool,
+/// framework tables live in `pool` (a `PgPool` or a `MySqlPool`).
+pub fn router<DB: ExampleDatabase>(
+    pool: Pool<DB>,
     liveness: Liveness,
     readiness: Readiness,
     metrics: PrometheusHandle,
 ) -> Router {
     Router::new()
-        .route("/metrics", get(scrape))
-        .route("/health/live", get(live))
-        .route("/health/ready", get(ready))
+        .route("/metrics", get(scrape::<DB>))
+        .route("/health/live", get(live::<DB>))
+        .route("/health/ready", get(ready::<DB>))
         .with_state(Probes {
             pool,
             liveness,
@@ -281,7 +294,7 @@ pub fn router(
         })
 }
 
-async fn scrape(State(probes): State<Probes>) -> Response {
+async fn scrape<DB: ExampleDatabase>(State(probes): State<Probes<DB>>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
@@ -292,7 +305,7 @@ async fn scrape(State(probes): State<Probes>) -> Response {
         .into_response()
 }
 
-async fn live(State(probes): State<Probes>) -> Response {
+async fn live<DB: ExampleDatabase>(State(probes): State<Probes<DB>>) -> Response {
     let tasks = probes.liveness.tasks();
     let live = tasks.iter().all(|task| task.running);
     let status = if live {
@@ -320,7 +333,7 @@ struct ReadyBody {
     inbox_pending: Option<i64>,
 }
 
-async fn ready(State(probes): State<Probes>) -> Response {
+async fn ready<DB: ExampleDatabase>(State(probes): State<Probes<DB>>) -> Response {
     let Readiness {
         thresholds,
         timeout,
@@ -333,7 +346,7 @@ async fn ready(State(probes): State<Probes>) -> Response {
         outbox_oldest_pending_age_secs: None,
         inbox_pending: None,
     };
-    match tokio::time::timeout(timeout, status::collect(&probes.pool, 0)).await {
+    match tokio::time::timeout(timeout, status::collect(DB::ops_database(&probes.pool), 0)).await {
         Err(_elapsed) => {
             body.database = Some(format!(
                 "unreachable: no answer within {}",

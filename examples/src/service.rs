@@ -11,7 +11,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use sqlx::PgPool;
+use sqlx::{Pool, Postgres};
 use txoutbox_runtime::consumer::{Consumer, ConsumerBuilder};
 use txoutbox_runtime::lifecycle::Stopped;
 use txoutbox_runtime::relay::Relay;
@@ -19,6 +19,7 @@ use txoutbox_runtime::service::Service;
 
 use rdkafka::ClientConfig;
 
+use crate::database::ExampleDatabase;
 use crate::setup::Broker;
 
 /// Why a service could not start or stop cleanly.
@@ -56,6 +57,9 @@ pub enum ServiceError {
     /// A service task panicked or was cancelled.
     #[error("service task failed: {0}")]
     Task(String),
+    /// The demo was asked for something this database does not run.
+    #[error("{0}")]
+    Unsupported(String),
     /// The relay or the consumer did not stop cleanly.
     #[error(transparent)]
     Shutdown(Box<txoutbox_runtime::service::ServiceError>),
@@ -69,34 +73,46 @@ pub enum ServiceError {
     },
 }
 
-/// What makes one example service: its name, its HTTP routes and its
-/// consumer's handlers and settings. Everything else (the relay of its
-/// outbox, the probes, start-up and shutdown) is [`RunningService`]'s.
-pub trait ServiceKind: Send + Sync + 'static {
+impl From<crate::database::SchemaError> for ServiceError {
+    fn from(error: crate::database::SchemaError) -> Self {
+        match error {
+            crate::database::SchemaError::Framework(error) => Self::Migrate(error),
+            crate::database::SchemaError::Service(error) => Self::Database(error),
+        }
+    }
+}
+
+/// What makes one example service on database `DB`: its name, its HTTP
+/// routes and its consumer's handlers and settings. Everything else (the
+/// relay of its outbox, the probes, start-up and shutdown) is
+/// [`RunningService`]'s. Each service implements it for every
+/// [`ExampleDatabase`] its SQL is written for.
+pub trait ServiceKind<DB: ExampleDatabase = Postgres>: Send + Sync + 'static {
     /// The service's name, for `Debug`.
     const NAME: &'static str;
 
     /// Its own HTTP routes (besides `/metrics` and `/health/*`).
-    fn routes(_pool: &PgPool) -> Router {
+    fn routes(_pool: &Pool<DB>) -> Router {
         Router::new()
     }
 
     /// Its consumer: `builder` with the service's handlers and settings.
-    fn consumer(builder: ConsumerBuilder, tuning: &Tuning) -> ConsumerBuilder;
+    fn consumer(builder: ConsumerBuilder<DB>, tuning: &Tuning) -> ConsumerBuilder<DB>;
 }
 
 /// A running example service: its HTTP listener (its own routes plus
 /// `/metrics` and `/health/*` over the relay and the consumer), and the
-/// relay of its outbox with its consumer, as one [`Service`].
-pub struct RunningService<S> {
+/// relay of its outbox with its consumer, as one [`Service`], on database
+/// `DB` (PostgreSQL unless started on a `MySqlPool`).
+pub struct RunningService<S, DB = Postgres> {
     /// Where the HTTP server (with `/metrics` and `/health/*`) listens.
     pub addr: SocketAddr,
     server: HttpServer,
     service: Service,
-    kind: PhantomData<S>,
+    kind: PhantomData<fn() -> (S, DB)>,
 }
 
-impl<S: ServiceKind> std::fmt::Debug for RunningService<S> {
+impl<S: ServiceKind<DB>, DB: ExampleDatabase> std::fmt::Debug for RunningService<S, DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct(S::NAME)
             .field("addr", &self.addr)
@@ -104,24 +120,28 @@ impl<S: ServiceKind> std::fmt::Debug for RunningService<S> {
     }
 }
 
-impl<S: ServiceKind> RunningService<S> {
+impl<S: ServiceKind<DB>, DB: ExampleDatabase> RunningService<S, DB> {
     /// Starts the service on `listener`: the relay of its outbox in `pool`
     /// (which also moves scheduled events into the outbox when due), its
     /// consumer (group `group_id`) against the Kafka cluster at
     /// `bootstrap_servers`, and its routes with the probes
-    /// ([`crate::observability`]).
+    /// ([`crate::observability`]). The pool's database (`PgPool` or
+    /// `MySqlPool`) is the service's.
     pub async fn start(
-        pool: PgPool,
+        pool: Pool<DB>,
         bootstrap_servers: &str,
         group_id: &str,
         listener: TcpListener,
         tuning: &Tuning,
     ) -> Result<Self, ServiceError> {
         use crate::observability::{self, Liveness};
-        let relay = Relay::builder(pool.clone(), kafka_config(bootstrap_servers))
-            .poll_interval(tuning.poll_interval)
-            .schedule_poll_interval(tuning.poll_interval)
-            .spawn()?;
+        let relay = Relay::builder(
+            DB::relay_database(pool.clone()),
+            kafka_config(bootstrap_servers),
+        )
+        .poll_interval(tuning.poll_interval)
+        .schedule_poll_interval(tuning.poll_interval)
+        .spawn()?;
         let consumer =
             Consumer::builder(pool.clone(), consumer_config(bootstrap_servers), group_id);
         let consumer = S::consumer(consumer, tuning).build()?.spawn();

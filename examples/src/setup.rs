@@ -1,13 +1,56 @@
 //! Infrastructure set-up shared by the example services and the demo: the
-//! database (created on first use, migrated) and the Kafka broker (a real one
-//! from `KAFKA_BROKERS`, or librdkafka's in-process mock cluster).
+//! database (created on first use, migrated; PostgreSQL or MariaDB, see
+//! [`crate::database`]) and the Kafka broker (a real one from
+//! `KAFKA_BROKERS`, or librdkafka's in-process mock cluster).
 
 use std::str::FromStr;
 
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool};
+use sqlx::{ConnectOptions, Connection, MySqlPool, PgPool};
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `mysql://` or `mariadb://` (MariaDB >= 10.6; MySQL is not supported
+    /// by the framework yet).
+    MySql,
+}
+
+impl Backend {
+    /// The database `url` names, by its scheme.
+    pub fn of_url(url: &str) -> Result<Self, SetupError> {
+        let scheme = url
+            .split_once("://")
+            .map(|(scheme, _)| scheme.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("postgres" | "postgresql") => Ok(Self::Postgres),
+            Some("mysql" | "mariadb") => Ok(Self::MySql),
+            _ => Err(SetupError::UnknownDatabase { url: redact(url) }),
+        }
+    }
+
+    /// An `EXAMPLE_DATABASE_URL` of this database, for hints.
+    pub fn example_url(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres://user:password@host:5432/outbox_demo",
+            Self::MySql => "mysql://user:password@host:3306/outbox_demo",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Postgres => "PostgreSQL",
+            Self::MySql => "MariaDB",
+        })
+    }
+}
 
 /// The variable that names the examples' database server and base name. Not
 /// `DATABASE_URL`, which `.cargo/config.toml` sets for the tests (and so for
@@ -17,7 +60,9 @@ pub const DATABASE_URL_VAR: &str = "EXAMPLE_DATABASE_URL";
 
 /// Default `EXAMPLE_DATABASE_URL`: the local PostgreSQL. Each service
 /// uses its own database named after this one (`outbox_demo_orders`,
-/// `outbox_demo_payments`), as two real services would.
+/// `outbox_demo_payments`), as two real services would. A `mysql://` (or
+/// `mariadb://`) URL runs them on MariaDB instead, e.g.
+/// `mysql://root@127.0.0.1:3306/outbox_demo`.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_demo";
 
 /// `EXAMPLE_DATABASE_URL` from the environment, or [`DEFAULT_DATABASE_URL`].
@@ -36,9 +81,20 @@ pub enum SetupError {
         "set KAFKA_BROKERS (e.g. 127.0.0.1:9092); the `demo` binary runs both services on a mock cluster"
     )]
     NoBrokers,
+    /// The database URL names neither PostgreSQL nor MariaDB.
+    #[error(
+        "EXAMPLE_DATABASE_URL `{url}` names no database the example runs on: \
+         start it with postgres:// (PostgreSQL) or mysql:// / mariadb:// (MariaDB)"
+    )]
+    UnknownDatabase {
+        /// The URL as given (password redacted).
+        url: String,
+    },
     /// The database URL does not parse.
-    #[error("EXAMPLE_DATABASE_URL `{url}` is not a valid PostgreSQL URL: {reason}")]
+    #[error("EXAMPLE_DATABASE_URL `{url}` is not a valid {backend} URL: {reason}")]
     BadDatabaseUrl {
+        /// The database the URL's scheme names.
+        backend: Backend,
         /// The URL as given (password redacted).
         url: String,
         /// The parser's reason.
@@ -46,11 +102,14 @@ pub enum SetupError {
     },
     /// The server does not answer or refuses the login.
     #[error(
-        "cannot reach PostgreSQL at {server}: {reason}\n\
+        "cannot reach {backend} at {server}: {reason}\n\
          hint: start it (scripts/services.sh up) or point EXAMPLE_DATABASE_URL at a server you can reach, \
-         e.g. EXAMPLE_DATABASE_URL=postgres://user:password@host:5432/outbox_demo"
+         e.g. EXAMPLE_DATABASE_URL={}",
+        .backend.example_url()
     )]
     DatabaseUnreachable {
+        /// The database the URL's scheme names.
+        backend: Backend,
         /// host:port of the server.
         server: String,
         /// The driver's reason.
@@ -80,6 +139,7 @@ pub enum SetupError {
 /// point `EXAMPLE_DATABASE_URL` elsewhere.
 pub async fn connect_database(url: &str, suffix: &str) -> Result<PgPool, SetupError> {
     let options = PgConnectOptions::from_str(url).map_err(|e| SetupError::BadDatabaseUrl {
+        backend: Backend::Postgres,
         url: redact(url),
         reason: e.to_string(),
     })?;
@@ -92,6 +152,7 @@ pub async fn connect_database(url: &str, suffix: &str) -> Result<PgPool, SetupEr
     let options = options.database(&database);
     let server = format!("{}:{}", options.get_host(), options.get_port());
     let unreachable = |e: sqlx::Error| SetupError::DatabaseUnreachable {
+        backend: Backend::Postgres,
         server: server.clone(),
         reason: txoutbox_core::DbErrorDisplay(&e).to_string(),
     };
@@ -128,6 +189,53 @@ pub async fn connect_database(url: &str, suffix: &str) -> Result<PgPool, SetupEr
     let _ = admin.close().await;
 
     PgPoolOptions::new()
+        .max_connections(16)
+        .connect_with(options)
+        .await
+        .map_err(unreachable)
+}
+
+/// [`connect_database`] on MariaDB: `url` is `mysql://` or `mariadb://`
+/// (user, password, host, port and base name as for PostgreSQL). The
+/// database is created with `CREATE DATABASE IF NOT EXISTS` over a
+/// connection to `information_schema`, which every user may open.
+pub async fn connect_mysql_database(url: &str, suffix: &str) -> Result<MySqlPool, SetupError> {
+    let options = MySqlConnectOptions::from_str(url).map_err(|e| SetupError::BadDatabaseUrl {
+        backend: Backend::MySql,
+        url: redact(url),
+        reason: e.to_string(),
+    })?;
+    let options = options.disable_statement_logging();
+    let database = format!(
+        "{}{suffix}",
+        options.get_database().unwrap_or("outbox_demo")
+    );
+    let options = options.database(&database);
+    let server = format!("{}:{}", options.get_host(), options.get_port());
+    let unreachable = |e: sqlx::Error| SetupError::DatabaseUnreachable {
+        backend: Backend::MySql,
+        server: server.clone(),
+        reason: txoutbox_core::DbErrorDisplay(&e).to_string(),
+    };
+
+    let maintenance = options.clone().database("information_schema");
+    let mut admin = sqlx::MySqlConnection::connect_with(&maintenance)
+        .await
+        .map_err(unreachable)?;
+    let create = format!(
+        "CREATE DATABASE IF NOT EXISTS `{}`",
+        database.replace('`', "``")
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+        .execute(&mut admin)
+        .await
+        .map_err(|source| SetupError::Database {
+            database: database.clone(),
+            source,
+        })?;
+    let _ = admin.close().await;
+
+    MySqlPoolOptions::new()
         .max_connections(16)
         .connect_with(options)
         .await
@@ -214,5 +322,22 @@ mod tests {
         );
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact("not a url"), "not a url");
+        assert_eq!(
+            redact("mysql://root:pw@127.0.0.1:3306/db"),
+            "mysql://root:***@127.0.0.1:3306/db"
+        );
+    }
+
+    #[test]
+    fn the_scheme_picks_the_database() {
+        let of = |url| Backend::of_url(url).ok();
+        assert_eq!(of("postgres://u@h/db"), Some(Backend::Postgres));
+        assert_eq!(of("postgresql://u@h/db"), Some(Backend::Postgres));
+        assert_eq!(of("mysql://root@127.0.0.1:3306/db"), Some(Backend::MySql));
+        assert_eq!(of("MariaDB://root@h/db"), Some(Backend::MySql));
+        assert_eq!(of("sqlite://db"), None);
+        assert_eq!(of("127.0.0.1:5432"), None);
+        let error = Backend::of_url("oracle://u:secret@h/db").unwrap_err();
+        assert!(!error.to_string().contains("secret"), "{error}");
     }
 }

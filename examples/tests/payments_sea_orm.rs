@@ -34,7 +34,7 @@ async fn the_payments_service_on_sea_orm_charges_every_order_once() {
         rate: Some(20),
         payments_orm: PaymentsOrm::SeaOrm,
     };
-    let demo = Demo::start(&config, &Broker::External(brokers()))
+    let demo = Demo::<sqlx::Postgres>::start(&config, &Broker::External(brokers()))
         .await
         .expect("start the services");
     let summary = demo.drive_and_wait().await;

@@ -64,7 +64,7 @@ async fn an_order_is_one_trace_from_the_handler_to_both_consumers() {
         payments_orm: Default::default(),
     };
     let broker = Broker::Mock(MockCluster::new(1).expect("mock cluster"));
-    let demo = Demo::start(&config, &broker)
+    let demo = Demo::<sqlx::Postgres>::start(&config, &broker)
         .await
         .expect("start the services");
     let summary = demo.drive_and_wait().await;

@@ -22,7 +22,8 @@ use outbox_examples::setup::{Broker, database_url_from_env};
 /// With no KAFKA_BROKERS set, librdkafka's in-process mock cluster is used.
 /// EXAMPLE_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/outbox_demo) names
 /// the server; the services use the databases `<name>_orders`, `<name>_inventory`
-/// and `<name>_payments`, created and migrated on first use.
+/// and `<name>_payments`, created and migrated on first use. A mysql:// (or mariadb://)
+/// URL runs everything on MariaDB, e.g. mysql://root@127.0.0.1:3306/outbox_demo.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -43,7 +44,7 @@ struct Args {
     #[arg(long, default_value_t = outbox_examples::demo::DEFAULT_STOCK_TIMEOUT.as_millis() as u64)]
     stock_timeout_ms: u64,
     /// What the payments service's handler is written with: `sqlx`, or
-    /// `sea-orm` (SeaORM entities on the consumer's transaction).
+    /// `sea-orm` (SeaORM entities on the consumer's transaction; PostgreSQL only).
     #[arg(long, default_value = "sqlx")]
     payments_orm: PaymentsOrm,
 }

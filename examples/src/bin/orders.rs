@@ -5,14 +5,18 @@
 //! Needs a real broker: `KAFKA_BROKERS=127.0.0.1:9092 cargo run -p outbox-examples --bin orders`.
 //! (The `demo` binary runs all three services on an in-process mock cluster.)
 //! Readiness thresholds: `READY_*` (see `outbox_examples::observability::Readiness::from_env`).
+//! The database: `EXAMPLE_DATABASE_URL` (PostgreSQL by default; a `mysql://` URL runs the
+//! service on MariaDB).
 
 use std::process::ExitCode;
 
+use outbox_examples::database::Backend;
 use outbox_examples::observability::Readiness;
-use outbox_examples::orders::{self, OrdersService};
+use outbox_examples::orders::{self, OrdersService, OrdersSql};
 use outbox_examples::service::{Tuning, create_topics, exit_code, until_signal_or_failure};
-use outbox_examples::setup::{Broker, connect_database, database_url_from_env};
+use outbox_examples::setup::{Broker, database_url_from_env};
 use outbox_examples::telemetry::Telemetry;
+use sqlx::{MySql, Postgres};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -21,17 +25,26 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let url = database_url_from_env();
+    match Backend::of_url(&url)? {
+        Backend::Postgres => serve::<Postgres>(&url).await,
+        Backend::MySql => serve::<MySql>(&url).await,
+    }
+}
+
+/// The service on database `DB` (the one `EXAMPLE_DATABASE_URL` names).
+async fn serve<DB: OrdersSql>(url: &str) -> Result<(), Box<dyn std::error::Error>> {
     let servers = Broker::external_from_env()?;
     let addr = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
     let tuning = Tuning {
         readiness: Readiness::from_env()?,
         ..Tuning::default()
     };
-    let pool = connect_database(&database_url_from_env(), "_orders").await?;
+    let pool = DB::connect(url, "_orders").await?;
     orders::migrate(&pool).await?;
     create_topics(&Broker::External(servers.clone()), 3).await?;
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    let service = OrdersService::start(pool, &servers, "orders", listener, &tuning).await?;
+    let service = OrdersService::<DB>::start(pool, &servers, "orders", listener, &tuning).await?;
     tracing::info!(
         addr = %service.addr,
         "orders service listening (/orders, /metrics, /health/live, /health/ready); Ctrl-C to stop"

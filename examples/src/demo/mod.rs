@@ -11,23 +11,33 @@
 //! saga's release comes first and leaves a tombstone, the late reservation
 //! takes nothing); some are for a scarce product (the first ones get it, the
 //! others are cancelled out of stock).
+//!
+//! The run is the same on PostgreSQL and MariaDB ([`run`] picks the database
+//! by the URL's scheme); the figures come from each database's queries,
+//! [`DemoSql`], in [`postgres`] and [`mysql`].
+
+pub mod mysql;
+pub mod postgres;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::{MySql, Pool, Postgres};
 use tokio::net::TcpListener;
 use uuid::Uuid;
 
+use crate::database::Backend;
 use crate::fulfilment::OrderFulfilment;
-use crate::inventory::InventoryService;
-use crate::orders::OrdersService;
-use crate::payments::PaymentsService;
+use crate::inventory::{InventoryService, InventorySql};
+use crate::orders::{OrdersService, OrdersSql};
+use crate::payments::{PaymentsService, PaymentsSql};
+use crate::payments_sea_orm::PaymentsOrm;
 use crate::service::{ServiceError, Tuning, create_topics};
-use crate::setup::{Broker, connect_database};
+use crate::setup::Broker;
 use txoutbox_runtime::saga::Saga;
 
 /// What to run.
@@ -374,9 +384,22 @@ impl std::fmt::Display for DemoSummary {
     }
 }
 
-/// Runs the whole system against `broker` and returns the figures.
+/// Runs the whole system against `broker` and returns the figures, on the
+/// database `config.database_url` names: PostgreSQL (`postgres://`) or
+/// MariaDB (`mysql://`, `mariadb://`).
 pub async fn run(config: &DemoConfig, broker: &Broker) -> Result<DemoSummary, ServiceError> {
-    let demo = Demo::start(config, broker).await?;
+    match Backend::of_url(&config.database_url)? {
+        Backend::Postgres => run_on::<Postgres>(config, broker).await,
+        Backend::MySql => run_on::<MySql>(config, broker).await,
+    }
+}
+
+/// [`run`] on database `DB`.
+pub async fn run_on<DB: DemoSql>(
+    config: &DemoConfig,
+    broker: &Broker,
+) -> Result<DemoSummary, ServiceError> {
+    let demo = Demo::<DB>::start(config, broker).await?;
     let summary = demo.drive_and_wait().await;
     // Graceful stop: the orders service first (no new HTTP requests), then
     // the services it calls.
@@ -388,7 +411,7 @@ pub async fn run(config: &DemoConfig, broker: &Broker) -> Result<DemoSummary, Se
 
 /// An order of the run as the orders database has it: id, product, status,
 /// cancel reason, and its saga's status (if it has a saga).
-type OrderRow = (Uuid, Uuid, String, Option<String>, Option<String>);
+pub type OrderRow = (Uuid, Uuid, String, Option<String>, Option<String>);
 
 /// The products of one run (fresh ids, so that runs do not share stock).
 #[derive(Debug, Clone, Copy)]
@@ -399,30 +422,120 @@ struct Products {
     scarce: Uuid,
 }
 
-/// The databases of the three services.
-#[derive(Debug, Clone)]
-struct Databases {
-    orders: PgPool,
-    inventory: PgPool,
-    payments: PgPool,
+/// What the inventory did with the run's compensations, from its ledger
+/// (`stock_movement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Releases {
+    /// Releases that gave reserved stock back.
+    pub released: i64,
+    /// Releases that came before their reservation.
+    pub tombstones: i64,
+    /// Releases that found nothing to give back.
+    pub nothing: i64,
+    /// Orders released more than once.
+    pub twice: i64,
+    /// Releases with no earlier reservation of their order.
+    pub unreserved: i64,
 }
 
-/// The three services running against their databases; [`run`] in steps,
-/// for callers that look at the running services (their `/metrics` and
-/// `/health/*`) before stopping them.
-pub struct Demo {
+/// The demo's queries on one database: the figures of the summary, read
+/// from the three services' databases (each `&Pool` is the one its name
+/// says) for the run's orders. Implemented in [`postgres`] and [`mysql`].
+pub trait DemoSql: OrdersSql + InventorySql + PaymentsSql {
+    /// The order's status (`pending`, `confirmed`, `cancelled`).
+    fn order_status(
+        orders: &Pool<Self>,
+        order_id: Uuid,
+    ) -> impl Future<Output = sqlx::Result<String>> + Send;
+
+    /// Each of `ids` the orders service has: id, product, status, cancel
+    /// reason, and the status of its saga of type `saga_type` (if any).
+    fn orders_and_sagas(
+        orders: &Pool<Self>,
+        ids: &[Uuid],
+        saga_type: &'static str,
+    ) -> impl Future<Output = sqlx::Result<Vec<OrderRow>>> + Send;
+
+    /// The `ReserveStock` and `ReleaseStock` commands of the orders keyed
+    /// `keys` in the orders outbox: event type and event id.
+    fn commands_sent(
+        orders: &Pool<Self>,
+        keys: &[String],
+    ) -> impl Future<Output = sqlx::Result<Vec<(String, Uuid)>>> + Send;
+
+    /// Which of `event_ids` the inventory's consumer group `group` handled
+    /// (its dedup rows).
+    fn handled(
+        inventory: &Pool<Self>,
+        group: &str,
+        event_ids: &[Uuid],
+    ) -> impl Future<Output = sqlx::Result<Vec<Uuid>>> + Send;
+
+    /// What the inventory's ledger says of the releases of `ids`.
+    fn releases(
+        inventory: &Pool<Self>,
+        ids: &[Uuid],
+    ) -> impl Future<Output = sqlx::Result<Releases>> + Send;
+
+    /// Answers of the inventory (processed inbox rows of the orders keyed
+    /// `keys`) to orders cancelled by their stock timeout.
+    fn late_answers(
+        orders: &Pool<Self>,
+        keys: &[String],
+    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
+
+    /// `(product, available, reserved)` of `products`.
+    fn stock(
+        inventory: &Pool<Self>,
+        products: &[Uuid],
+    ) -> impl Future<Output = sqlx::Result<Vec<(Uuid, i32, i32)>>> + Send;
+
+    /// Confirmed orders of `product_id` other than `ids` (the warm-up order).
+    fn confirmed_besides(
+        orders: &Pool<Self>,
+        product_id: Uuid,
+        ids: &[Uuid],
+    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
+
+    /// `(completed, declined)` payments of `ids`.
+    fn payments(
+        payments: &Pool<Self>,
+        ids: &[Uuid],
+    ) -> impl Future<Output = sqlx::Result<(i64, i64)>> + Send;
+
+    /// Seconds from each confirmed order's creation to its confirmation,
+    /// by the database's clock, for `ids`.
+    fn confirmation_seconds(
+        orders: &Pool<Self>,
+        ids: &[Uuid],
+    ) -> impl Future<Output = sqlx::Result<Vec<f64>>> + Send;
+}
+
+/// The databases of the three services.
+#[derive(Debug)]
+struct Databases<DB: sqlx::Database> {
+    orders: Pool<DB>,
+    inventory: Pool<DB>,
+    payments: Pool<DB>,
+}
+
+/// The three services running against their databases on `DB`
+/// (PostgreSQL unless `Demo::<MySql>`); [`run`] in steps, for callers that
+/// look at the running services (their `/metrics` and `/health/*`) before
+/// stopping them.
+pub struct Demo<DB: DemoSql = Postgres> {
     config: DemoConfig,
-    db: Databases,
+    db: Databases<DB>,
     inventory_group: String,
     products: Products,
     /// The initial stock of each product.
     stocked: HashMap<Uuid, i32>,
-    orders: OrdersService,
-    inventory: InventoryService,
-    payments: PaymentsService,
+    orders: OrdersService<DB>,
+    inventory: InventoryService<DB>,
+    payments: PaymentsService<DB>,
 }
 
-impl std::fmt::Debug for Demo {
+impl<DB: DemoSql> std::fmt::Debug for Demo<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Demo")
             .field("config", &self.config)
@@ -430,25 +543,36 @@ impl std::fmt::Debug for Demo {
     }
 }
 
-impl Demo {
+impl<DB: DemoSql> Demo<DB> {
     /// Creates and migrates the databases, sets the saga's timeout, the
     /// payments' limit and the run's stock, creates the topics and starts
     /// the three services (their HTTP servers on ephemeral ports of
-    /// 127.0.0.1).
+    /// 127.0.0.1), on `DB`: `config.database_url` must name that database.
     pub async fn start(config: &DemoConfig, broker: &Broker) -> Result<Self, ServiceError> {
+        let backend = Backend::of_url(&config.database_url)?;
+        if backend != DB::BACKEND {
+            return Err(ServiceError::Unsupported(format!(
+                "the demo on {} was given a {backend} URL",
+                DB::BACKEND
+            )));
+        }
+        if DB::BACKEND == Backend::MySql && config.payments_orm == PaymentsOrm::SeaOrm {
+            return Err(ServiceError::Unsupported(
+                "--payments-orm sea-orm runs on PostgreSQL only: on MariaDB the payments \
+                 service's handler is written with sqlx (leave the option out)"
+                    .into(),
+            ));
+        }
         let db = Databases {
-            orders: connect_database(&config.database_url, "_orders").await?,
-            inventory: connect_database(&config.database_url, "_inventory").await?,
-            payments: connect_database(&config.database_url, "_payments").await?,
+            orders: DB::connect(&config.database_url, "_orders").await?,
+            inventory: DB::connect(&config.database_url, "_inventory").await?,
+            payments: DB::connect(&config.database_url, "_payments").await?,
         };
         crate::orders::migrate(&db.orders).await?;
         crate::inventory::migrate(&db.inventory).await?;
         crate::payments::migrate(&db.payments).await?;
 
-        let timeout_ms = i32::try_from(config.stock_timeout.as_millis().max(1)).unwrap_or(i32::MAX);
-        sqlx::query("UPDATE fulfilment_settings SET stock_timeout_ms = $1")
-            .bind(timeout_ms)
-            .execute(&db.orders)
+        crate::orders::set_stock_timeout(&db.orders, config.stock_timeout)
             .await
             .map_err(ServiceError::Database)?;
         crate::payments::set_decline_over(&db.payments, DECLINE_OVER)
@@ -498,7 +622,7 @@ impl Demo {
             ..Tuning::default()
         };
         let inventory_group = format!("inventory{}", config.group_suffix);
-        let payments = PaymentsService::start(
+        let payments = PaymentsService::<DB>::start(
             db.payments.clone(),
             &servers,
             &format!("payments{}", config.group_suffix),
@@ -506,7 +630,7 @@ impl Demo {
             &tuning,
         )
         .await?;
-        let inventory = InventoryService::start(
+        let inventory = InventoryService::<DB>::start(
             db.inventory.clone(),
             &servers,
             &inventory_group,
@@ -514,7 +638,7 @@ impl Demo {
             &tuning,
         )
         .await?;
-        let orders = OrdersService::start(
+        let orders = OrdersService::<DB>::start(
             db.orders.clone(),
             &servers,
             &format!("orders{}", config.group_suffix),
@@ -550,17 +674,17 @@ impl Demo {
     }
 
     /// The orders database (for tests that look further).
-    pub fn orders_db(&self) -> &PgPool {
+    pub fn orders_db(&self) -> &Pool<DB> {
         &self.db.orders
     }
 
     /// The inventory database (for tests that look further).
-    pub fn inventory_db(&self) -> &PgPool {
+    pub fn inventory_db(&self) -> &Pool<DB> {
         &self.db.inventory
     }
 
     /// The payments database (for tests that look further).
-    pub fn payments_db(&self) -> &PgPool {
+    pub fn payments_db(&self) -> &Pool<DB> {
         &self.db.payments
     }
 
@@ -630,9 +754,7 @@ impl Demo {
             return Ok(None);
         };
         while started.elapsed() < self.config.timeout {
-            let status: String = sqlx::query_scalar("SELECT status FROM orders WHERE id = $1")
-                .bind(id)
-                .fetch_one(&self.db.orders)
+            let status = DB::order_status(&self.db.orders, id)
                 .await
                 .map_err(ServiceError::Database)?;
             if status == "confirmed" {
@@ -681,17 +803,11 @@ impl Demo {
         };
 
         // Each order's state and its saga's status.
-        let rows: Vec<OrderRow> = sqlx::query_as(
-            "SELECT o.id, o.product_id, o.status, o.cancel_reason, s.status
-             FROM orders o
-             LEFT JOIN saga_state s ON s.saga_type = $2 AND s.saga_id = o.id::text
-             WHERE o.id = ANY($1)",
-        )
-        .bind(&ids)
-        .bind(OrderFulfilment::NAME)
-        .fetch_all(&self.db.orders)
-        .await
-        .map_err(db)?;
+        // The saga has the same name on both databases.
+        let saga_type = <OrderFulfilment as Saga>::NAME;
+        let rows = DB::orders_and_sagas(&self.db.orders, &ids, saga_type)
+            .await
+            .map_err(db)?;
         let mut confirmed_per_product: HashMap<Uuid, i64> = HashMap::new();
         for (id, product, status, reason, saga) in &rows {
             let outcome = Outcome::of(status, reason.as_deref());
@@ -733,22 +849,13 @@ impl Demo {
         summary.sagas_missing += orders.len() as i64 - rows.len() as i64;
 
         // The commands the sagas sent, and which of them the inventory handled.
-        let sent: Vec<(String, Uuid)> = sqlx::query_as(
-            "SELECT event_type, event_id FROM outbox_event
-             WHERE event_type IN ('ReserveStock', 'ReleaseStock') AND partition_key = ANY($1)",
-        )
-        .bind(&keys)
-        .fetch_all(&self.db.orders)
-        .await
-        .map_err(db)?;
-        let handled: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT event_id FROM processed_event WHERE consumer_group = $1 AND event_id = ANY($2)",
-        )
-        .bind(&self.inventory_group)
-        .bind(sent.iter().map(|(_, id)| *id).collect::<Vec<_>>())
-        .fetch_all(&self.db.inventory)
-        .await
-        .map_err(db)?;
+        let sent = DB::commands_sent(&self.db.orders, &keys)
+            .await
+            .map_err(db)?;
+        let sent_ids: Vec<Uuid> = sent.iter().map(|(_, id)| *id).collect();
+        let handled = DB::handled(&self.db.inventory, &self.inventory_group, &sent_ids)
+            .await
+            .map_err(db)?;
         let handled: std::collections::HashSet<Uuid> = handled.into_iter().collect();
         for (event_type, id) in &sent {
             let applied = i64::from(handled.contains(id));
@@ -762,31 +869,13 @@ impl Demo {
         }
 
         // What the inventory did with them.
-        let (releases, tombstones, nothing, released_twice, released_unreserved): (
-            i64,
-            i64,
-            i64,
-            i64,
-            i64,
-        ) =
-            sqlx::query_as(
-                "WITH m AS (SELECT * FROM stock_movement WHERE order_id = ANY($1)),
-                      per_order AS (
-                          SELECT order_id, count(*) FILTER (WHERE kind IN ('release', 'tombstone')) AS n
-                          FROM m GROUP BY order_id)
-                 SELECT
-                   (SELECT count(*) FROM m WHERE kind = 'release'),
-                   (SELECT count(*) FROM m WHERE kind = 'tombstone'),
-                   (SELECT count(*) FROM m WHERE kind = 'release_nothing'),
-                   (SELECT count(*) FROM per_order WHERE n > 1),
-                   (SELECT count(*) FROM m r WHERE r.kind = 'release' AND NOT EXISTS (
-                        SELECT 1 FROM m s WHERE s.order_id = r.order_id
-                        AND s.kind = 'reserve' AND s.id < r.id))",
-            )
-            .bind(&ids)
-            .fetch_one(&self.db.inventory)
-            .await
-            .map_err(db)?;
+        let Releases {
+            released: releases,
+            tombstones,
+            nothing,
+            twice: released_twice,
+            unreserved: released_unreserved,
+        } = DB::releases(&self.db.inventory, &ids).await.map_err(db)?;
         summary.releases = releases;
         summary.tombstones = tombstones;
         summary.nothing_to_release = nothing;
@@ -796,36 +885,17 @@ impl Demo {
         // Answers of the inventory that reached a saga ended by its
         // timeout: had one come before, the saga would not have timed out,
         // so each was ignored (the saga's release takes care of its stock).
-        summary.late_answers_ignored = sqlx::query_scalar(
-            "SELECT count(*) FROM inbox_event i JOIN orders o ON o.id::text = i.partition_key
-             WHERE i.partition_key = ANY($1) AND i.processed
-               AND i.event_type IN ('StockReserved', 'StockRejected')
-               AND o.cancel_reason = 'stock_timeout'",
-        )
-        .bind(&keys)
-        .fetch_one(&self.db.orders)
-        .await
-        .map_err(db)?;
+        summary.late_answers_ignored =
+            DB::late_answers(&self.db.orders, &keys).await.map_err(db)?;
 
         // The stock: what is reserved is what the confirmed orders hold, and
         // nothing went missing.
-        let stock: Vec<(Uuid, i32, i32)> = sqlx::query_as(
-            "SELECT product_id, available, reserved FROM stock WHERE product_id = ANY($1)",
-        )
-        .bind(self.stocked.keys().copied().collect::<Vec<_>>())
-        .fetch_all(&self.db.inventory)
-        .await
-        .map_err(db)?;
+        let products: Vec<Uuid> = self.stocked.keys().copied().collect();
+        let stock = DB::stock(&self.db.inventory, &products).await.map_err(db)?;
         // The warm-up order holds one unit of the regular product.
-        let warm_up: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM orders WHERE product_id = $1 AND status = 'confirmed'
-             AND NOT (id = ANY($2))",
-        )
-        .bind(self.products.regular)
-        .bind(&ids)
-        .fetch_one(&self.db.orders)
-        .await
-        .map_err(db)?;
+        let warm_up = DB::confirmed_besides(&self.db.orders, self.products.regular, &ids)
+            .await
+            .map_err(db)?;
         summary.stock_leaked = stock
             .iter()
             .map(|(product, available, reserved)| {
@@ -841,26 +911,13 @@ impl Demo {
             })
             .sum();
 
-        let (completed, declined): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE status = 'completed'),
-                    count(*) FILTER (WHERE status = 'declined')
-             FROM payments WHERE order_id = ANY($1)",
-        )
-        .bind(&ids)
-        .fetch_one(&self.db.payments)
-        .await
-        .map_err(db)?;
+        let (completed, declined) = DB::payments(&self.db.payments, &ids).await.map_err(db)?;
         summary.payments_completed = completed;
         summary.payments_declined = declined;
 
-        let latencies: Vec<f64> = sqlx::query_scalar(
-            "SELECT EXTRACT(EPOCH FROM finished_at - created_at)::float8 FROM orders
-             WHERE id = ANY($1) AND status = 'confirmed'",
-        )
-        .bind(&ids)
-        .fetch_all(&self.db.orders)
-        .await
-        .map_err(db)?;
+        let latencies = DB::confirmation_seconds(&self.db.orders, &ids)
+            .await
+            .map_err(db)?;
         summary.confirmed_latency = Percentiles::of(
             latencies
                 .into_iter()

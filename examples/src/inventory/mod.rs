@@ -21,14 +21,25 @@
 //! (the saga gave up waiting) leaks no stock. Every change is also written to
 //! `stock_movement`, which the demo and the tests read.
 
+//!
+//! The decisions are written once, here, over [`InventorySql`]: the
+//! inventory's statements, which each database implements in its own
+//! module ([`postgres`], [`mysql`]), with the two `#[event_handler]`s of
+//! that database (one line each, calling [`reserve`] and [`release`]).
+
+pub mod mysql;
+pub mod postgres;
+
+use std::future::Future;
 use std::time::Duration;
 
 use chrono::Utc;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Pool, Transaction};
 use txoutbox_core::{DomainEvent, Events};
-use txoutbox_runtime::consumer::{ConsumerBuilder, event_handler};
+use txoutbox_runtime::consumer::ConsumerBuilder;
 use uuid::Uuid;
 
+use crate::database::ExampleDatabase;
 use crate::events::{ReleaseStock, ReserveStock, StockRejected, StockRejection, StockReserved};
 use crate::service::{RunningService, ServiceError, ServiceKind, Tuning};
 
@@ -72,22 +83,110 @@ pub enum Release {
     Nothing,
 }
 
+/// The inventory's statements on one database (`stock`, `reservation`,
+/// `deferred_reservation`, `stock_movement`), and its consumer's handlers
+/// there. The statements of a command run on the consumer's transaction
+/// (`conn`); [`reserve`] and [`release`] decide which.
+pub trait InventorySql: ExampleDatabase {
+    /// The inventory's tables, an idempotent script.
+    const SCHEMA: &'static str;
+
+    /// `consumer` with this database's handlers of `ReserveStock` and
+    /// `ReleaseStock`.
+    fn handlers(consumer: ConsumerBuilder<Self>) -> ConsumerBuilder<Self>;
+
+    /// The order's reservation status, its row locked until the transaction
+    /// ends; with no row yet, the order is locked some other way, so that
+    /// two commands of an order that has none still apply one after the
+    /// other.
+    fn lock_reservation(
+        conn: &mut Self::Connection,
+        order_id: Uuid,
+    ) -> impl Future<Output = sqlx::Result<Option<String>>> + Send;
+
+    /// The product's `(reply_delay_ms, apply_delay_ms)`; `(0, 0)` for an
+    /// unknown product.
+    fn warehouse(
+        conn: &mut Self::Connection,
+        product_id: Uuid,
+    ) -> impl Future<Output = sqlx::Result<(i32, i32)>> + Send;
+
+    /// Records that the order's reservation was put back; false if it was
+    /// already (the command came back).
+    fn defer_once(
+        conn: &mut Self::Connection,
+        order_id: Uuid,
+        command_id: Uuid,
+    ) -> impl Future<Output = sqlx::Result<bool>> + Send;
+
+    /// Moves `quantity` units of the product from available to reserved;
+    /// false (nothing changed) if fewer are available.
+    fn take_stock(
+        conn: &mut Self::Connection,
+        product_id: Uuid,
+        quantity: i32,
+    ) -> impl Future<Output = sqlx::Result<bool>> + Send;
+
+    /// Inserts the order's reservation row with `status`.
+    fn insert_reservation(
+        conn: &mut Self::Connection,
+        order_id: Uuid,
+        product_id: Uuid,
+        quantity: i32,
+        status: &'static str,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// Marks the order's (locked, `reserved`) reservation `released`;
+    /// its product and quantity.
+    fn release_reservation(
+        conn: &mut Self::Connection,
+        order_id: Uuid,
+    ) -> impl Future<Output = sqlx::Result<(Uuid, i32)>> + Send;
+
+    /// Moves `quantity` units of the product from reserved back to available.
+    fn give_back(
+        conn: &mut Self::Connection,
+        product_id: Uuid,
+        quantity: i32,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// Appends a row to `stock_movement`.
+    fn movement(
+        conn: &mut Self::Connection,
+        order_id: Uuid,
+        product_id: Uuid,
+        kind: &'static str,
+        quantity: i32,
+        command_id: Uuid,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// See [`stock_product`].
+    fn stock_product(
+        pool: &Pool<Self>,
+        product_id: Uuid,
+        available: i32,
+        reply_delay_ms: i32,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// See [`backlog_product`].
+    fn backlog_product(
+        pool: &Pool<Self>,
+        product_id: Uuid,
+        apply_delay_ms: i32,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+}
+
 /// Applies a `ReserveStock` in `tx` and records the reply in `events`.
 ///
 /// The reply goes out at once, or `reply_delay_ms` of the product later (a
 /// slow warehouse).
-pub async fn reserve(
-    tx: &mut Transaction<'_, Postgres>,
+pub async fn reserve<DB: InventorySql>(
+    tx: &mut Transaction<'_, DB>,
     events: &mut Events,
     command: &ReserveStock,
 ) -> Result<Reservation, InventoryError> {
-    let status = lock_reservation(tx, command.order_id).await?;
-    let (delay, backlog): (i32, i32) =
-        sqlx::query_as("SELECT reply_delay_ms, apply_delay_ms FROM stock WHERE product_id = $1")
-            .bind(command.product_id)
-            .fetch_optional(&mut **tx)
-            .await?
-            .unwrap_or((0, 0));
+    let status = DB::lock_reservation(tx, command.order_id).await?;
+    let (delay, backlog) = DB::warehouse(tx, command.product_id).await?;
     let rejected = |reason| StockRejected {
         event_id: Uuid::now_v7(),
         order_id: command.order_id,
@@ -95,18 +194,11 @@ pub async fn reserve(
         reason,
         rejected_at: Utc::now(),
     };
+    let movement = |kind, quantity| (command.order_id, command.product_id, kind, quantity);
     match status.as_deref() {
         None => {}
         Some("tombstone") => {
-            movement(
-                tx,
-                command.order_id,
-                command.product_id,
-                "late_reserve",
-                command.quantity,
-                command.event_id,
-            )
-            .await?;
+            record(tx, movement("late_reserve", command.quantity), command).await?;
             reply(events, rejected(StockRejection::AlreadyReleased), delay);
             return Ok(Reservation::AfterRelease);
         }
@@ -115,26 +207,8 @@ pub async fn reserve(
     if backlog > 0 {
         // A backlogged warehouse gets to the order later: the command comes
         // back (as a new message) after the delay, once per order.
-        let first = changes_one_row(
-            tx,
-            sqlx::query(
-                "INSERT INTO deferred_reservation (order_id, command_id) VALUES ($1, $2)
-                 ON CONFLICT (order_id) DO NOTHING",
-            )
-            .bind(command.order_id)
-            .bind(command.event_id),
-        )
-        .await?;
-        if first {
-            movement(
-                tx,
-                command.order_id,
-                command.product_id,
-                "defer",
-                0,
-                command.event_id,
-            )
-            .await?;
+        if DB::defer_once(tx, command.order_id, command.event_id).await? {
+            record(tx, movement("defer", 0), command).await?;
             let later = ReserveStock {
                 event_id: Uuid::now_v7(),
                 ..command.clone()
@@ -143,39 +217,21 @@ pub async fn reserve(
             return Ok(Reservation::Deferred);
         }
     }
-    let taken = changes_one_row(
-        tx,
-        sqlx::query(
-            "UPDATE stock SET available = available - $2, reserved = reserved + $2
-             WHERE product_id = $1 AND available >= $2",
-        )
-        .bind(command.product_id)
-        .bind(command.quantity),
-    )
-    .await?;
+    let taken = DB::take_stock(tx, command.product_id, command.quantity).await?;
     let (status, kind) = if taken {
         ("reserved", "reserve")
     } else {
         ("rejected", "reject")
     };
-    sqlx::query(
-        "INSERT INTO reservation (order_id, product_id, quantity, status) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(command.order_id)
-    .bind(command.product_id)
-    .bind(command.quantity)
-    .bind(status)
-    .execute(&mut **tx)
-    .await?;
-    movement(
+    DB::insert_reservation(
         tx,
         command.order_id,
         command.product_id,
-        kind,
         command.quantity,
-        command.event_id,
+        status,
     )
     .await?;
+    record(tx, movement(kind, command.quantity), command).await?;
     if taken {
         let reserved = StockReserved {
             event_id: Uuid::now_v7(),
@@ -192,123 +248,43 @@ pub async fn reserve(
     }
 }
 
-/// Runs `query` in `tx`; whether it changed exactly one row.
-async fn changes_one_row(
-    tx: &mut Transaction<'_, Postgres>,
-    query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
-) -> sqlx::Result<bool> {
-    Ok(query.execute(&mut **tx).await?.rows_affected() == 1)
+/// Appends the movement `(order, product, kind, quantity)` caused by `command`.
+async fn record<DB: InventorySql>(
+    tx: &mut Transaction<'_, DB>,
+    (order_id, product_id, kind, quantity): (Uuid, Uuid, &'static str, i32),
+    command: &impl DomainEvent,
+) -> sqlx::Result<()> {
+    DB::movement(tx, order_id, product_id, kind, quantity, command.event_id()).await
 }
 
 /// Applies a `ReleaseStock` in `tx`: at most once per order, and a
 /// tombstone if nothing was reserved yet. Sends no reply (a compensation
 /// cannot fail).
-pub async fn release(
-    tx: &mut Transaction<'_, Postgres>,
+pub async fn release<DB: InventorySql>(
+    tx: &mut Transaction<'_, DB>,
     command: &ReleaseStock,
 ) -> Result<Release, InventoryError> {
-    match lock_reservation(tx, command.order_id).await?.as_deref() {
+    let order_id = command.order_id;
+    match DB::lock_reservation(tx, order_id).await?.as_deref() {
         None => {
             // The reservation has not arrived (or never will): nothing to
             // give back, and nothing may be taken for this order later.
-            sqlx::query(
-                "INSERT INTO reservation (order_id, product_id, quantity, status)
-                 VALUES ($1, $2, 0, 'tombstone')",
-            )
-            .bind(command.order_id)
-            .bind(command.product_id)
-            .execute(&mut **tx)
-            .await?;
-            movement(
-                tx,
-                command.order_id,
-                command.product_id,
-                "tombstone",
-                0,
-                command.event_id,
-            )
-            .await?;
+            DB::insert_reservation(tx, order_id, command.product_id, 0, "tombstone").await?;
+            record(tx, (order_id, command.product_id, "tombstone", 0), command).await?;
             Ok(Release::Tombstone)
         }
         Some("reserved") => {
-            let (product_id, quantity): (Uuid, i32) = sqlx::query_as(
-                "UPDATE reservation SET status = 'released', updated_at = now()
-                 WHERE order_id = $1 RETURNING product_id, quantity",
-            )
-            .bind(command.order_id)
-            .fetch_one(&mut **tx)
-            .await?;
-            sqlx::query(
-                "UPDATE stock SET available = available + $2, reserved = reserved - $2
-                 WHERE product_id = $1",
-            )
-            .bind(product_id)
-            .bind(quantity)
-            .execute(&mut **tx)
-            .await?;
-            movement(
-                tx,
-                command.order_id,
-                product_id,
-                "release",
-                quantity,
-                command.event_id,
-            )
-            .await?;
+            let (product_id, quantity) = DB::release_reservation(tx, order_id).await?;
+            DB::give_back(tx, product_id, quantity).await?;
+            record(tx, (order_id, product_id, "release", quantity), command).await?;
             Ok(Release::Released)
         }
         Some(_) => {
-            movement(
-                tx,
-                command.order_id,
-                command.product_id,
-                "release_nothing",
-                0,
-                command.event_id,
-            )
-            .await?;
+            let nothing = (order_id, command.product_id, "release_nothing", 0);
+            record(tx, nothing, command).await?;
             Ok(Release::Nothing)
         }
     }
-}
-
-/// The order's reservation status, its row locked until `tx` ends. With no
-/// row, the order's advisory lock is taken instead, so that two commands of
-/// an order that has none yet still apply one after the other.
-async fn lock_reservation(
-    tx: &mut Transaction<'_, Postgres>,
-    order_id: Uuid,
-) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))")
-        .bind(order_id)
-        .execute(&mut **tx)
-        .await?;
-    sqlx::query_scalar("SELECT status FROM reservation WHERE order_id = $1 FOR UPDATE")
-        .bind(order_id)
-        .fetch_optional(&mut **tx)
-        .await
-}
-
-async fn movement(
-    tx: &mut Transaction<'_, Postgres>,
-    order_id: Uuid,
-    product_id: Uuid,
-    kind: &str,
-    quantity: i32,
-    command_id: Uuid,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO stock_movement (order_id, product_id, kind, quantity, command_id)
-         VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(order_id)
-    .bind(product_id)
-    .bind(kind)
-    .bind(quantity)
-    .bind(command_id)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
 }
 
 /// Records the reply, at once or `delay_ms` later (scheduled delivery: the
@@ -320,83 +296,47 @@ fn reply<E: DomainEvent>(events: &mut Events, reply: E, delay_ms: i32) {
     }
 }
 
-#[event_handler]
-async fn on_reserve_stock(
-    tx: &mut Transaction<'_, Postgres>,
-    event: ReserveStock,
-    events: &mut Events,
-) -> Result<(), InventoryError> {
-    reserve(tx, events, &event).await.map(drop)
-}
-
-#[event_handler]
-async fn on_release_stock(
-    tx: &mut Transaction<'_, Postgres>,
-    event: ReleaseStock,
-) -> Result<(), InventoryError> {
-    release(tx, &event).await.map(drop)
-}
-
 /// Creates the inventory schema: the framework's tables, `stock`,
 /// `reservation` and `stock_movement`.
-pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
-    txoutbox_runtime::migrations::run(pool).await?;
-    sqlx::raw_sql(include_str!("../migrations/inventory.sql"))
-        .execute(pool)
-        .await
-        .map_err(ServiceError::Database)?;
-    Ok(())
+pub async fn migrate<DB: InventorySql>(pool: &Pool<DB>) -> Result<(), ServiceError> {
+    Ok(DB::migrate(pool, DB::SCHEMA).await?)
 }
 
 /// Puts `available` units of `product_id` in stock (replacing what was
 /// there), answering reservations of it `reply_delay` later.
-pub async fn stock_product(
-    pool: &PgPool,
+pub async fn stock_product<DB: InventorySql>(
+    pool: &Pool<DB>,
     product_id: Uuid,
     available: i32,
     reply_delay: Duration,
 ) -> Result<(), sqlx::Error> {
     let delay_ms = i32::try_from(reply_delay.as_millis()).unwrap_or(i32::MAX);
-    sqlx::query(
-        "INSERT INTO stock (product_id, available, reply_delay_ms) VALUES ($1, $2, $3)
-         ON CONFLICT (product_id) DO UPDATE SET available = $2, reply_delay_ms = $3",
-    )
-    .bind(product_id)
-    .bind(available)
-    .bind(delay_ms)
-    .execute(pool)
-    .await?;
-    Ok(())
+    DB::stock_product(pool, product_id, available, delay_ms).await
 }
 
 /// Makes the warehouse of `product_id` backlogged: a reservation of it is
 /// applied `apply_delay` after it arrives.
-pub async fn backlog_product(
-    pool: &PgPool,
+pub async fn backlog_product<DB: InventorySql>(
+    pool: &Pool<DB>,
     product_id: Uuid,
     apply_delay: Duration,
 ) -> Result<(), sqlx::Error> {
     let delay_ms = i32::try_from(apply_delay.as_millis()).unwrap_or(i32::MAX);
-    sqlx::query("UPDATE stock SET apply_delay_ms = $2 WHERE product_id = $1")
-        .bind(product_id)
-        .bind(delay_ms)
-        .execute(pool)
-        .await?;
-    Ok(())
+    DB::backlog_product(pool, product_id, delay_ms).await
 }
 
 /// A running inventory service: the dedup-mode consumer of
 /// `inventory.commands`, the relay of the inventory outbox, and the probes.
-pub type InventoryService = RunningService<Inventory>;
+pub type InventoryService<DB = sqlx::Postgres> = RunningService<Inventory, DB>;
 
 /// What makes the inventory service (see [`InventoryService`]).
 #[derive(Debug)]
 pub struct Inventory;
 
-impl ServiceKind for Inventory {
+impl<DB: InventorySql> ServiceKind<DB> for Inventory {
     const NAME: &'static str = "InventoryService";
 
-    fn consumer(builder: ConsumerBuilder, _: &Tuning) -> ConsumerBuilder {
-        builder.handler(on_reserve_stock).handler(on_release_stock)
+    fn consumer(builder: ConsumerBuilder<DB>, _: &Tuning) -> ConsumerBuilder<DB> {
+        DB::handlers(builder)
     }
 }

@@ -5,15 +5,24 @@
 //! own outbox, in the same transaction as the dedup row; its relay publishes
 //! the answer. A small HTTP server answers `/metrics`, `/health/live` and
 //! `/health/ready`.
+//!
+//! The charge is decided once, in [`charge`], over [`PaymentsSql`]: the
+//! service's two statements, which each database implements in its own
+//! module ([`postgres`], [`mysql`]) with that database's `#[event_handler]`.
+
+pub mod mysql;
+pub mod postgres;
+
+use std::future::Future;
 
 use chrono::Utc;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Pool, Transaction};
 use txoutbox_core::Events;
-use txoutbox_runtime::consumer::{ConsumerBuilder, event_handler};
+use txoutbox_runtime::consumer::ConsumerBuilder;
 use uuid::Uuid;
 
+use crate::database::ExampleDatabase;
 use crate::events::{ChargePayment, PaymentCompleted, PaymentFailed};
-use crate::payments_sea_orm::PaymentsOrm;
 use crate::service::{RunningService, ServiceError, ServiceKind, Tuning};
 
 /// Errors of the payment handler.
@@ -27,34 +36,50 @@ pub enum PaymentsError {
     Database(#[from] sqlx::Error),
 }
 
+/// The payments service's statements on one database (`payments`,
+/// `payment_policy`), and its consumer's handler there.
+pub trait PaymentsSql: ExampleDatabase {
+    /// The payments tables, an idempotent script.
+    const SCHEMA: &'static str;
+
+    /// `consumer` with this database's handler of `ChargePayment` (the one
+    /// `tuning.payments_orm` names, where there is a choice).
+    fn handlers(consumer: ConsumerBuilder<Self>, tuning: &Tuning) -> ConsumerBuilder<Self>;
+
+    /// The policy's limit, in cents.
+    fn decline_over(conn: &mut Self::Connection) -> impl Future<Output = sqlx::Result<i64>> + Send;
+
+    /// Inserts the order's payment row; false if the order has one already.
+    fn insert_payment(
+        conn: &mut Self::Connection,
+        payment_id: Uuid,
+        order_id: Uuid,
+        amount: i64,
+        status: &'static str,
+    ) -> impl Future<Output = sqlx::Result<bool>> + Send;
+
+    /// See [`set_decline_over`].
+    fn set_decline_over(
+        pool: &Pool<Self>,
+        cents: i64,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+}
+
 /// Charges the order once: records `PaymentCompleted`, or `PaymentFailed`
 /// when the amount is over the policy's limit.
 ///
 /// Runs inside the consumer's transaction, so the payment row, the outbox row
 /// of the answer and the `processed_event` dedup row commit together.
-#[event_handler]
-async fn on_charge_payment(
-    tx: &mut Transaction<'_, Postgres>,
-    event: ChargePayment,
+pub async fn charge<DB: PaymentsSql>(
+    tx: &mut Transaction<'_, DB>,
     events: &mut Events,
+    event: &ChargePayment,
 ) -> Result<(), PaymentsError> {
-    let decline_over: i64 = sqlx::query_scalar("SELECT decline_over FROM payment_policy")
-        .fetch_one(&mut **tx)
-        .await?;
+    let decline_over = DB::decline_over(tx).await?;
     let declined = event.amount > decline_over;
     let payment_id = Uuid::now_v7();
-    let inserted = sqlx::query(
-        "INSERT INTO payments (id, order_id, amount, status) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (order_id) DO NOTHING",
-    )
-    .bind(payment_id)
-    .bind(event.order_id)
-    .bind(event.amount)
-    .bind(if declined { "declined" } else { "completed" })
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    if inserted == 0 {
+    let status = if declined { "declined" } else { "completed" };
+    if !DB::insert_payment(tx, payment_id, event.order_id, event.amount, status).await? {
         // Already charged (a replay, or the same order under another event id).
         return Ok(());
     }
@@ -80,41 +105,30 @@ async fn on_charge_payment(
 }
 
 /// Sets the amount (cents) above which charges are declined.
-pub async fn set_decline_over(pool: &PgPool, cents: i64) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE payment_policy SET decline_over = $1")
-        .bind(cents)
-        .execute(pool)
-        .await?;
-    Ok(())
+pub async fn set_decline_over<DB: PaymentsSql>(
+    pool: &Pool<DB>,
+    cents: i64,
+) -> Result<(), sqlx::Error> {
+    DB::set_decline_over(pool, cents).await
 }
 
 /// Creates the payments schema: the framework's tables and `payments`.
-pub async fn migrate(pool: &PgPool) -> Result<(), ServiceError> {
-    txoutbox_runtime::migrations::run(pool).await?;
-    sqlx::raw_sql(include_str!("../migrations/payments.sql"))
-        .execute(pool)
-        .await
-        .map_err(ServiceError::Database)?;
-    Ok(())
+pub async fn migrate<DB: PaymentsSql>(pool: &Pool<DB>) -> Result<(), ServiceError> {
+    Ok(DB::migrate(pool, DB::SCHEMA).await?)
 }
 
 /// A running payments service: the dedup-mode consumer of
 /// `payment.commands`, the relay of the payments outbox, and the probes.
-pub type PaymentsService = RunningService<Payments>;
+pub type PaymentsService<DB = sqlx::Postgres> = RunningService<Payments, DB>;
 
 /// What makes the payments service (see [`PaymentsService`]).
 #[derive(Debug)]
 pub struct Payments;
 
-impl ServiceKind for Payments {
+impl<DB: PaymentsSql> ServiceKind<DB> for Payments {
     const NAME: &'static str = "PaymentsService";
 
-    fn consumer(builder: ConsumerBuilder, tuning: &Tuning) -> ConsumerBuilder {
-        match tuning.payments_orm {
-            PaymentsOrm::Sqlx => builder.handler(on_charge_payment),
-            PaymentsOrm::SeaOrm => {
-                builder.handler(crate::payments_sea_orm::on_charge_payment_sea_orm)
-            }
-        }
+    fn consumer(builder: ConsumerBuilder<DB>, tuning: &Tuning) -> ConsumerBuilder<DB> {
+        DB::handlers(builder, tuning)
     }
 }
