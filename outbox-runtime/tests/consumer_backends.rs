@@ -25,13 +25,32 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::{MySql, Postgres, Transaction};
 use txoutbox_core::{DomainEvent, Events};
 use txoutbox_runtime::consumer::{
-    ConsumerSummary, EventMeta, HandlerError, UnknownEventPolicy, event_handler,
+    ConsumerSummary, EventHandler, EventMeta, HandlerError, Mode, UnknownEventPolicy, event_handler,
 };
 use uuid::Uuid;
 
 test_event!(OnceEvent, "consumer-backends.once", "OnceEvent");
 test_event!(FailEvent, "consumer-backends.fail", "FailEvent");
-test_event!(EndsTxEvent, "consumer-backends.ends-tx", "EndsTxEvent");
+// The ended-transaction tests, a topic for each run: one run's bad event
+// read by another would be charged there too.
+test_event!(EndsTxPg, "consumer-backends.ends-tx.pg", "EndsTxEvent");
+test_event!(EndsTxMy, "consumer-backends.ends-tx.my", "EndsTxEvent");
+test_event!(
+    InboxEndsTxPg,
+    "consumer-backends.inbox.ends-tx.pg",
+    "InboxEndsTx"
+);
+test_event!(
+    InboxEndsTxMy,
+    "consumer-backends.inbox.ends-tx.my",
+    "InboxEndsTx"
+);
+test_event!(LostMy, "consumer-backends.lost.my", "EndsTxEvent");
+test_event!(
+    InboxLostMy,
+    "consumer-backends.inbox.lost.my",
+    "InboxEndsTx"
+);
 test_event!(
     TransientEvent,
     "consumer-backends.transient",
@@ -207,7 +226,12 @@ macro_rules! handlers {
 
 handlers!(OnceEvent, once_pg, once_my);
 handlers!(FailEvent, fail_pg, fail_my);
-handlers!(EndsTxEvent, ends_tx_pg, ends_tx_my);
+handlers!(EndsTxPg, ends_tx_pg, ends_tx_pg_my);
+handlers!(EndsTxMy, ends_tx_my_pg, ends_tx_my);
+handlers!(InboxEndsTxPg, inbox_ends_tx_pg, inbox_ends_tx_pg_my);
+handlers!(InboxEndsTxMy, inbox_ends_tx_my_pg, inbox_ends_tx_my);
+handlers!(LostMy, lost_pg, lost_my);
+handlers!(InboxLostMy, inbox_lost_pg, inbox_lost_my);
 handlers!(TransientEvent, transient_pg, transient_my);
 handlers!(HangEvent, hang_pg, hang_my);
 handlers!(ParkEvent, park_pg, park_my);
@@ -342,44 +366,99 @@ async fn a_failing_event_is_dead_lettered(db: Db) {
     db.drop().await;
 }
 
+/// An event type of the ended-transaction tests: one per mode, so that
+/// their runs never read each other's topic.
+trait EndsTx: DomainEvent {
+    fn with_amount(amount: i64) -> Self;
+    fn id(&self) -> Uuid;
+}
+
+macro_rules! ends_tx {
+    ($($event:ident),*) => {$(
+        impl EndsTx for $event {
+            fn with_amount(amount: i64) -> Self {
+                Self::new(amount)
+            }
+            fn id(&self) -> Uuid {
+                self.event_id
+            }
+        }
+    )*};
+}
+
+ends_tx!(
+    EndsTxPg,
+    EndsTxMy,
+    InboxEndsTxPg,
+    InboxEndsTxMy,
+    LostMy,
+    InboxLostMy
+);
+
+/// How a mode sets aside an event after its attempts: dead-lettered
+/// (dedup) or parked (inbox).
+fn set_aside(mode: Mode, summary: &ConsumerSummary) -> u64 {
+    match mode {
+        Mode::Dedup => summary.dead_lettered,
+        Mode::Inbox => summary.parked,
+    }
+}
+
 /// A handler that writes, ends the transaction (`ROLLBACK`) and returns
 /// `Ok` is found out and charged: its write is not kept, it is
-/// dead-lettered after its two attempts, and the events before and after it
+/// dead-lettered (dedup) or parked (inbox) after its two attempts (on
+/// MariaDB after its transient tries: there an ended transaction and one a
+/// deadlock rolled back look alike), and the events before and after it
 /// are handled once. (Before the fix, PostgreSQL's careful pass tried to
-/// roll back to a savepoint of the ended transaction, failed, took that for
-/// an outage and tried again for ever: the partition stalled.)
-async fn a_handler_that_ends_its_transaction_is_charged(db: Db) {
-    create_topic(EndsTxEvent::TOPIC, 1).await;
+/// roll back to a savepoint of the ended transaction, failed, took that
+/// for an outage and tried again for ever: the partition stalled.) It
+/// comes in a batch of its own: on PostgreSQL the statements of the
+/// handlers after it in its batch would run outside any transaction
+/// (docs/consumer.md, "A handler that ends the transaction it was lent");
+/// MariaDB's case of a batch is [`a_transaction_lost_mid_batch`].
+async fn ended_transaction_is_charged<E, P, M>(db: Db, mode: Mode, postgres: P, mysql: M)
+where
+    E: EndsTx,
+    P: EventHandler<Postgres>,
+    M: EventHandler<MySql>,
+{
+    create_topic(E::TOPIC, 1).await;
     let group = unique_group("backends-ends-tx");
-    start_group_at(&group, EndsTxEvent::TOPIC, 1, true).await;
+    start_group_at(&group, E::TOPIC, 1, true).await;
     let producer = producer();
     let setup = Setup {
+        mode,
         max_attempts: 2,
         ..Setup::default()
     };
-    let running = db.spawn(&group, setup, ends_tx_pg, ends_tx_my);
+    let running = db.spawn(&group, setup, postgres, mysql);
     let mut before = Vec::new();
     for i in 0..5 {
-        let event = EndsTxEvent::new(1000 + i);
+        let event = E::with_amount(1000 + i);
         produce_to(&producer, &event, 0).await;
-        before.push(event.event_id);
+        before.push(event.id());
     }
     wait_for_effects(&db, &before, &[], "the events before it handled").await;
-    let bad = EndsTxEvent::new(7);
+    let bad = E::with_amount(7);
     produce_to(&producer, &bad, 0).await;
     eventually(
-        "the bad event dead-lettered",
+        "the bad event set aside",
         Duration::from_secs(60),
-        || async { running.summary().dead_lettered == 1 },
+        || async { set_aside(mode, &running.summary()) == 1 },
     )
     .await;
     let mut after = Vec::new();
     for i in 5..10 {
-        let event = EndsTxEvent::new(1000 + i);
+        let event = E::with_amount(1000 + i);
         produce_to(&producer, &event, 0).await;
-        after.push(event.event_id);
+        after.push(event.id());
     }
-    wait_for_effects(&db, &after, &[bad.event_id], "the events after it handled").await;
+    wait_for_effects(&db, &after, &[bad.id()], "the events after it handled").await;
+    if mode == Mode::Inbox {
+        wait_for_empty_inbox(&db).await;
+        let (attempts, processed, parked, _) = db.inbox_row(bad.id()).await;
+        assert_eq!((attempts, processed, parked), (2, false, true));
+    }
     let summary = running.shutdown().await.unwrap();
     assert_once(&db, &before).await;
     assert_once(&db, &after).await;
@@ -388,40 +467,76 @@ async fn a_handler_that_ends_its_transaction_is_charged(db: Db) {
     db.drop().await;
 }
 
+async fn a_handler_that_ends_its_transaction_is_charged(db: Db) {
+    if db.is_mariadb() {
+        ended_transaction_is_charged::<EndsTxMy, _, _>(db, Mode::Dedup, ends_tx_my_pg, ends_tx_my)
+            .await;
+    } else {
+        ended_transaction_is_charged::<EndsTxPg, _, _>(db, Mode::Dedup, ends_tx_pg, ends_tx_pg_my)
+            .await;
+    }
+}
+
+async fn inbox_a_handler_that_ends_its_transaction_is_parked(db: Db) {
+    if db.is_mariadb() {
+        ended_transaction_is_charged::<InboxEndsTxMy, _, _>(
+            db,
+            Mode::Inbox,
+            inbox_ends_tx_my_pg,
+            inbox_ends_tx_my,
+        )
+        .await;
+    } else {
+        ended_transaction_is_charged::<InboxEndsTxPg, _, _>(
+            db,
+            Mode::Inbox,
+            inbox_ends_tx_pg,
+            inbox_ends_tx_pg_my,
+        )
+        .await;
+    }
+}
+
 /// MariaDB: a handler that loses the transaction (its `ROLLBACK` stands
-/// for a deadlock it swallowed) in the middle of a batch. MySQL then runs
-/// later statements in autocommit, so the handlers after it in the batch
-/// would write outside any transaction; the consumer checks before each
-/// handler and runs the batch again instead: every other event of the
-/// batch, before and after the bad one, has its effect exactly once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_a_transaction_lost_mid_batch_writes_nothing_outside_it() {
+/// for a deadlock it swallowed) in the middle of a batch (in the inbox: on
+/// receipt and then in the processors). MySQL then runs later statements in
+/// autocommit, so the handlers after it in the batch would write outside
+/// any transaction; the consumer checks before each handler and runs the
+/// batch again instead: every other event of the batch, before and after
+/// the bad one, has its effect exactly once, and the bad one is set aside.
+async fn a_transaction_lost_mid_batch<E, P, M>(mode: Mode, postgres: P, mysql: M)
+where
+    E: EndsTx,
+    P: EventHandler<Postgres>,
+    M: EventHandler<MySql>,
+{
     let db = Db::mariadb().await;
-    create_topic(EndsTxEvent::TOPIC, 1).await;
+    create_topic(E::TOPIC, 1).await;
     let group = unique_group("backends-lost-mid-batch");
-    start_group_at(&group, EndsTxEvent::TOPIC, 1, true).await;
+    start_group_at(&group, E::TOPIC, 1, true).await;
     let producer = producer();
-    let bad = EndsTxEvent::new(7);
+    let bad = E::with_amount(7);
     let mut good = Vec::new();
     for i in 0..10 {
         if i == 3 {
             produce_to(&producer, &bad, 0).await;
         }
-        let event = EndsTxEvent::new(1000 + i);
+        let event = E::with_amount(1000 + i);
         produce_to(&producer, &event, 0).await;
-        good.push(event.event_id);
+        good.push(event.id());
     }
     // Started after producing, so the eleven come in one batch.
     let setup = Setup {
+        mode,
         max_attempts: 2,
         ..Setup::default()
     };
-    let running = db.spawn(&group, setup, ends_tx_pg, ends_tx_my);
-    wait_for_effects(&db, &good, &[bad.event_id], "the other events handled").await;
+    let running = db.spawn(&group, setup, postgres, mysql);
+    wait_for_effects(&db, &good, &[bad.id()], "the other events handled").await;
     eventually(
-        "the bad event dead-lettered",
+        "the bad event set aside",
         Duration::from_secs(60),
-        || async { running.summary().dead_lettered == 1 },
+        || async { set_aside(mode, &running.summary()) == 1 },
     )
     .await;
     let summary = running.shutdown().await.unwrap();
@@ -432,8 +547,19 @@ async fn mariadb_a_transaction_lost_mid_batch_writes_nothing_outside_it() {
         "a write outside the transaction"
     );
     assert_eq!(summary.handled, 10, "{summary:?}");
-    assert!(db.effects(&[bad.event_id]).await.is_empty());
+    assert!(db.effects(&[bad.id()]).await.is_empty());
     db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_transaction_lost_mid_batch_writes_nothing_outside_it() {
+    a_transaction_lost_mid_batch::<LostMy, _, _>(Mode::Dedup, lost_pg, lost_my).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_inbox_a_transaction_lost_mid_batch_writes_nothing_outside_it() {
+    a_transaction_lost_mid_batch::<InboxLostMy, _, _>(Mode::Inbox, inbox_lost_pg, inbox_lost_my)
+        .await;
 }
 
 /// SQLSTATE 40001 twice, then success, with `max_attempts(1)`: handled on
@@ -574,11 +700,6 @@ test_event!(
 );
 test_event!(InboxFail, "consumer-backends.inbox.fail", "InboxFail");
 test_event!(
-    InboxEndsTx,
-    "consumer-backends.inbox.ends-tx",
-    "InboxEndsTx"
-);
-test_event!(
     InboxTransient,
     "consumer-backends.inbox.transient",
     "InboxTransient"
@@ -597,7 +718,6 @@ test_event!(InboxNew, "consumer-backends.inbox.deploy", "InboxNew");
 handlers!(InboxOnce, inbox_once_pg, inbox_once_my);
 handlers!(InboxPending, inbox_pending_pg, inbox_pending_my);
 handlers!(InboxFail, inbox_fail_pg, inbox_fail_my);
-handlers!(InboxEndsTx, inbox_ends_tx_pg, inbox_ends_tx_my);
 handlers!(InboxTransient, inbox_transient_pg, inbox_transient_my);
 handlers!(InboxHang, inbox_hang_pg, inbox_hang_my);
 handlers!(InboxOld, inbox_old_pg, inbox_old_my);
@@ -957,100 +1077,6 @@ async fn inbox_a_transient_failure_costs_no_attempt(db: Db) {
     assert_eq!(summary.parked, 0, "{summary:?}");
     assert_eq!(summary.handled, 3, "{summary:?}");
     assert_eq!(db.inbox_row(ids[1]).await, (0, true, false, None));
-    db.drop().await;
-}
-
-/// Inbox: a handler that writes, ends the transaction (`ROLLBACK`) and
-/// returns `Ok` is found out and parked after its two attempts (on MariaDB
-/// after its transient tries: there an ended transaction and one a
-/// deadlock rolled back look alike); its write is not kept, and the events
-/// before and after it are handled once. It comes in a batch of its own:
-/// on PostgreSQL the statements of the handlers after it in its batch
-/// would run outside any transaction (docs/consumer.md, "Handlers that end
-/// their transaction"); MariaDB's case of a batch is the test after this.
-async fn inbox_a_handler_that_ends_its_transaction_is_parked(db: Db) {
-    create_topic(InboxEndsTx::TOPIC, 1).await;
-    let group = unique_group("backends-inbox-ends-tx");
-    start_group_at(&group, InboxEndsTx::TOPIC, 1, true).await;
-    let producer = producer();
-    let setup = Setup {
-        max_attempts: 2,
-        ..Setup::inbox()
-    };
-    let running = db.spawn(&group, setup, inbox_ends_tx_pg, inbox_ends_tx_my);
-    let mut before = Vec::new();
-    for i in 0..5 {
-        let event = InboxEndsTx::new(1000 + i);
-        produce_to(&producer, &event, 0).await;
-        before.push(event.event_id);
-    }
-    wait_for_effects(&db, &before, &[], "the events before it handled").await;
-    let bad = InboxEndsTx::new(7);
-    produce_to(&producer, &bad, 0).await;
-    eventually("the bad row parked", Duration::from_secs(60), || async {
-        running.summary().parked == 1
-    })
-    .await;
-    let mut after = Vec::new();
-    for i in 5..10 {
-        let event = InboxEndsTx::new(1000 + i);
-        produce_to(&producer, &event, 0).await;
-        after.push(event.event_id);
-    }
-    wait_for_effects(&db, &after, &[bad.event_id], "the events after it handled").await;
-    wait_for_empty_inbox(&db).await;
-    let summary = running.shutdown().await.unwrap();
-    assert_once(&db, &before).await;
-    assert_once(&db, &after).await;
-    assert_eq!(db.rows("effect").await, 10);
-    assert_eq!(summary.handled, 10, "{summary:?}");
-    let (attempts, processed, parked, _) = db.inbox_row(bad.event_id).await;
-    assert_eq!((attempts, processed, parked), (2, false, true));
-    db.drop().await;
-}
-
-/// MariaDB, inbox: a handler that loses the transaction (its `ROLLBACK`
-/// stands for a deadlock it swallowed) in the middle of a batch, on receipt
-/// and in the processors. MySQL runs later statements in autocommit, so
-/// the handlers after it would write outside any transaction; the consumer
-/// checks before each handler: every other event of the batch has its
-/// effect exactly once, and the bad one is parked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_inbox_a_transaction_lost_mid_batch_writes_nothing_outside_it() {
-    let db = Db::mariadb().await;
-    create_topic(InboxEndsTx::TOPIC, 1).await;
-    let group = unique_group("backends-inbox-lost-mid-batch");
-    start_group_at(&group, InboxEndsTx::TOPIC, 1, true).await;
-    let producer = producer();
-    let bad = InboxEndsTx::new(7);
-    let mut good = Vec::new();
-    for i in 0..10 {
-        if i == 3 {
-            produce_to(&producer, &bad, 0).await;
-        }
-        let event = InboxEndsTx::new(1000 + i);
-        produce_to(&producer, &event, 0).await;
-        good.push(event.event_id);
-    }
-    // Started after producing, so the eleven come in one batch.
-    let setup = Setup {
-        max_attempts: 2,
-        ..Setup::inbox()
-    };
-    let running = db.spawn(&group, setup, inbox_ends_tx_pg, inbox_ends_tx_my);
-    wait_for_effects(&db, &good, &[bad.event_id], "the other events handled").await;
-    eventually("the bad row parked", Duration::from_secs(60), || async {
-        running.summary().parked == 1
-    })
-    .await;
-    let summary = running.shutdown().await.unwrap();
-    assert_once(&db, &good).await;
-    assert_eq!(
-        db.rows("effect").await,
-        10,
-        "a write outside the transaction"
-    );
-    assert_eq!(summary.handled, 10, "{summary:?}");
     db.drop().await;
 }
 
