@@ -90,11 +90,6 @@ pub(crate) async fn run(
                 .into(),
         ));
     }
-    // Every part must exist on this database (MariaDB has the outbox's
-    // tables only): refuse before deleting anything.
-    for (target, _, flag) in &plan {
-        cleanup::check(database, *target).map_err(|e| CliError::Usage(format!("{flag}: {e}")))?;
-    }
     // Cutoffs come from the database clock, the one that wrote the timestamps.
     let now: DateTime<Utc> = database.now().await?;
     let mut outcomes = Vec::new();

@@ -15,8 +15,7 @@ pub(crate) fn is_mysql(url: Option<&str>) -> bool {
     url.is_some_and(|url| url.starts_with("mysql://") || url.starts_with("mariadb://"))
 }
 
-/// [`connect`] for a MariaDB URL (`migrate`, `status`, `cleanup` and
-/// `dead-letters`, so far).
+/// [`connect`] for a MariaDB URL (every command but `notify`).
 pub(crate) async fn connect_mysql(url: &str, timeout: Duration) -> Result<MySqlPool, CliError> {
     let url = url
         .strip_prefix("mariadb://")
@@ -37,9 +36,6 @@ pub(crate) async fn connect_mysql(url: &str, timeout: Duration) -> Result<MySqlP
         .connect_lazy_with(options))
 }
 
-/// The commands that take a MariaDB URL.
-const MARIADB_COMMANDS: &str = "`outbox migrate`, `status`, `cleanup` and `dead-letters`";
-
 /// Connects once (to report the real cause of a failure, which a pool would
 /// hide behind a timeout), then opens a small pool.
 pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPool, CliError> {
@@ -47,16 +43,16 @@ pub(crate) async fn connect(url: Option<&str>, timeout: Duration) -> Result<PgPo
         CliError::Usage("no database given: pass --database-url or set DATABASE_URL".into())
     })?;
     // The parser accepts any scheme; a SQLite URL is a mistake here, and a
-    // MariaDB one is for the commands that work there so far.
+    // MariaDB one reaches here only for `notify`.
     if is_mysql(Some(url)) {
-        return Err(CliError::Usage(format!(
-            "invalid database URL for this command: on MariaDB only {MARIADB_COMMANDS} work so far; expected postgres://user@host:port/database"
-        )));
+        return Err(CliError::Usage(
+            "invalid database URL for this command: `outbox notify` needs PostgreSQL (MariaDB has no LISTEN/NOTIFY: relays there poll, see docs/mysql.md); expected postgres://user@host:port/database".into(),
+        ));
     }
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(CliError::Usage(format!(
-            "invalid database URL: expected postgres://user@host:port/database (or mysql:// / mariadb:// for {MARIADB_COMMANDS})"
-        )));
+        return Err(CliError::Usage(
+            "invalid database URL: expected postgres://user@host:port/database (or mysql:// / mariadb:// for MariaDB)".into(),
+        ));
     }
     let options = PgConnectOptions::from_str(url)
         .map_err(|e| CliError::Usage(format!("invalid database URL: {e}")))?

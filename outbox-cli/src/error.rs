@@ -33,7 +33,6 @@ impl From<OpsError> for CliError {
         match error {
             OpsError::Database(e) => database(e),
             OpsError::InboxRowsHaveNoId
-            | OpsError::PostgresOnly { .. }
             | OpsError::RebuildWithoutTopic
             | OpsError::RebuildIntoLiveTopic { .. }
             | OpsError::TopicMissing { .. }

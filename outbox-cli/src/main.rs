@@ -43,8 +43,8 @@ struct Cli {
 #[derive(Debug, clap::Args)]
 struct Global {
     /// URL of the service database holding the outbox tables: postgres://..,
-    /// or mysql:// / mariadb:// (MariaDB >= 10.6) for migrate, status,
-    /// cleanup and dead-letters (outbox and consumer tables).
+    /// or mysql:// / mariadb:// (MariaDB >= 10.6) for every command but
+    /// notify.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -68,9 +68,7 @@ enum Command {
     /// Apply the framework's migrations (tables, indexes, extension columns).
     ///
     /// On MariaDB >= 10.6 (`--database-url mysql://..` or `mariadb://..`)
-    /// it creates the MySQL schema; there, status, cleanup and dead-letters
-    /// work on the outbox's and the consumers' tables, and the other
-    /// commands need PostgreSQL so far.
+    /// it creates the MySQL schema; there every command but notify works.
     Migrate,
     /// Show backlog, failing and parked rows; a health check with thresholds.
     ///
@@ -98,7 +96,8 @@ enum Command {
     /// `stuck` is a health check: it exits 1 when it finds a saga.
     #[command(subcommand)]
     Sagas(sagas::SagasCommand),
-    /// Cross-process relay wake-ups through LISTEN/NOTIFY (off by default).
+    /// Cross-process relay wake-ups through LISTEN/NOTIFY (off by default;
+    /// PostgreSQL only).
     #[command(subcommand)]
     Notify(notify::NotifyCommand),
     /// Export or check event schemas (runs your service's exporter).
@@ -130,12 +129,9 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         command => command,
     };
     let json = global.json;
-    // MariaDB: the commands on the outbox's and the consumers' tables (the
-    // others are refused by `db::connect`, naming these).
-    let on_mariadb = matches!(
-        command,
-        Command::Migrate | Command::Status(_) | Command::Cleanup(_) | Command::DeadLetters(_)
-    );
+    // MariaDB: every command but `notify` (refused by `db::connect`: MariaDB
+    // has no LISTEN / NOTIFY).
+    let on_mariadb = !matches!(command, Command::Notify(_));
     if on_mariadb && db::is_mysql(global.database_url.as_deref()) {
         let url = global.database_url.as_deref().unwrap_or_default();
         let pool = db::connect_mysql(url, global.connect_timeout).await?;
@@ -145,7 +141,11 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Command::Status(args) => status::run(database, args, json).await,
             Command::Cleanup(args) => cleanup::run(database, args, json).await,
             Command::DeadLetters(command) => dead_letters::run(database, command, json).await,
-            _ => unreachable!("only the commands above run on MariaDB"),
+            Command::Replay(args) => replay::run(database, args, json).await,
+            Command::Sagas(command) => sagas::run(database, command, json).await,
+            Command::Notify(_) | Command::Schemas(_) | Command::Topics(_) => {
+                unreachable!("not run on MariaDB, or need no database")
+            }
         };
     }
     let pool = db::connect(global.database_url.as_deref(), global.connect_timeout).await?;
@@ -155,8 +155,8 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Status(args) => status::run(database, args, json).await,
         Command::Cleanup(args) => cleanup::run(database, args, json).await,
         Command::DeadLetters(command) => dead_letters::run(database, command, json).await,
-        Command::Replay(args) => replay::run(&pool, args, json).await,
-        Command::Sagas(command) => sagas::run(&pool, command, json).await,
+        Command::Replay(args) => replay::run(database, args, json).await,
+        Command::Sagas(command) => sagas::run(database, command, json).await,
         Command::Notify(command) => notify::run(&pool, command, json).await,
         Command::Schemas(_) | Command::Topics(_) => unreachable!("need no database"),
     }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use txoutbox_runtime::ops::Database;
 use txoutbox_runtime::ops::dead_letters::{self, Table};
 use txoutbox_runtime::ops::replay::{self, Replay, ReplayFilter};
 
@@ -91,7 +91,11 @@ pub(crate) struct ReplayArgs {
     dry_run: bool,
 }
 
-pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<ExitCode, CliError> {
+pub(crate) async fn run(
+    database: Database<'_>,
+    args: ReplayArgs,
+    json: bool,
+) -> Result<ExitCode, CliError> {
     let filter = ReplayFilter {
         from: args.from,
         to: args.to,
@@ -115,7 +119,7 @@ pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<E
         )));
     }
     if let Some(topic) = &filter.topic
-        && !dead_letters::topic_exists(pool, Table::Outbox, topic).await?
+        && !dead_letters::topic_exists(database, Table::Outbox, topic).await?
     {
         return Err(CliError::Usage(format!(
             "no outbox_event row has topic '{topic}' (check the spelling)"
@@ -140,7 +144,7 @@ pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<E
         "republish"
     };
     if args.dry_run {
-        let selected = run.count(pool).await?;
+        let selected = run.count(database).await?;
         if json {
             output::json(&serde_json::json!({
                 "dry_run": true, "mode": mode, "selected": selected, "filter": filter,
@@ -172,12 +176,14 @@ pub(crate) async fn run(pool: &PgPool, args: ReplayArgs, json: bool) -> Result<E
         );
     }
     let total = if Progress::interactive(json) {
-        Some(run.count(pool).await? as u64)
+        Some(run.count(database).await? as u64)
     } else {
         None
     };
     let mut progress = Progress::start("replaying", total, json);
-    let outcome = run.run(pool, &producer, |sent| progress.inc(sent)).await;
+    let outcome = run
+        .run(database, &producer, |sent| progress.inc(sent))
+        .await;
     progress.finish();
     let report = outcome?;
     if json {

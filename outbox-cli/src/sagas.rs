@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::PgPool;
+use txoutbox_runtime::ops::Database;
 use txoutbox_runtime::ops::sagas::{self, SagaDetail, SagaFilter, SagaSummary};
 use txoutbox_runtime::saga::SagaStatus;
 
@@ -86,7 +86,7 @@ struct StuckReport<'a> {
 }
 
 pub(crate) async fn run(
-    pool: &PgPool,
+    database: Database<'_>,
     command: SagasCommand,
     json: bool,
 ) -> Result<ExitCode, CliError> {
@@ -101,11 +101,11 @@ pub(crate) async fn run(
                 status: status.map(SagaStatus::from),
                 limit,
             };
-            let rows = sagas::list(pool, &filter).await?;
+            let rows = sagas::list(database, &filter).await?;
             if rows.is_empty()
                 && let Some(saga_type) = &filter.saga_type
             {
-                known_type(pool, saga_type).await?;
+                known_type(database, saga_type).await?;
             }
             if json {
                 output::json(&serde_json::json!({ "sagas": rows }))?;
@@ -124,8 +124,8 @@ pub(crate) async fn run(
             Ok(ExitCode::SUCCESS)
         }
         SagasCommand::Show { saga_type, saga_id } => {
-            let Some(saga) = sagas::show(pool, &saga_type, &saga_id).await? else {
-                known_type(pool, &saga_type).await?;
+            let Some(saga) = sagas::show(database, &saga_type, &saga_id).await? else {
+                known_type(database, &saga_type).await?;
                 return Err(CliError::Usage(format!(
                     "no {saga_type} saga has id '{saga_id}' (never started, or removed by retention after it finished)"
                 )));
@@ -143,11 +143,11 @@ pub(crate) async fn run(
             limit,
         } => {
             let saga_type = saga_type.as_deref();
-            let rows = sagas::stuck(pool, older_than, saga_type, limit).await?;
+            let rows = sagas::stuck(database, older_than, saga_type, limit).await?;
             let total = if (rows.len() as i64) < limit {
                 rows.len() as i64
             } else {
-                sagas::count_stuck(pool, older_than, saga_type).await?
+                sagas::count_stuck(database, older_than, saga_type).await?
             };
             let which = match saga_type {
                 Some(saga_type) => format!("running {saga_type} saga"),
@@ -193,13 +193,13 @@ fn has_have(n: i64, noun: &str) -> String {
 
 /// A usage error when no saga has the type at all: a misspelt type is not
 /// mistaken for "no such saga".
-async fn known_type(pool: &PgPool, saga_type: &str) -> Result<(), CliError> {
+async fn known_type(database: Database<'_>, saga_type: &str) -> Result<(), CliError> {
     let any = SagaFilter {
         saga_type: Some(saga_type.to_owned()),
         status: None,
         limit: 1,
     };
-    if sagas::list(pool, &any).await?.is_empty() {
+    if sagas::list(database, &any).await?.is_empty() {
         return Err(CliError::Usage(format!(
             "no saga has type '{saga_type}' (check the spelling)"
         )));

@@ -84,8 +84,7 @@ pub(crate) async fn run(
     ] {
         if set && status.not_on_this_database.contains(&table) {
             return Err(CliError::Usage(format!(
-                "{flag}: {table} is not measured on this database ({})",
-                why_missing(table)
+                "{flag}: {table} is not measured on this database ({WHY_MISSING})"
             )));
         }
     }
@@ -116,10 +115,7 @@ fn render(status: &Status) -> String {
     out.push_str(&held_topics(&status.relays));
     out.push_str("\ninbox (inbox_event)\n");
     if status.not_on_this_database.contains(&"inbox_event") {
-        out.push_str(&format!(
-            "  not on this database ({})\n",
-            why_missing("inbox_event")
-        ));
+        out.push_str(&format!("  not on this database ({WHY_MISSING})\n"));
     } else {
         out.push_str(&queue(&status.inbox, "unprocessed", false));
     }
@@ -167,16 +163,9 @@ fn render(status: &Status) -> String {
     out
 }
 
-/// Why a framework table is not measured: the saga operations (status,
-/// `outbox sagas`, retention) do not read MariaDB yet; the consumer tables
-/// of a schema migrated before them are missing.
-fn why_missing(table: &str) -> &'static str {
-    if table == "saga_state" {
-        "the saga operations are PostgreSQL-only so far"
-    } else {
-        "the schema predates it: run `outbox migrate`"
-    }
-}
+/// Why a framework table is not measured: the schema was migrated before
+/// it (on MariaDB, the consumer and saga tables came in later migrations).
+const WHY_MISSING: &str = "the schema predates it: run `outbox migrate`";
 
 /// The framework's tables status does not measure on this database, each
 /// with why (nothing when it measures them all): their parts above are
@@ -188,7 +177,7 @@ fn missing(tables: &[&str]) -> String {
     let mut out = "\nnot measured on this database\n".to_owned();
     let rows: Vec<Vec<String>> = tables
         .iter()
-        .map(|table| vec![format!("  {table}"), why_missing(table).to_owned()])
+        .map(|table| vec![format!("  {table}"), WHY_MISSING.to_owned()])
         .collect();
     out.push_str(&output::table(&rows));
     out

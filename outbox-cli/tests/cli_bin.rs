@@ -480,9 +480,9 @@ fn bad_input_and_unreachable_database_exit_2_with_one_line() {
 }
 
 /// `outbox migrate` on MariaDB (`MYSQL_URL`'s server, a database of its
-/// own): creates the MySQL schema, then finds it up to date; `replay` there
-/// says it needs PostgreSQL (`cli_mysql.rs` runs the commands that work
-/// on MariaDB).
+/// own): creates the MySQL schema, then finds it up to date; `replay`
+/// counts there, `notify` says it needs PostgreSQL (`cli_mysql.rs` runs
+/// the other commands on MariaDB).
 #[test]
 fn migrate_on_mariadb() {
     let server = std::env::var("MYSQL_URL")
@@ -513,6 +513,7 @@ fn migrate_on_mariadb() {
     let first = run(&["--json", "migrate"]);
     let second = run(&["migrate"]);
     let replay = run(&["replay", "--all", "--dry-run"]);
+    let notify = run(&["notify", "status"]);
     admin(format!("DROP DATABASE {name}"));
     assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
     // Every MySQL migration, in order (the list grows with the backend).
@@ -535,9 +536,11 @@ fn migrate_on_mariadb() {
         stdout(&second).trim(),
         format!("schema is up to date ({} migrations)", migrations.len())
     );
+    assert_eq!(replay.status.code(), Some(0), "{}", stderr(&replay));
+    assert_eq!(stdout(&replay).trim(), "would replay 0 published events");
     assert_usage_error(
-        &replay,
-        "on MariaDB only `outbox migrate`, `status`, `cleanup` and `dead-letters` work so far",
+        &notify,
+        "`outbox notify` needs PostgreSQL (MariaDB has no LISTEN/NOTIFY",
     );
 }
 

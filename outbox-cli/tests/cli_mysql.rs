@@ -4,16 +4,19 @@
 //! inbox and the consumers' tables, and a schema migrated before them;
 //! `dead-letters list | retry | discard` of the outbox and the inbox (a
 //! retried inbox row's key entry back at it); `cleanup` of the outbox, the
-//! dedup table and the inbox; sagas and the PostgreSQL-only commands
-//! refused with exit 2.
+//! dedup table, the inbox and finished sagas; `sagas list | show | stuck`
+//! and the sagas part of `status`; `replay` (republish and rebuild, with
+//! its hand-over); `notify` refused with exit 2.
 
 #[path = "../../outbox-runtime/tests/ops_mysql_support/mod.rs"]
 mod ops_mysql_support;
+#[path = "../../outbox-runtime/tests/ops_support/mod.rs"]
+mod ops_support;
 
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use ops_mysql_support::{InboxRow, Row, count, key_entries, rebuild_keys, url};
+use ops_mysql_support::{InboxRow, Row, SagaRow, count, key_entries, rebuild_keys, url};
 use serde_json::Value;
 use txoutbox_runtime::relay::Relay;
 use txoutbox_testkit::broker::{brokers, client_config, create_topic, unique_topic};
@@ -107,11 +110,12 @@ async fn status_on_mariadb_as_a_health_check_with_its_relays() {
         "inbox (inbox_event)",
         "relays (outbox_relay_member)",
         "  running  0",
-        "not measured on this database",
-        "  saga_state  the saga operations are PostgreSQL-only so far",
     ] {
         assert!(text.contains(line), "{line:?} missing from:\n{text}");
     }
+    // Every part is measured (and no saga is there yet).
+    assert!(!text.contains("not measured"), "{text}");
+    assert!(!text.contains("sagas (saga_state)"), "{text}");
     assert_eq!(
         cells(&text, "unpublished")[..2],
         ["unpublished", "2"],
@@ -135,10 +139,8 @@ async fn status_on_mariadb_as_a_health_check_with_its_relays() {
     assert_eq!(report["healthy"], true);
     assert_eq!(report["outbox"]["pending"], 2);
     assert_eq!(report["outbox"]["parked"], 1);
-    assert_eq!(
-        report["not_on_this_database"],
-        serde_json::json!(["saga_state"])
-    );
+    assert!(report.get("not_on_this_database").is_none(), "{report}");
+    assert_eq!(report["sagas"], serde_json::json!([]));
     assert_eq!(report["inbox"]["pending"], 0);
     let age = report["outbox"]["oldest_pending_age_secs"]
         .as_f64()
@@ -176,7 +178,7 @@ async fn status_on_mariadb_as_a_health_check_with_its_relays() {
         &url,
         &["status", "--max-backlog", "2", "--max-parked", "1"],
     ));
-    // The inbox is empty, within any limit; sagas are not on MariaDB.
+    // The inbox is empty and no saga runs: within any limit.
     assert_success(&outbox(
         &url,
         &[
@@ -185,12 +187,10 @@ async fn status_on_mariadb_as_a_health_check_with_its_relays() {
             "0",
             "--max-inbox-age",
             "1s",
+            "--max-saga-age",
+            "1s",
         ],
     ));
-    assert_usage_error(
-        &outbox(&url, &["status", "--max-saga-age", "1m"]),
-        "--max-saga-age: saga_state is not measured on this database (the saga operations are PostgreSQL-only so far)",
-    );
 
     // A relay: listed with its lanes while it publishes the two rows.
     create_topic(&brokers(), &topic, 2).await;
@@ -358,18 +358,6 @@ async fn cleanup_on_mariadb() {
     let all = "SELECT COUNT(*) FROM outbox_event";
     assert_eq!(count(&db.pool, all).await, 9);
 
-    // A part of the job this database lacks: refused before anything is
-    // deleted.
-    let refused = outbox(
-        &url,
-        &["cleanup", "--older-than", "7d", "--sagas-older-than", "14d"],
-    );
-    assert_usage_error(
-        &refused,
-        "--sagas-older-than: saga_state is not read on this database: the saga operations are PostgreSQL-only so far",
-    );
-    assert_eq!(count(&db.pool, all).await, 9, "nothing deleted");
-
     let dry = outbox(
         &url,
         &["cleanup", "--older-than", "7d", "--dry-run", "--json"],
@@ -409,17 +397,13 @@ async fn cleanup_on_mariadb() {
 }
 
 #[tokio::test]
-async fn the_postgresql_only_commands_say_so_on_mariadb() {
+async fn notify_says_it_needs_postgresql_on_mariadb() {
     let db = migrated().await;
     let url = url(&db);
-    for args in [
-        &["replay", "--all", "--dry-run"][..],
-        &["sagas", "list"],
-        &["notify", "status"],
-    ] {
+    for args in [&["notify", "status"][..], &["notify", "enable"]] {
         assert_usage_error(
             &outbox(&url, args),
-            "on MariaDB only `outbox migrate`, `status`, `cleanup` and `dead-letters` work so far",
+            "`outbox notify` needs PostgreSQL (MariaDB has no LISTEN/NOTIFY: relays there poll",
         );
     }
     db.drop().await;
@@ -556,7 +540,7 @@ async fn status_of_the_inbox_on_mariadb_and_of_a_schema_before_it() {
         "inbox (inbox_event)\n  not on this database (the schema predates it: run `outbox migrate`)",
         "  processed_event       the schema predates it: run `outbox migrate`",
         "  consumer_dead_letter  the schema predates it: run `outbox migrate`",
-        "  saga_state            the saga operations are PostgreSQL-only so far",
+        "  saga_state            the schema predates it: run `outbox migrate`",
     ] {
         assert!(text.contains(line), "{line:?} missing from:\n{text}");
     }
@@ -827,5 +811,462 @@ async fn cleanup_of_the_consumer_tables_on_mariadb() {
         (1, 1),
         "kept: the recently processed row and the pending one"
     );
+    db.drop().await;
+}
+
+/// Rows of a saga table printed by `outbox sagas`: the lines after the
+/// header, split on runs of spaces.
+fn table_rows(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .skip(1)
+        .take_while(|line| !line.is_empty() && !line.contains(", the most recently"))
+        .map(|line| {
+            line.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .collect()
+}
+
+/// `outbox sagas list | show | stuck`, the sagas part of `status` and
+/// `cleanup --sagas-older-than` on MariaDB, on `saga_state` rows as its
+/// saga runtime writes them: the same text and JSON as on PostgreSQL
+/// (`cli_bin.rs`).
+#[tokio::test]
+async fn sagas_on_mariadb() {
+    let db = migrated().await;
+    let url = url(&db);
+    let pool = &db.pool;
+    let mut reserving = SagaRow::running("OrderFulfilment", "o-1", 3_600);
+    reserving.compensations = vec![
+        ("ReleaseStock", "inventory.commands", "o-1".into()),
+        ("RefundPayment", "payment.commands", "o-1".into()),
+    ];
+    let (compensation_ids, last_event_id) = reserving.insert(pool).await;
+    SagaRow::running("OrderFulfilment", "o-2", 1_200)
+        .insert(pool)
+        .await;
+    SagaRow::running("Refund", "r-1", 30).insert(pool).await;
+    SagaRow::finished("OrderFulfilment", "o-3", "compensated", 60)
+        .insert(pool)
+        .await;
+
+    let list = outbox(&url, &["sagas", "list"]);
+    assert_success(&list);
+    let text = stdout(&list);
+    let header = text.lines().next().unwrap();
+    assert!(
+        header.starts_with("TYPE             ID   STATUS       VERSION  LAST MESSAGE"),
+        "aligned columns: {text}"
+    );
+    let rows = table_rows(&text);
+    let listed: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("Refund", "r-1", "running"),
+            ("OrderFulfilment", "o-3", "compensated"),
+            ("OrderFulfilment", "o-2", "running"),
+            ("OrderFulfilment", "o-1", "running"),
+        ],
+        "most recently moved first: {text}"
+    );
+    assert_eq!(
+        rows[3].last(),
+        Some(&"2".to_owned()),
+        "pending compensations"
+    );
+    assert!(
+        text.ends_with("4 sagas, the most recently moved first\n"),
+        "{text}"
+    );
+    let filtered = outbox(
+        &url,
+        &[
+            "sagas",
+            "list",
+            "--type",
+            "OrderFulfilment",
+            "--status",
+            "running",
+            "--limit",
+            "1",
+            "--json",
+        ],
+    );
+    assert_success(&filtered);
+    let filtered = json(&filtered);
+    let sagas = filtered["sagas"].as_array().unwrap();
+    assert_eq!(sagas.len(), 1);
+    assert_eq!(sagas[0]["saga_id"], "o-2");
+    assert_eq!(sagas[0]["status"], "running");
+    assert_eq!(sagas[0]["version"], 2);
+    assert_usage_error(
+        &outbox(&url, &["sagas", "list", "--type", "OrderFulfillment"]),
+        "no saga has type 'OrderFulfillment' (check the spelling)",
+    );
+
+    let show = outbox(&url, &["sagas", "show", "OrderFulfilment", "o-1"]);
+    assert_success(&show);
+    let text = stdout(&show);
+    assert!(
+        text.starts_with("saga OrderFulfilment o-1\n  status        running\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "  last message  StockReserved, event {last_event_id}\n"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("state\n  {\n    \"id\": \"o-1\",\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pending compensations: 2, sent last first if the saga is compensated\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "  ReleaseStock   inventory.commands  o-1  {}\n  RefundPayment  payment.commands    o-1  {}\n",
+            compensation_ids[0], compensation_ids[1]
+        )),
+        "{text}"
+    );
+    let detail = json(&outbox(
+        &url,
+        &["sagas", "show", "OrderFulfilment", "o-1", "--json"],
+    ));
+    assert_eq!(detail["version"], 2);
+    assert_eq!(detail["state"]["stage"], "waiting");
+    assert_eq!(detail["last_event_id"], last_event_id.to_string());
+    assert_eq!(detail["compensations"][0]["topic"], "inventory.commands");
+    let finished = stdout(&outbox(&url, &["sagas", "show", "OrderFulfilment", "o-3"]));
+    assert!(finished.contains("\n  finished      20"), "{finished}");
+    assert!(
+        finished.contains("pending compensations: none"),
+        "{finished}"
+    );
+    assert_usage_error(
+        &outbox(&url, &["sagas", "show", "OrderFulfilment", "o-9"]),
+        "no OrderFulfilment saga has id 'o-9' (never started, or removed by retention",
+    );
+    assert_usage_error(
+        &outbox(&url, &["sagas", "show", "Nope", "o-1"]),
+        "no saga has type 'Nope'",
+    );
+
+    let stuck = outbox(&url, &["sagas", "stuck", "--older-than", "10m"]);
+    assert_eq!(stuck.status.code(), Some(1), "{}", stderr(&stuck));
+    let text = stdout(&stuck);
+    assert!(text.lines().next().unwrap().contains("WAITING"), "{text}");
+    let rows = table_rows(&text);
+    let waiting: Vec<&str> = rows.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(waiting, ["o-1", "o-2"], "oldest first: {text}");
+    assert!(
+        rows[0][7].starts_with("1h") && rows[1][7].starts_with("20m"),
+        "{text}"
+    );
+    assert_eq!(
+        stderr(&stuck),
+        "unhealthy: 2 running sagas have not moved for more than 10m\n"
+    );
+    let one = outbox(
+        &url,
+        &[
+            "sagas",
+            "stuck",
+            "--older-than",
+            "10m",
+            "--limit",
+            "1",
+            "--json",
+        ],
+    );
+    assert_eq!(one.status.code(), Some(1));
+    let report = json(&one);
+    assert_eq!(report["total"], 2, "counted beyond the limit");
+    assert_eq!(report["older_than_secs"], 600.0);
+    assert_eq!(report["sagas"][0]["saga_id"], "o-1");
+    assert_eq!(report["sagas"].as_array().unwrap().len(), 1);
+    let of_type = outbox(
+        &url,
+        &["sagas", "stuck", "--older-than", "1m", "--type", "Refund"],
+    );
+    assert_success(&of_type);
+    assert_eq!(
+        stdout(&of_type),
+        "no running Refund saga has gone without a step for more than 1m\n"
+    );
+    assert_success(&outbox(&url, &["sagas", "stuck", "--older-than", "2h"]));
+
+    // The sagas part of status, and its threshold.
+    let healthy = outbox(&url, &["status", "--max-saga-age", "2h"]);
+    assert_success(&healthy);
+    let text = stdout(&healthy);
+    let (_, part) = text.split_once("\nsagas (saga_state)\n").expect(&text);
+    let lines: Vec<&str> = part.lines().take_while(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with(
+            "  OrderFulfilment  running 2  completed 0  compensated 1  oldest running moved 1h"
+        ),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with(
+            "  Refund           running 1  completed 0  compensated 0  oldest running moved 3"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("not measured"), "{text}");
+    let unhealthy = outbox(&url, &["status", "--max-saga-age", "10m", "--json"]);
+    assert_eq!(unhealthy.status.code(), Some(1));
+    let report = json(&unhealthy);
+    assert_eq!(report["healthy"], false);
+    assert_eq!(report["breaches"][0]["threshold"], "max-saga-age");
+    assert_eq!(report["sagas"][0]["saga_type"], "OrderFulfilment");
+    assert_eq!(report["sagas"][0]["running"], 2);
+    assert_eq!(report["sagas"][0]["compensated"], 1);
+    let err = stderr(&unhealthy);
+    assert!(
+        err.starts_with(
+            "unhealthy: max-saga-age exceeded: a running OrderFulfilment saga has not moved for 36"
+        ) && err.ends_with("s (limit 600s)\n"),
+        "{err}"
+    );
+
+    // Retention: finished sagas older than the age, never a running one.
+    let day = 86_400;
+    for (saga_type, id, status, ago) in [
+        ("OrderFulfilment", "old-completed", "completed", 10 * day),
+        ("OrderFulfilment", "old-compensated", "compensated", 9 * day),
+        ("Refund", "old-refund", "completed", 8 * day),
+    ] {
+        SagaRow::finished(saga_type, id, status, ago)
+            .insert(pool)
+            .await;
+    }
+    SagaRow::running("OrderFulfilment", "running", 30 * day)
+        .insert(pool)
+        .await;
+    let dry = outbox(
+        &url,
+        &["cleanup", "--sagas-older-than", "7d", "--dry-run", "--json"],
+    );
+    assert_success(&dry);
+    let report = json(&dry);
+    assert_eq!(report["targets"][0]["target"], "finished_saga");
+    assert_eq!(report["targets"][0]["matched"], 3);
+    let sagas_left = "SELECT COUNT(*) FROM saga_state";
+    assert_eq!(count(pool, sagas_left).await, 8);
+    let run = outbox(
+        &url,
+        &["cleanup", "--sagas-older-than", "7d", "--batch-size", "2"],
+    );
+    assert_success(&run);
+    assert!(
+        stdout(&run).starts_with("deleted 3 finished sagas (before "),
+        "{}",
+        stdout(&run)
+    );
+    assert_eq!(count(pool, sagas_left).await, 5);
+    let everything = outbox(&url, &["cleanup", "--sagas-older-than", "0s"]);
+    assert_success(&everything);
+    assert!(
+        stdout(&everything).starts_with("deleted 1 finished sagas"),
+        "{}",
+        stdout(&everything)
+    );
+    let mut left: Vec<Vec<u8>> = sqlx::query_scalar("SELECT saga_id FROM saga_state")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            b"o-1".to_vec(),
+            b"o-2".to_vec(),
+            b"r-1".to_vec(),
+            b"running".to_vec()
+        ],
+        "running sagas are never deleted"
+    );
+
+    // A schema migrated before MySQL migration 0006.
+    sqlx::query("DROP TABLE saga_state")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_usage_error(
+        &outbox(&url, &["status", "--max-saga-age", "1s"]),
+        "--max-saga-age: saga_state is not measured on this database (the schema predates it: run `outbox migrate`)",
+    );
+    assert_usage_error(
+        &outbox(&url, &["sagas", "list"]),
+        "run `outbox migrate` first",
+    );
+    db.drop().await;
+}
+
+/// `outbox replay` on MariaDB: a dry run counts either mode's rows, a
+/// republish run sends the published rows with the run's `replay` header
+/// and reports JSON, a rebuild run prints its hand-over and starts its
+/// group, and both runs are recorded in `outbox_replay_run`.
+#[tokio::test]
+async fn replay_on_mariadb() {
+    let db = migrated().await;
+    let url = url(&db).replacen("mysql://", "mariadb://", 1);
+    let pool = &db.pool;
+    let live = unique_topic("cli-mysql-replay");
+    let target = unique_topic("cli-mysql-replay-target");
+    let rebuild = unique_topic("cli-mysql-replay-rebuild");
+    for topic in [&live, &target, &rebuild] {
+        create_topic(&brokers(), topic, 1).await;
+    }
+    for _ in 0..3 {
+        Row::new(&live).published(60, 30).insert(pool).await;
+    }
+    Row::new(&live).insert(pool).await; // waiting for the relay
+    let brokers = brokers();
+
+    let dry = outbox(&url, &["replay", "--topic", &live, "--dry-run"]);
+    assert_success(&dry);
+    assert_eq!(stdout(&dry).trim(), "would replay 3 published events");
+    let dry = outbox(
+        &url,
+        &[
+            "replay",
+            "--topic",
+            &live,
+            "--rebuild-topic",
+            &rebuild,
+            "--dry-run",
+        ],
+    );
+    assert_success(&dry);
+    assert_eq!(
+        stdout(&dry).trim(),
+        format!("would replay 4 events (published or waiting for the relay) into {rebuild}")
+    );
+    assert_usage_error(
+        &outbox(&url, &["replay", "--topic", "ordres", "--dry-run"]),
+        "no outbox_event row has topic 'ordres' (check the spelling)",
+    );
+
+    let republish = outbox(
+        &url,
+        &[
+            "replay",
+            "--topic",
+            &live,
+            "--target-topic",
+            &target,
+            "--brokers",
+            &brokers,
+            "--json",
+        ],
+    );
+    assert_success(&republish);
+    let report = json(&republish);
+    assert_eq!(
+        (report["selected"].as_i64(), report["published"].as_i64()),
+        (Some(3), Some(3))
+    );
+    let run_id = report["run_id"].as_i64().unwrap();
+    let received = ops_support::read_back(&target).await;
+    assert_eq!(received.len(), 3);
+    assert!(
+        received
+            .iter()
+            .all(|r| r.headers["replay"] == run_id.to_string()),
+        "the run's header"
+    );
+
+    let group = txoutbox_testkit::broker::unique_group("cli-mysql-rebuild");
+    let rebuilt = outbox(
+        &url,
+        &[
+            "replay",
+            "--topic",
+            &live,
+            "--rebuild-topic",
+            &rebuild,
+            "--rebuild-group",
+            &group,
+            "--brokers",
+            &brokers,
+        ],
+    );
+    assert_success(&rebuilt);
+    let text = stdout(&rebuilt);
+    let max_id = count(pool, "SELECT MAX(id) FROM outbox_event").await;
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "replayed 4 of 4 selected events (run {}, recorded in outbox_replay_run)",
+                run_id + 1
+            ),
+            format!(
+                "hand-over: read {rebuild} from offsets 0:0 up to 0:4, then {live} from offsets \
+                 0:0 (partition:offset; events committed after the snapshot, id > {max_id} or \
+                 committed late)"
+            ),
+            format!("consumer group {group} starts at those offsets"),
+        ],
+        "{text}"
+    );
+    assert_eq!(ops_support::read_back(&rebuild).await.len(), 4);
+    let runs: Vec<(String, Option<String>, i64)> =
+        sqlx::query_as("SELECT mode, rebuild_group, published FROM outbox_replay_run ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        runs,
+        [
+            ("republish".to_owned(), None, 3),
+            ("rebuild".to_owned(), Some(group.clone()), 4)
+        ]
+    );
+    // The group was started: a second run with it fails (exit 1, as on
+    // PostgreSQL: the run is recorded, with the error).
+    let again = outbox(
+        &url,
+        &[
+            "replay",
+            "--topic",
+            &live,
+            "--rebuild-topic",
+            &rebuild,
+            "--rebuild-group",
+            &group,
+            "--brokers",
+            &brokers,
+        ],
+    );
+    assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("already has a committed offset"),
+        "{}",
+        stderr(&again)
+    );
+    let failed: (i64, bool, bool) = sqlx::query_as(
+        "SELECT published, finished_at IS NOT NULL, error LIKE '%already has a committed offset%'
+         FROM outbox_replay_run ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(failed, (0, true, true));
     db.drop().await;
 }

@@ -140,6 +140,11 @@ pub const MYSQL_MIGRATIONS: &[Migration] = &[
         description: "sagas",
         sql: include_str!("../migrations/mysql/0006_sagas.sql"),
     },
+    Migration {
+        version: 7,
+        description: "replay",
+        sql: include_str!("../migrations/mysql/0007_replay.sql"),
+    },
 ];
 
 /// A database [`run`] migrates: `&PgPool`, or `&MySqlPool` (feature

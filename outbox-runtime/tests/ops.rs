@@ -461,3 +461,108 @@ async fn dead_letters_list_retry_and_discard(pool: PgPool) {
         2
     );
 }
+
+/// Inserts an inbox row of `group` with event id `event_id`, received 9
+/// days ago: processed 8 days ago, or (`discarded`) parked and discarded 8
+/// days ago.
+async fn grouped_inbox_row(pool: &PgPool, group: &str, event_id: uuid::Uuid, discarded: bool) {
+    sqlx::query(
+        "INSERT INTO inbox_event (consumer_group, event_id, received_at, payload, processed,
+             processed_at, event_type, topic, attempts, last_error, parked_at, discarded_at)
+         VALUES ($1, $2, now() - interval '9 days', '{}', NOT $3,
+             CASE WHEN $3 THEN NULL ELSE now() - interval '8 days' END,
+             'PaymentTaken', 't', CASE WHEN $3 THEN 5 ELSE 0 END,
+             CASE WHEN $3 THEN 'boom' END,
+             CASE WHEN $3 THEN now() - interval '8 days' END,
+             CASE WHEN $3 THEN now() - interval '8 days' END)",
+    )
+    .bind(group)
+    .bind(event_id)
+    .bind(discarded)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The inbox's key is `(consumer_group, event_id)`: the same event ids in
+/// two groups, batches of 3 over 6 rows, so that a batch ends between the
+/// two groups' rows of one event id, whichever order they come in. Each
+/// batch deletes at most its size, one pass deletes every row, and a row
+/// of the second group held by another transaction is passed over without
+/// waiting (and deleted by the next run once released). Paging on
+/// `event_id` alone, a batch's delete matched the other group's row of
+/// its last event id too: more rows than the batch (4 of 3), and a wait for
+/// that row's lock.
+#[sqlx::test(migrations = false)]
+async fn inbox_retention_pages_on_group_and_event_id(pool: PgPool) {
+    migrated(&pool).await;
+    for (target, discarded) in [
+        (Target::ProcessedInbox, false),
+        (Target::DiscardedInbox, true),
+    ] {
+        sqlx::query("DELETE FROM inbox_event")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut ids: Vec<uuid::Uuid> = (0..3).map(|_| uuid::Uuid::new_v4()).collect();
+        ids.sort();
+        for group in ["billing", "shipping"] {
+            for id in &ids {
+                grouped_inbox_row(&pool, group, *id, discarded).await;
+            }
+        }
+        let cutoff = Utc::now() - TimeDelta::days(7);
+        assert_eq!(cleanup::count(&pool, target, cutoff).await.unwrap(), 6);
+
+        let mut batches = Vec::new();
+        let deleted = tokio::time::timeout(
+            Duration::from_secs(10),
+            Purge::new(target, cutoff)
+                .batch_size(3)
+                .run(&pool, |b| batches.push(b)),
+        )
+        .await
+        .expect("no wait")
+        .unwrap();
+        assert_eq!(deleted, 6, "{target:?}: batches {batches:?}");
+        assert_eq!(batches, [3, 3, 0], "{target:?}");
+        assert_eq!(count(&pool, "SELECT count(*) FROM inbox_event").await, 0);
+
+        // Again, with the second group's row of the middle event id held.
+        for group in ["billing", "shipping"] {
+            for id in &ids {
+                grouped_inbox_row(&pool, group, *id, discarded).await;
+            }
+        }
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query(
+            "SELECT 1 FROM inbox_event WHERE consumer_group = 'shipping' AND event_id = $1
+             FOR UPDATE",
+        )
+        .bind(ids[1])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+        let mut batches = Vec::new();
+        let deleted = tokio::time::timeout(
+            Duration::from_secs(10),
+            Purge::new(target, cutoff)
+                .batch_size(3)
+                .run(&pool, |b| batches.push(b)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{target:?}: the purge waited for the held row"))
+        .unwrap();
+        assert_eq!(deleted, 5, "{target:?}: batches {batches:?}");
+        assert!(batches.iter().all(|b| *b <= 3), "{target:?}: {batches:?}");
+        holder.rollback().await.unwrap();
+        let left: Vec<(String, uuid::Uuid)> =
+            sqlx::query_as("SELECT consumer_group, event_id FROM inbox_event")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(left, [("shipping".to_owned(), ids[1])], "{target:?}");
+        let next = Purge::new(target, cutoff).run(&pool, |_| {}).await.unwrap();
+        assert_eq!(next, 1, "{target:?}: the next run takes it");
+    }
+}

@@ -8,10 +8,9 @@
 //! parked outbox row, an unprocessed inbox row. Batches walk the primary key in
 //! order (keyset pagination), so no batch rescans what earlier ones deleted.
 //!
-//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) the outbox,
-//! dedup and inbox targets run alike: each batch is chosen with a plain
-//! read, then its rows are locked by primary key `FOR UPDATE SKIP LOCKED`
-//! and deleted; finished sagas are refused ([`OpsError::PostgresOnly`]).
+//! On MariaDB (feature `mysql`, SQL in the child module `mysql`) every
+//! target runs alike: each batch is chosen with a plain read, then its rows
+//! are locked by primary key `FOR UPDATE SKIP LOCKED` and deleted.
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
@@ -88,14 +87,16 @@ impl Target {
                 key: Key::GroupAndEventId,
                 condition: "t.processed_at < $1",
             },
+            // The inbox's key is the group's and the event id: an event id
+            // is in the table once per consumer group that received it.
             Target::ProcessedInbox => TargetSql {
                 table: "inbox_event",
-                key: Key::EventId,
+                key: Key::GroupAndEventId,
                 condition: "t.processed AND t.processed_at < $1",
             },
             Target::DiscardedInbox => TargetSql {
                 table: "inbox_event",
-                key: Key::EventId,
+                key: Key::GroupAndEventId,
                 condition: "t.discarded_at < $1 AND NOT t.processed",
             },
             Target::FinishedSaga => TargetSql {
@@ -113,10 +114,12 @@ struct TargetSql {
     condition: &'static str,
 }
 
+/// A table's primary key: batches walk it in order, and the last row of a
+/// batch is where the next one starts, so it must be the whole key (a part
+/// of it would pass over the rows that share it with a batch's last one).
 #[derive(Clone, Copy)]
 enum Key {
     Id,
-    EventId,
     GroupAndEventId,
     SagaTypeAndId,
 }
@@ -125,7 +128,6 @@ impl Key {
     fn columns(self) -> &'static str {
         match self {
             Key::Id => "id",
-            Key::EventId => "event_id",
             Key::GroupAndEventId => "consumer_group, event_id",
             Key::SagaTypeAndId => "saga_type, saga_id",
         }
@@ -143,7 +145,6 @@ impl Key {
     fn after(self) -> &'static str {
         match self {
             Key::Id => "t.id > $3",
-            Key::EventId => "t.event_id > $3",
             Key::GroupAndEventId => "(t.consumer_group, t.event_id) > ($3, $4)",
             Key::SagaTypeAndId => "(t.saga_type, t.saga_id) > ($3, $4)",
         }
@@ -155,28 +156,12 @@ impl Key {
 enum Cursor {
     Start,
     Id(i64),
-    EventId(Uuid),
     GroupAndEventId(String, Uuid),
     SagaTypeAndId(String, String),
     /// Where a pass on MariaDB stopped.
     #[cfg(feature = "mysql")]
     MySql(mysql::Position),
     Done,
-}
-
-/// Whether the database has the table of `target`: `Ok` on PostgreSQL;
-/// on MariaDB for every target but [`Target::FinishedSaga`], which fails
-/// with [`OpsError::PostgresOnly`]. Asks nothing of the database (a schema
-/// migrated before a target's table fails when the target runs, as on
-/// PostgreSQL): check every target of a job before deleting anything.
-#[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
-pub fn check<'a>(database: impl Into<Database<'a>>, target: Target) -> Result<(), OpsError> {
-    match database.into() {
-        // PostgreSQL has every table.
-        Database::Postgres(_) => Ok(()),
-        #[cfg(feature = "mysql")]
-        Database::MySql(_) => mysql::check(target),
-    }
 }
 
 /// Counts the rows of `target` finished before `cutoff` (what a purge would
@@ -248,8 +233,7 @@ impl Purge {
 
     /// Deletes the next batch and returns how many rows it deleted (`0` once
     /// [`Self::is_done`]). Rows locked by someone else are skipped: a later run
-    /// takes them. On MariaDB [`Target::FinishedSaga`] fails with
-    /// [`OpsError::PostgresOnly`] (see [`check`]).
+    /// takes them.
     pub async fn step<'a>(&mut self, database: impl Into<Database<'a>>) -> Result<u64, OpsError> {
         match database.into() {
             Database::Postgres(pool) => self.step_postgres(pool).await,
@@ -294,7 +278,6 @@ impl Purge {
             .bind(self.batch_size);
         query = match &self.cursor {
             Cursor::Id(id) => query.bind(*id),
-            Cursor::EventId(event_id) => query.bind(*event_id),
             Cursor::GroupAndEventId(group, event_id) => query.bind(group.clone()).bind(*event_id),
             Cursor::SagaTypeAndId(saga_type, saga_id) => {
                 query.bind(saga_type.clone()).bind(saga_id.clone())
@@ -364,7 +347,6 @@ fn decode(row: &PgRow, key: Key) -> Result<(i64, i64, Cursor), sqlx::Error> {
     let deleted: i64 = row.try_get("deleted")?;
     let next = match key {
         Key::Id => Cursor::Id(row.try_get("id")?),
-        Key::EventId => Cursor::EventId(row.try_get("event_id")?),
         Key::GroupAndEventId => {
             Cursor::GroupAndEventId(row.try_get("consumer_group")?, row.try_get("event_id")?)
         }

@@ -1,5 +1,6 @@
 //! The database an operator operation runs on: the one seam between the
-//! operations and their SQL. Every public operation takes
+//! operations and their SQL. Every public operation but `notify` (which
+//! takes a `&PgPool`: MariaDB has no `LISTEN` / `NOTIFY`) takes
 //! `impl Into<Database<'_>>` (so `&PgPool` and, feature `mysql`,
 //! `&MySqlPool` as they are) and matches once, at its entry, on the
 //! backend: PostgreSQL's SQL stays in the operation's module, MariaDB's in
@@ -12,13 +13,14 @@ use super::OpsError;
 
 /// The service database an operation reads or changes: a `&PgPool`, or
 /// (feature `mysql`) a `&MySqlPool` on MariaDB >= 10.6, where the outbox's
-/// own tables (`outbox_event`, `outbox_scheduled`, `outbox_relay_member`)
-/// and the consumer's (`inbox_event`, `processed_event`,
-/// `consumer_dead_letter`, from MySQL migrations 0004 and 0005) are read;
-/// `saga_state` not yet.
+/// own tables (`outbox_event`, `outbox_scheduled`, `outbox_relay_member`,
+/// `outbox_replay_run` from MySQL migration 0007), the consumer's
+/// (`inbox_event`, `processed_event`, `consumer_dead_letter`, from MySQL
+/// migrations 0004 and 0005) and the sagas' (`saga_state`, 0006) are read
+/// alike.
 ///
-/// Every operation takes `impl Into<Database<'_>>`, so callers pass their
-/// pool as it is:
+/// Every operation (but `notify`) takes `impl Into<Database<'_>>`, so
+/// callers pass their pool as it is:
 ///
 /// ```no_run
 /// # async fn run(pg: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
@@ -32,9 +34,8 @@ use super::OpsError;
 pub enum Database<'a> {
     /// PostgreSQL: every operation.
     Postgres(&'a PgPool),
-    /// MariaDB >= 10.6 (feature `mysql`): status, dead letters and
-    /// retention of the outbox's and the consumers' tables; an operation on
-    /// sagas (`saga_state`) fails with [`OpsError::PostgresOnly`].
+    /// MariaDB >= 10.6 (feature `mysql`): every operation but `notify`
+    /// (which takes a `&PgPool`).
     #[cfg(feature = "mysql")]
     MySql(&'a sqlx::MySqlPool),
 }

@@ -18,13 +18,13 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Status, dead letters and retention take a [`Database`]: a `&PgPool`, or
-//! (feature `mysql`) a `&MySqlPool` on MariaDB, where they cover the
-//! outbox's tables (`outbox_event`, `outbox_scheduled`,
-//! `outbox_relay_member`) and the consumers' (`inbox_event` with
-//! `inbox_key`, `processed_event`, `consumer_dead_letter`); `saga_state`
-//! is read on PostgreSQL only so far ([`OpsError::PostgresOnly`]). Replay, sagas and
-//! `notify` take a `&PgPool`.
+//! Status, dead letters, retention, sagas and replay take a [`Database`]: a
+//! `&PgPool`, or (feature `mysql`) a `&MySqlPool` on MariaDB, where they
+//! cover the outbox's tables (`outbox_event`, `outbox_scheduled`,
+//! `outbox_relay_member`, `outbox_replay_run`), the consumers' (`inbox_event`
+//! with `inbox_key`, `processed_event`, `consumer_dead_letter`) and the
+//! sagas' (`saga_state`) alike. Only `notify` takes a `&PgPool`: MariaDB has
+//! no `LISTEN` / `NOTIFY`.
 
 pub mod cleanup;
 mod database;
@@ -48,14 +48,6 @@ pub enum OpsError {
     /// do not have.
     #[error("inbox rows have no numeric id; select them by event id")]
     InboxRowsHaveNoId,
-    /// The operation reads a table that only PostgreSQL's operations read so
-    /// far: `saga_state` (sagas run on MariaDB, MySQL migration 0006, but
-    /// their operator reads and retention are PostgreSQL's).
-    #[error("{table} is not read on this database: the saga operations are PostgreSQL-only so far")]
-    PostgresOnly {
-        /// The table the operation needs.
-        table: &'static str,
-    },
     /// The header names given to
     /// [`Replay::header_names`](replay::Replay::header_names) cannot be used
     /// (see [`HeaderNames::problem`](crate::relay::HeaderNames::problem)).

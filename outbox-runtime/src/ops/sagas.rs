@@ -2,9 +2,12 @@
 //! a message that does not come, and what one saga holds (its state and the
 //! compensations it would send).
 //!
-//! Everything here reads `saga_state` (migration 0008) and changes nothing;
-//! removing finished sagas is the retention job's
-//! ([`Target::FinishedSaga`](super::cleanup::Target::FinishedSaga)).
+//! Everything here reads `saga_state` (migration 0008; on MariaDB, feature
+//! `mysql`, MySQL migration 0006, with the SQL in the child module `mysql`)
+//! and changes nothing; removing finished sagas is the retention job's
+//! ([`Target::FinishedSaga`](super::cleanup::Target::FinishedSaga)). Every
+//! function takes a [`Database`]: a `&PgPool`, or a `&MySqlPool`, and
+//! returns the same figures on both.
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
@@ -28,8 +31,11 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::OpsError;
+use super::{Database, OpsError};
 use crate::saga::SagaStatus;
+
+#[cfg(feature = "mysql")]
+mod mysql;
 
 /// Which sagas [`list`] returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +138,8 @@ pub struct SagaTypeOverview {
 
 /// The longest age [`stuck`] compares with, in seconds (about 3,000 years):
 /// any longer age selects the same sagas (none), and `now()` minus it stays
-/// inside PostgreSQL's time range, so no [`Duration`] makes the query fail.
+/// inside PostgreSQL's time range, so no [`Duration`] makes the query fail
+/// (on MariaDB the cutoff before year 1000 is NULL, and selects none).
 const AGE_CAP_SECS: f64 = 1e11;
 
 /// The columns of a [`SagaSummary`], from `saga_state` aliased `s`.
@@ -223,8 +230,19 @@ fn summaries(rows: Vec<SummaryRow>) -> Result<Vec<SagaSummary>, OpsError> {
 /// }
 /// # Ok(()) }
 /// ```
-pub async fn list(pool: &PgPool, filter: &SagaFilter) -> Result<Vec<SagaSummary>, OpsError> {
-    let rows = sqlx::query_as(super::trusted(format!(
+pub async fn list<'a>(
+    database: impl Into<Database<'a>>,
+    filter: &SagaFilter,
+) -> Result<Vec<SagaSummary>, OpsError> {
+    summaries(match database.into() {
+        Database::Postgres(pool) => list_postgres(pool, filter).await?,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::list(pool, filter).await?,
+    })
+}
+
+async fn list_postgres(pool: &PgPool, filter: &SagaFilter) -> Result<Vec<SummaryRow>, OpsError> {
+    Ok(sqlx::query_as(super::trusted(format!(
         "SELECT {SUMMARY_COLUMNS} FROM saga_state s
          WHERE ($1::text IS NULL OR s.saga_type = $1)
            AND ($2::text IS NULL OR s.status = $2)
@@ -235,8 +253,7 @@ pub async fn list(pool: &PgPool, filter: &SagaFilter) -> Result<Vec<SagaSummary>
     .bind(filter.status.map(SagaStatus::as_str))
     .bind(filter.limit.max(1))
     .fetch_all(pool)
-    .await?;
-    summaries(rows)
+    .await?)
 }
 
 /// One saga with its state and pending compensations; `None` if there is no
@@ -254,28 +271,43 @@ pub async fn list(pool: &PgPool, filter: &SagaFilter) -> Result<Vec<SagaSummary>
 /// }
 /// # Ok(()) }
 /// ```
-pub async fn show(
-    pool: &PgPool,
+pub async fn show<'a>(
+    database: impl Into<Database<'a>>,
     saga_type: &str,
     saga_id: &str,
 ) -> Result<Option<SagaDetail>, OpsError> {
-    let row: Option<DetailRow> = sqlx::query_as(super::trusted(format!(
+    let row = match database.into() {
+        Database::Postgres(pool) => show_postgres(pool, saga_type, saga_id).await?,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::show(pool, saga_type, saga_id).await?,
+    };
+    row.map(|row| detail(row, saga_type, saga_id)).transpose()
+}
+
+async fn show_postgres(
+    pool: &PgPool,
+    saga_type: &str,
+    saga_id: &str,
+) -> Result<Option<DetailRow>, OpsError> {
+    Ok(sqlx::query_as(super::trusted(format!(
         "SELECT {SUMMARY_COLUMNS}, s.state, s.last_event_id, s.compensations
          FROM saga_state s WHERE s.saga_type = $1 AND s.saga_id = $2"
     )))
     .bind(saga_type)
     .bind(saga_id)
     .fetch_optional(pool)
-    .await?;
-    let Some(DetailRow {
+    .await?)
+}
+
+/// A stored saga as [`show`] returns it: its compensations read from the
+/// stored list.
+fn detail(row: DetailRow, saga_type: &str, saga_id: &str) -> Result<SagaDetail, OpsError> {
+    let DetailRow {
         summary,
         state,
         last_event_id,
         compensations,
-    }) = row
-    else {
-        return Ok(None);
-    };
+    } = row;
     let summary = SagaSummary::try_from(summary)?;
     let compensations = match compensations {
         Value::Array(items) => items
@@ -292,12 +324,12 @@ pub async fn show(
             .collect::<Result<_, _>>()?,
         _ => Vec::new(),
     };
-    Ok(Some(SagaDetail {
+    Ok(SagaDetail {
         summary,
         state,
         last_event_id,
         compensations,
-    }))
+    })
 }
 
 /// Running sagas that have not moved (no step applied) for longer than
@@ -308,14 +340,28 @@ pub async fn show(
 /// scheduled; one that waits much longer than its slowest reply should take
 /// lost a message or waits for a service that is down. The query walks the
 /// partial index of open sagas (`ix_saga_state_open`), so it stays cheap
-/// however many finished sagas the table holds.
-pub async fn stuck(
-    pool: &PgPool,
+/// however many finished sagas the table holds (on MariaDB its index of
+/// open sagas by type, `ix_saga_state_open`, for each type there is).
+pub async fn stuck<'a>(
+    database: impl Into<Database<'a>>,
     older_than: Duration,
     saga_type: Option<&str>,
     limit: i64,
 ) -> Result<Vec<SagaSummary>, OpsError> {
-    let rows = sqlx::query_as(super::trusted(format!(
+    summaries(match database.into() {
+        Database::Postgres(pool) => stuck_postgres(pool, older_than, saga_type, limit).await?,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::stuck(pool, older_than, saga_type, limit).await?,
+    })
+}
+
+async fn stuck_postgres(
+    pool: &PgPool,
+    older_than: Duration,
+    saga_type: Option<&str>,
+    limit: i64,
+) -> Result<Vec<SummaryRow>, OpsError> {
+    Ok(sqlx::query_as(super::trusted(format!(
         "SELECT {SUMMARY_COLUMNS} FROM saga_state s
          WHERE s.finished_at IS NULL
            AND s.updated_at < now() - make_interval(secs => $1)
@@ -327,12 +373,23 @@ pub async fn stuck(
     .bind(saga_type)
     .bind(limit.max(1))
     .fetch_all(pool)
-    .await?;
-    summaries(rows)
+    .await?)
 }
 
 /// How many sagas [`stuck`] would return without a limit.
-pub async fn count_stuck(
+pub async fn count_stuck<'a>(
+    database: impl Into<Database<'a>>,
+    older_than: Duration,
+    saga_type: Option<&str>,
+) -> Result<i64, OpsError> {
+    match database.into() {
+        Database::Postgres(pool) => count_stuck_postgres(pool, older_than, saga_type).await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::count_stuck(pool, older_than, saga_type).await,
+    }
+}
+
+async fn count_stuck_postgres(
     pool: &PgPool,
     older_than: Duration,
     saga_type: Option<&str>,
@@ -352,12 +409,23 @@ pub async fn count_stuck(
 
 /// Per saga type: running, completed and compensated sagas, and how long the
 /// least recently moved running saga has waited. Empty when the database has
-/// no `saga_state` table (migrations before 0008) or no saga.
+/// no `saga_state` table (migrations before 0008; MySQL migrations before
+/// 0006) or no saga.
 ///
 /// Finished sagas stay until the retention job removes them, so this counts
 /// the whole table: keep the retention (`outbox cleanup --sagas-older-than`)
 /// in step with how often this runs.
-pub async fn overview(pool: &PgPool) -> Result<Vec<SagaTypeOverview>, OpsError> {
+pub async fn overview<'a>(
+    database: impl Into<Database<'a>>,
+) -> Result<Vec<SagaTypeOverview>, OpsError> {
+    match database.into() {
+        Database::Postgres(pool) => overview_postgres(pool).await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::overview(pool).await,
+    }
+}
+
+async fn overview_postgres(pool: &PgPool) -> Result<Vec<SagaTypeOverview>, OpsError> {
     let migrated: bool = sqlx::query_scalar("SELECT to_regclass('saga_state') IS NOT NULL")
         .fetch_one(pool)
         .await?;

@@ -2,9 +2,9 @@
 //! thresholds on it.
 //!
 //! On MariaDB (feature `mysql`, SQL in the child module `mysql`) the outbox,
-//! its scheduled events, its relays, the inbox and the consumers' dead
-//! letters are read alike; sagas are not read there yet
-//! ([`Status::not_on_this_database`]).
+//! its scheduled events, its relays, the inbox, the consumers' dead letters
+//! and the sagas are read alike (a schema migrated before the consumer
+//! tables names them in [`Status::not_on_this_database`]).
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), txoutbox_runtime::ops::OpsError> {
@@ -57,15 +57,13 @@ pub struct Status {
     pub consumer_dead_letters: ConsumerDeadLetters,
     /// The framework's tables this database does not have, so the parts
     /// above that read them are left empty, not measured, and their
-    /// thresholds cannot be exceeded. On MariaDB always `saga_state` (the
-    /// sagas' operator reads are PostgreSQL-only so far: [`Self::sagas`] is
-    /// empty), and, on a
-    /// schema migrated before MySQL migrations 0004 and 0005,
-    /// `processed_event` and `consumer_dead_letter`
-    /// ([`Self::consumer_dead_letters`] empty) and `inbox_event`
-    /// ([`Self::inbox`] all zeros, [`Self::inbox_unclaimed`] empty) until
-    /// `outbox migrate`. Empty on PostgreSQL (and then left out of the
-    /// JSON).
+    /// thresholds cannot be exceeded: on MariaDB, a schema migrated before
+    /// MySQL migrations 0004, 0005 and 0006 lacks `processed_event` and
+    /// `consumer_dead_letter` ([`Self::consumer_dead_letters`] empty),
+    /// `inbox_event` ([`Self::inbox`] all zeros, [`Self::inbox_unclaimed`]
+    /// empty) and `saga_state` ([`Self::sagas`] empty) until `outbox
+    /// migrate`. Empty on PostgreSQL and on a migrated MariaDB (and then
+    /// left out of the JSON).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_on_this_database: Vec<&'static str>,
 }
@@ -188,9 +186,8 @@ pub struct TableSize {
 
 /// Reads the status of the framework's tables, with up to `sample` example
 /// rows of each problem list: on a `&PgPool`, or (feature `mysql`) a
-/// `&MySqlPool`, where the tables it lacks (`saga_state`, and the consumer
-/// tables of a schema migrated before them) are listed in
-/// [`Status::not_on_this_database`] instead.
+/// `&MySqlPool`, where the consumer tables of a schema migrated before them
+/// are listed in [`Status::not_on_this_database`] instead.
 pub async fn collect<'a>(
     database: impl Into<Database<'a>>,
     sample: i64,

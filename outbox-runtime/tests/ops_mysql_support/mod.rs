@@ -313,3 +313,99 @@ pub(crate) async fn lock_where(scratch: &MySqlScratch, sql: &str) -> MySqlConnec
     assert_eq!(locked.len(), 1, "{sql}");
     conn
 }
+
+/// A `saga_state` row to insert as MariaDB's saga runtime writes one (type
+/// and id as UTF-8 bytes, state and compensations as JSON text, times in
+/// UTC); ages are seconds before the database's clock.
+#[derive(Debug, Clone)]
+pub(crate) struct SagaRow {
+    pub saga_type: String,
+    pub saga_id: String,
+    pub status: &'static str,
+    pub state: serde_json::Value,
+    /// Stored compensations: `(event_type, topic, partition_key)` each, in
+    /// registration order.
+    pub compensations: Vec<(&'static str, &'static str, String)>,
+    pub version: i64,
+    pub last_message_type: Option<&'static str>,
+    pub started_ago: i64,
+    pub updated_ago: i64,
+    pub finished_ago: Option<i64>,
+}
+
+impl SagaRow {
+    /// A running saga whose last step was `updated_ago` seconds ago.
+    pub(crate) fn running(saga_type: &str, saga_id: &str, updated_ago: i64) -> Self {
+        Self {
+            saga_type: saga_type.to_owned(),
+            saga_id: saga_id.to_owned(),
+            status: "running",
+            state: serde_json::json!({ "id": saga_id, "stage": "waiting" }),
+            compensations: Vec::new(),
+            version: 2,
+            last_message_type: Some("StockReserved"),
+            started_ago: updated_ago + 60,
+            updated_ago,
+            finished_ago: None,
+        }
+    }
+
+    /// A saga that ended (`completed` or `compensated`) with its last step
+    /// `finished_ago` seconds ago.
+    pub(crate) fn finished(
+        saga_type: &str,
+        saga_id: &str,
+        status: &'static str,
+        finished_ago: i64,
+    ) -> Self {
+        Self {
+            status,
+            finished_ago: Some(finished_ago),
+            ..Self::running(saga_type, saga_id, finished_ago)
+        }
+    }
+
+    /// Inserts the row; returns the event ids given to its compensations
+    /// and its `last_event_id`.
+    pub(crate) async fn insert(&self, pool: &MySqlPool) -> (Vec<Uuid>, Uuid) {
+        let mut ids = Vec::new();
+        let compensations: Vec<serde_json::Value> = self
+            .compensations
+            .iter()
+            .map(|(event_type, topic, key)| {
+                let event_id = Uuid::new_v4();
+                ids.push(event_id);
+                // The shape the saga runtime stores (saga::store::records_to_json).
+                serde_json::json!({
+                    "event_id": event_id, "aggregate_type": "Order", "aggregate_id": self.saga_id,
+                    "event_type": event_type, "topic": topic, "partition_key": key,
+                    "traceparent": null, "payload": { "event_id": event_id },
+                })
+            })
+            .collect();
+        let last_event_id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO saga_state (saga_type, saga_id, status, state, compensations, version,
+                 last_message_type, last_event_id, started_at, updated_at, finished_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?,
+                 UTC_TIMESTAMP(6) - INTERVAL ? SECOND,
+                 UTC_TIMESTAMP(6) - INTERVAL ? SECOND,
+                 UTC_TIMESTAMP(6) - INTERVAL ? SECOND)",
+        )
+        .bind(self.saga_type.as_bytes())
+        .bind(self.saga_id.as_bytes())
+        .bind(self.status)
+        .bind(self.state.to_string())
+        .bind(serde_json::Value::Array(compensations).to_string())
+        .bind(self.version)
+        .bind(self.last_message_type)
+        .bind(last_event_id)
+        .bind(self.started_ago)
+        .bind(self.updated_ago)
+        .bind(self.finished_ago)
+        .execute(pool)
+        .await
+        .unwrap();
+        (ids, last_event_id)
+    }
+}

@@ -1,7 +1,7 @@
 //! Retention on MariaDB (feature `mysql`): published and discarded
 //! `outbox_event` rows, `processed_event` dedup rows (MySQL migration
-//! 0004), processed and discarded `inbox_event` rows (0005); finished
-//! sagas not yet.
+//! 0004), processed and discarded `inbox_event` rows (0005), finished
+//! sagas (`saga_state`, 0006).
 //!
 //! One batch is three statements. A plain read (no locks) chooses the next
 //! `batch_size` eligible rows, walking an index from where the previous
@@ -16,7 +16,15 @@
 //! - inbox rows group by group on `ix_inbox_event_group_processed
 //!   (consumer_group, processed, processed_at)`: processed ones in
 //!   `(processed_at, event_id)` order below the cutoff, discarded ones by
-//!   event id among the group's unprocessed rows.
+//!   event id among the group's unprocessed rows;
+//! - finished sagas in `(finished_at, saga_type, saga_id)` order on
+//!   `ix_saga_state_finished (finished_at)` (the primary key completes
+//!   it; running sagas, `finished_at` NULL, are its head, before any
+//!   cutoff).
+//!
+//! Every walk's position is the whole of its order, primary key included,
+//! so no batch passes over a row that shares a part of its key with the
+//! previous batch's last row (an event id in two consumer groups, say).
 //!
 //! Then one `READ COMMITTED` transaction locks those rows by primary key
 //! (forced: on a small table the optimizer would rather scan it all,
@@ -32,10 +40,10 @@ use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 use uuid::Uuid;
 
-use super::{Target, TargetSql};
+use super::Target;
 use crate::ops::OpsError;
 use crate::ops::database::{
-    JSON_KEYS, begin_mysql, inbox_groups, json_ids, json_keys, push_groups,
+    JSON_KEYS, begin_mysql, hex, inbox_groups, json_ids, json_keys, push_groups,
 };
 
 /// Where a MariaDB pass stopped: the last row of the previous batch.
@@ -60,6 +68,12 @@ pub(super) enum Position {
         processed_at: Option<DateTime<Utc>>,
         event_id: Uuid,
     },
+    /// A finished saga.
+    Saga {
+        finished_at: DateTime<Utc>,
+        saga_type: Vec<u8>,
+        saga_id: Vec<u8>,
+    },
 }
 
 /// What one batch did.
@@ -74,30 +88,26 @@ pub(super) struct Batch {
 }
 
 /// The table and condition of `target` on this database (alias `t`, `?`
-/// the cutoff), or the error for a table it does not have.
-fn condition(target: Target) -> Result<(&'static str, &'static str), OpsError> {
+/// the cutoff).
+fn condition(target: Target) -> (&'static str, &'static str) {
     match target {
-        Target::PublishedOutbox => {
-            Ok(("outbox_event", "t.published_at < ? AND t.parked_at IS NULL"))
-        }
+        Target::PublishedOutbox => ("outbox_event", "t.published_at < ? AND t.parked_at IS NULL"),
         // A discarded row is always parked, and never published.
-        Target::DiscardedOutbox => Ok((
+        Target::DiscardedOutbox => (
             "outbox_event",
             "t.discarded_at < ? AND t.published_at IS NULL AND t.parked_at IS NOT NULL",
-        )),
-        Target::ProcessedEvent => Ok(("processed_event", "t.processed_at < ?")),
-        Target::ProcessedInbox => Ok(("inbox_event", "t.processed = TRUE AND t.processed_at < ?")),
+        ),
+        Target::ProcessedEvent => ("processed_event", "t.processed_at < ?"),
+        Target::ProcessedInbox => ("inbox_event", "t.processed = TRUE AND t.processed_at < ?"),
         // A discarded row is always parked: saying so keeps a row that
         // was (wrongly) made pending again, which its key's entry in
         // `inbox_key` may point at.
-        Target::DiscardedInbox => Ok((
+        Target::DiscardedInbox => (
             "inbox_event",
             "t.discarded_at < ? AND t.processed = FALSE AND t.parked_at IS NOT NULL",
-        )),
-        Target::FinishedSaga => {
-            let TargetSql { table, .. } = target.sql();
-            Err(OpsError::PostgresOnly { table })
-        }
+        ),
+        // A running saga has no `finished_at`.
+        Target::FinishedSaga => ("saga_state", "t.finished_at < ?"),
     }
 }
 
@@ -109,16 +119,12 @@ fn push_condition(query: &mut QueryBuilder<MySql>, condition: &str, cutoff: Date
     query.push(before).push_bind(cutoff).push(after);
 }
 
-pub(super) fn check(target: Target) -> Result<(), OpsError> {
-    condition(target).map(|_| ())
-}
-
 pub(super) async fn count(
     pool: &MySqlPool,
     target: Target,
     cutoff: DateTime<Utc>,
 ) -> Result<i64, OpsError> {
-    let (table, condition) = condition(target)?;
+    let (table, condition) = condition(target);
     let mut query = QueryBuilder::<MySql>::new("SELECT COUNT(*) FROM ");
     if table == "inbox_event" {
         // Each group's rows of the target only, through the index.
@@ -140,9 +146,10 @@ pub(super) async fn step(
     batch_size: i64,
     after: Option<&Position>,
 ) -> Result<Batch, OpsError> {
-    let (table, condition) = condition(target)?;
+    let (table, condition) = condition(target);
     match table {
         "outbox_event" => step_outbox(pool, target, condition, cutoff, batch_size, after).await,
+        "saga_state" => step_sagas(pool, condition, cutoff, batch_size, after).await,
         _ => step_keyed(pool, target, table, condition, cutoff, batch_size, after).await,
     }
 }
@@ -431,4 +438,119 @@ async fn choose_inbox(
         chosen.extend(rows);
     }
     Ok(chosen)
+}
+
+/// A chosen finished saga: `(saga_type, saga_id, finished_at)`.
+type ChosenSaga = (Vec<u8>, Vec<u8>, DateTime<Utc>);
+
+/// The rows of a [`json_pairs`] list of saga keys (alias `f`, columns `g`
+/// the type and `e` the id, in hexadecimal): join on `t.saga_type =
+/// UNHEX(f.g) AND t.saga_id = UNHEX(f.e)`.
+const JSON_SAGA_KEYS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (
+             g VARCHAR(510) CHARACTER SET ascii PATH '$[0]',
+             e VARCHAR(2048) CHARACTER SET ascii PATH '$[1]')) f";
+
+/// Saga keys `(saga_type, saga_id)` as a JSON array of hexadecimal pairs,
+/// for [`JSON_SAGA_KEYS`].
+fn json_pairs<'a>(keys: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> String {
+    let pairs: Vec<[String; 2]> = keys
+        .into_iter()
+        .map(|(saga_type, saga_id)| [hex(saga_type), hex(saga_id)])
+        .collect();
+    serde_json::to_string(&pairs).expect("strings serialize")
+}
+
+/// A batch of finished sagas: chosen in `(finished_at, saga_type,
+/// saga_id)` order after `after`, locked by primary key `SKIP LOCKED`
+/// (a saga whose step holds its row, even one the finished saga ignores,
+/// is left to a later run) and deleted.
+async fn step_sagas(
+    pool: &MySqlPool,
+    condition: &str,
+    cutoff: DateTime<Utc>,
+    batch_size: i64,
+    after: Option<&Position>,
+) -> Result<Batch, OpsError> {
+    let mut query = QueryBuilder::<MySql>::new(
+        "SELECT t.saga_type, t.saga_id, t.finished_at
+         FROM saga_state t FORCE INDEX (ix_saga_state_finished)
+         WHERE ",
+    );
+    push_condition(&mut query, condition, cutoff);
+    if let Some(Position::Saga {
+        finished_at,
+        saga_type,
+        saga_id,
+    }) = after
+    {
+        query
+            .push(" AND (t.finished_at > ")
+            .push_bind(*finished_at)
+            .push(" OR (t.finished_at = ")
+            .push_bind(*finished_at)
+            .push(" AND (t.saga_type > ")
+            .push_bind(saga_type.as_slice())
+            .push(" OR (t.saga_type = ")
+            .push_bind(saga_type.as_slice())
+            .push(" AND t.saga_id > ")
+            .push_bind(saga_id.as_slice())
+            .push("))))");
+    }
+    query
+        .push(" ORDER BY t.finished_at, t.saga_type, t.saga_id LIMIT ")
+        .push_bind(batch_size);
+    let chosen: Vec<ChosenSaga> = query.build_query_as().fetch_all(pool).await?;
+    let Some((saga_type, saga_id, finished_at)) = chosen.last().cloned() else {
+        return Ok(Batch {
+            chosen: 0,
+            deleted: 0,
+            last: None,
+        });
+    };
+    // Locked in primary-key order.
+    let mut keys: Vec<(&[u8], &[u8])> = chosen
+        .iter()
+        .map(|(t, i, _)| (t.as_slice(), i.as_slice()))
+        .collect();
+    keys.sort_unstable();
+    let mut tx = begin_mysql(pool).await?;
+    let locked: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT t.saga_type, t.saga_id
+         FROM {JSON_SAGA_KEYS}
+              STRAIGHT_JOIN saga_state t FORCE INDEX (PRIMARY)
+              ON t.saga_type = UNHEX(f.g) AND t.saga_id = UNHEX(f.e)
+         WHERE {condition}
+         FOR UPDATE SKIP LOCKED"
+    )))
+    .bind(json_pairs(keys))
+    .bind(cutoff)
+    .fetch_all(&mut *tx)
+    .await?;
+    let deleted = if locked.is_empty() {
+        0
+    } else {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE t FROM {JSON_SAGA_KEYS}
+                 STRAIGHT_JOIN saga_state t FORCE INDEX (PRIMARY)
+                 ON t.saga_type = UNHEX(f.g) AND t.saga_id = UNHEX(f.e)
+             WHERE {condition}"
+        )))
+        .bind(json_pairs(
+            locked.iter().map(|(t, i)| (t.as_slice(), i.as_slice())),
+        ))
+        .bind(cutoff)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+    };
+    tx.commit().await?;
+    Ok(Batch {
+        chosen: chosen.len() as i64,
+        deleted,
+        last: Some(Position::Saga {
+            finished_at,
+            saga_type,
+            saga_id,
+        }),
+    })
 }

@@ -16,9 +16,8 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 
-use crate::ops::OpsError;
+use crate::ops::{Database, OpsError};
 
 /// How long one metadata, watermark or offset request may take.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,15 +66,29 @@ pub struct Handover {
 
 impl Handover {
     /// The hand-over recorded by run `run_id`, or `None` if that run was not
-    /// a rebuild (or does not exist).
-    pub async fn load(pool: &PgPool, run_id: i64) -> Result<Option<Self>, OpsError> {
-        let recorded: Option<Option<serde_json::Value>> =
-            sqlx::query_scalar("SELECT handover FROM outbox_replay_run WHERE id = $1")
-                .bind(run_id)
-                .fetch_optional(pool)
-                .await?;
+    /// a rebuild (or does not exist); on a `&PgPool` or (feature `mysql`) a
+    /// `&MySqlPool`.
+    pub async fn load<'a>(
+        database: impl Into<Database<'a>>,
+        run_id: i64,
+    ) -> Result<Option<Self>, OpsError> {
+        let recorded: Option<serde_json::Value> = match database.into() {
+            Database::Postgres(pool) => {
+                sqlx::query_scalar("SELECT handover FROM outbox_replay_run WHERE id = $1")
+                    .bind(run_id)
+                    .fetch_optional(pool)
+                    .await?
+                    .flatten()
+            }
+            #[cfg(feature = "mysql")]
+            Database::MySql(pool) => super::mysql::load_handover(pool, run_id)
+                .await?
+                .flatten()
+                .map(|text| serde_json::from_str(&text))
+                .transpose()
+                .map_err(|source| OpsError::UnreadableHandover { run_id, source })?,
+        };
         recorded
-            .flatten()
             .map(|value| {
                 serde_json::from_value(value)
                     .map_err(|source| OpsError::UnreadableHandover { run_id, source })

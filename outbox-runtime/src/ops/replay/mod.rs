@@ -66,6 +66,22 @@
 //! for their whole duration. The live consumers are not affected: nothing is
 //! sent to the live topic, and the relay is not held.
 //!
+//! # On MariaDB
+//!
+//! Both modes run on a `&MySqlPool` too (feature `mysql`, MySQL migration
+//! 0007 for `outbox_replay_run`; SQL in the child module `mysql`), with the
+//! same selection, records, hand-over and guarantees. The rebuild's
+//! snapshot is an InnoDB read view: `SET TRANSACTION ISOLATION LEVEL
+//! REPEATABLE READ` and `START TRANSACTION WITH CONSISTENT SNAPSHOT, READ
+//! ONLY` on a connection of its own, sent after the end offsets were read
+//! (the read view is created by that statement, and sees every transaction
+//! committed before it, so every row the relay had claimed), held for the
+//! whole run and closed with its connection. Its price on InnoDB: the purge
+//! of undo history is held back for as long (the history list grows with
+//! every row the relay marks and every write of the service, as PostgreSQL's
+//! dead row versions do), and the run's own reads of rows changed since its
+//! snapshot rebuild their old versions from that undo.
+//!
 //! Limits: a row pending at `S` that the relay later parks is in the rebuild
 //! though live consumers never received it (until an operator retries it);
 //! records in the live topic that did not come from this outbox are seen
@@ -123,11 +139,13 @@ use serde::Serialize;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::OpsError;
+use super::{Database, OpsError};
 use crate::wire::cloudevents::CloudEvents;
 use crate::wire::encode::HeaderNames;
 
 mod handover;
+#[cfg(feature = "mysql")]
+mod mysql;
 
 pub use handover::{Handover, PartitionOffset};
 use txoutbox_core::wire::HEADER_REPLAY;
@@ -174,14 +192,19 @@ impl Mode {
         }
     }
 
+    /// The rows the mode considers (alias `t`), on either database.
+    fn state(self) -> &'static str {
+        match self {
+            Mode::Republish => "t.published_at IS NOT NULL",
+            Mode::Rebuild => "t.parked_at IS NULL AND t.discarded_at IS NULL",
+        }
+    }
+
     /// The selection, with parameters `$1`..`$6` from the filter and `$7` the
     /// highest id the run considers (so a run ends even while events keep
     /// coming).
     fn selection(self) -> String {
-        let state = match self {
-            Mode::Republish => "t.published_at IS NOT NULL",
-            Mode::Rebuild => "t.parked_at IS NULL AND t.discarded_at IS NULL",
-        };
+        let state = self.state();
         format!(
             "FROM outbox_event t
              WHERE {state} AND t.id <= $7
@@ -216,15 +239,27 @@ impl ReplayFilter {
 }
 
 /// How many published events `filter` selects now (what a republish run
-/// would send; [`Replay::count`] counts for either mode).
-pub async fn count(pool: &PgPool, filter: &ReplayFilter) -> Result<i64, OpsError> {
-    count_of(pool, filter, Mode::Republish).await
+/// would send; [`Replay::count`] counts for either mode), on a `&PgPool` or
+/// (feature `mysql`) a `&MySqlPool`.
+pub async fn count<'a>(
+    database: impl Into<Database<'a>>,
+    filter: &ReplayFilter,
+) -> Result<i64, OpsError> {
+    count_of(database.into(), filter, Mode::Republish).await
 }
 
-async fn count_of(pool: &PgPool, filter: &ReplayFilter, mode: Mode) -> Result<i64, OpsError> {
-    let sql = format!("SELECT count(*) {}", mode.selection());
-    let (count,): (i64,) = filter.query(sql, i64::MAX).fetch_one(pool).await?;
-    Ok(count)
+async fn count_of(
+    database: Database<'_>,
+    filter: &ReplayFilter,
+    mode: Mode,
+) -> Result<i64, OpsError> {
+    // The pool, whatever the mode: a count needs no snapshot of its own.
+    let mut source = match database {
+        Database::Postgres(pool) => Source::Postgres(PgSource::Pool(pool)),
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => Source::MySql(mysql::Source::Pool(pool)),
+    };
+    source.count(filter, mode, i64::MAX).await
 }
 
 /// One outbox row as it is replayed.
@@ -301,11 +336,99 @@ pub struct ReplayReport {
 /// Where a run reads its rows: the pool (a snapshot per page), or one
 /// snapshot for the whole run.
 enum Source<'p> {
+    Postgres(PgSource<'p>),
+    #[cfg(feature = "mysql")]
+    MySql(mysql::Source<'p>),
+}
+
+/// [`Source`] on PostgreSQL.
+enum PgSource<'p> {
     Pool(&'p PgPool),
     Snapshot(Transaction<'static, Postgres>),
 }
 
-impl Source<'_> {
+impl<'p> Source<'p> {
+    /// The source of a run of `mode`: for a rebuild, its one snapshot,
+    /// taken now (after the end offsets were read).
+    async fn open(database: Database<'p>, mode: Mode) -> Result<Self, OpsError> {
+        Ok(match (database, mode) {
+            (Database::Postgres(pool), Mode::Republish) => Source::Postgres(PgSource::Pool(pool)),
+            (Database::Postgres(pool), Mode::Rebuild) => {
+                Source::Postgres(PgSource::Snapshot(snapshot(pool).await?))
+            }
+            #[cfg(feature = "mysql")]
+            (Database::MySql(pool), mode) => Source::MySql(mysql::Source::open(pool, mode).await?),
+        })
+    }
+
+    /// The highest `outbox_event.id` the source sees (0 for none).
+    async fn max_id(&mut self) -> Result<i64, OpsError> {
+        match self {
+            Source::Postgres(source) => {
+                let max_id: Option<i64> = source
+                    .fetch(sqlx::query_as::<_, (Option<i64>,)>(
+                        "SELECT max(id) FROM outbox_event",
+                    ))
+                    .await?
+                    .pop()
+                    .and_then(|(id,)| id);
+                Ok(max_id.unwrap_or(0))
+            }
+            #[cfg(feature = "mysql")]
+            Source::MySql(source) => source.max_id().await,
+        }
+    }
+
+    /// How many rows of `mode` up to `max_id` the filter selects.
+    async fn count(
+        &mut self,
+        filter: &ReplayFilter,
+        mode: Mode,
+        max_id: i64,
+    ) -> Result<i64, OpsError> {
+        match self {
+            Source::Postgres(source) => {
+                let sql = format!("SELECT count(*) {}", mode.selection());
+                Ok(source
+                    .fetch::<(i64,)>(filter.query(sql, max_id))
+                    .await?
+                    .pop()
+                    .map_or(0, |(n,)| n))
+            }
+            #[cfg(feature = "mysql")]
+            Source::MySql(source) => source.count(filter, mode, max_id).await,
+        }
+    }
+
+    /// The next `limit` selected rows after id `after`, in id order.
+    async fn page(
+        &mut self,
+        filter: &ReplayFilter,
+        mode: Mode,
+        max_id: i64,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<Row>, OpsError> {
+        match self {
+            Source::Postgres(source) => {
+                let sql = format!(
+                    "SELECT t.id, t.event_id, t.aggregate_type, t.aggregate_id, t.event_type,
+                            t.payload::text AS payload, t.topic, t.partition_key, t.traceparent,
+                            t.headers::text AS headers, t.created_at
+                     {} AND t.id > $8 ORDER BY t.id LIMIT $9",
+                    mode.selection()
+                );
+                Ok(source
+                    .fetch(filter.query(sql, max_id).bind(after).bind(limit as i64))
+                    .await?)
+            }
+            #[cfg(feature = "mysql")]
+            Source::MySql(source) => source.page(filter, mode, max_id, after, limit).await,
+        }
+    }
+}
+
+impl PgSource<'_> {
     async fn fetch<O>(
         &mut self,
         query: sqlx::query::QueryAs<'_, Postgres, O, sqlx::postgres::PgArguments>,
@@ -314,9 +437,105 @@ impl Source<'_> {
         O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
     {
         match self {
-            Source::Pool(pool) => query.fetch_all(*pool).await,
-            Source::Snapshot(tx) => query.fetch_all(&mut **tx).await,
+            PgSource::Pool(pool) => query.fetch_all(*pool).await,
+            PgSource::Snapshot(tx) => query.fetch_all(&mut **tx).await,
         }
+    }
+}
+
+/// A run's row in `outbox_replay_run`, as it starts.
+struct RunStart<'a> {
+    filter: serde_json::Value,
+    target_topic: Option<&'a str>,
+    selected: i64,
+    mode: Mode,
+    group: Option<&'a str>,
+    handover: Option<serde_json::Value>,
+}
+
+/// Records a run's start in `outbox_replay_run`; returns its id.
+async fn record_start(database: Database<'_>, run: &RunStart<'_>) -> Result<i64, OpsError> {
+    match database {
+        Database::Postgres(pool) => record_start_postgres(pool, run).await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::record_start(pool, run).await,
+    }
+}
+
+async fn record_start_postgres(pool: &PgPool, run: &RunStart<'_>) -> Result<i64, OpsError> {
+    let (run_id,): (i64,) = sqlx::query_as(
+        "INSERT INTO outbox_replay_run (filter, target_topic, selected, mode, rebuild_group,
+                                        handover)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+    )
+    .bind(&run.filter)
+    .bind(run.target_topic)
+    .bind(run.selected)
+    .bind(run.mode.name())
+    .bind(run.group)
+    .bind(&run.handover)
+    .fetch_one(pool)
+    .await?;
+    Ok(run_id)
+}
+
+/// Records how many events run `run_id` delivered so far.
+async fn record_progress(
+    database: Database<'_>,
+    run_id: i64,
+    published: u64,
+) -> Result<(), OpsError> {
+    match database {
+        Database::Postgres(pool) => {
+            sqlx::query("UPDATE outbox_replay_run SET published = $2 WHERE id = $1")
+                .bind(run_id)
+                .bind(published as i64)
+                .execute(pool)
+                .await?;
+        }
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => mysql::record_progress(pool, run_id, published).await?,
+    }
+    Ok(())
+}
+
+/// Records the end of run `run_id`: when, what it delivered, its error and
+/// its hand-over.
+async fn record_end(
+    database: Database<'_>,
+    run_id: i64,
+    published: u64,
+    error: Option<String>,
+    handover: Option<serde_json::Value>,
+) -> Result<(), OpsError> {
+    match database {
+        Database::Postgres(pool) => {
+            sqlx::query(
+                "UPDATE outbox_replay_run
+                 SET finished_at = now(), published = $2, error = $3, handover = $4
+                 WHERE id = $1",
+            )
+            .bind(run_id)
+            .bind(published as i64)
+            .bind(error)
+            .bind(handover)
+            .execute(pool)
+            .await?;
+        }
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => {
+            mysql::record_end(pool, run_id, published, error, handover).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The name of the database the run reads (the default CloudEvents source).
+fn database_name(database: Database<'_>) -> Option<String> {
+    match database {
+        Database::Postgres(pool) => pool.connect_options().get_database().map(str::to_owned),
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => pool.connect_options().get_database().map(str::to_owned),
     }
 }
 
@@ -374,7 +593,9 @@ impl Replay {
     /// `replay_topic` must be another topic that exists (any partition
     /// count; the key decides the partition, so each key stays in order).
     /// The run holds one connection of the pool for its snapshot and records
-    /// its progress through another: the pool needs at least two.
+    /// its progress through another: the pool needs at least two. On
+    /// MariaDB the snapshot's connection is closed after the run, not
+    /// returned to the pool.
     pub fn rebuild(mut self, replay_topic: impl Into<String>) -> Self {
         self.target_topic = Some(replay_topic.into());
         self.mode = Mode::Rebuild;
@@ -405,21 +626,25 @@ impl Replay {
     }
 
     /// How many events this run would select now (published ones, or for a
-    /// rebuild those not parked nor discarded).
-    pub async fn count(&self, pool: &PgPool) -> Result<i64, OpsError> {
-        count_of(pool, &self.filter, self.mode).await
+    /// rebuild those not parked nor discarded), on a `&PgPool` or (feature
+    /// `mysql`) a `&MySqlPool`.
+    pub async fn count<'a>(&self, database: impl Into<Database<'a>>) -> Result<i64, OpsError> {
+        count_of(database.into(), &self.filter, self.mode).await
     }
 
     /// Replays the selected events through `producer`, calling `on_progress`
     /// with the number delivered by each batch. The run is recorded in
     /// `outbox_replay_run` whether it succeeds or not (a rebuild refused
-    /// before it starts, e.g. for a missing topic, is not).
-    pub async fn run(
+    /// before it starts, e.g. for a missing topic, is not). The database is
+    /// a `&PgPool` or (feature `mysql`) a `&MySqlPool`, with the same
+    /// selection, records and hand-over on both.
+    pub async fn run<'a>(
         &self,
-        pool: &PgPool,
+        database: impl Into<Database<'a>>,
         producer: &FutureProducer,
         mut on_progress: impl FnMut(u64),
     ) -> Result<ReplayReport, OpsError> {
+        let database = database.into();
         if let Some(problem) = self.header_names.problem() {
             return Err(OpsError::HeaderNames(problem));
         }
@@ -431,21 +656,21 @@ impl Replay {
             cloudevents: Some(
                 cloudevents
                     .clone()
-                    .resolved(pool.connect_options().get_database()),
+                    .resolved(database_name(database).as_deref()),
             ),
             ..self.clone()
         });
         resolved
             .as_ref()
             .unwrap_or(self)
-            .run_checked(pool, producer, &mut on_progress)
+            .run_checked(database, producer, &mut on_progress)
             .await
     }
 
     /// [`run`](Self::run) once the settings are checked.
     async fn run_checked(
         &self,
-        pool: &PgPool,
+        database: Database<'_>,
         producer: &FutureProducer,
         on_progress: &mut impl FnMut(u64),
     ) -> Result<ReplayReport, OpsError> {
@@ -455,39 +680,23 @@ impl Replay {
             Mode::Republish => None,
             Mode::Rebuild => Some(self.positions(producer).await?),
         };
-        let mut source = match self.mode {
-            Mode::Republish => Source::Pool(pool),
-            Mode::Rebuild => Source::Snapshot(snapshot(pool).await?),
-        };
-        let max_id_sql = "SELECT max(id) FROM outbox_event";
-        let max_id: Option<i64> = source
-            .fetch(sqlx::query_as::<_, (Option<i64>,)>(max_id_sql))
-            .await?
-            .pop()
-            .and_then(|(id,)| id);
-        let max_id = max_id.unwrap_or(0);
-        let count_sql = format!("SELECT count(*) {}", self.mode.selection());
-        let selected = source
-            .fetch::<(i64,)>(self.filter.query(count_sql, max_id))
-            .await?
-            .pop()
-            .map_or(0, |(n,)| n);
+        let mut source = Source::open(database, self.mode).await?;
+        let max_id = source.max_id().await?;
+        let selected = source.count(&self.filter, self.mode, max_id).await?;
         if let Some(handover) = &mut handover {
             handover.snapshot_max_id = max_id;
         }
-        let filter = serde_json::to_value(&self.filter).expect("a filter serializes");
-        let (run_id,): (i64,) = sqlx::query_as(
-            "INSERT INTO outbox_replay_run (filter, target_topic, selected, mode, rebuild_group,
-                                            handover)
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        let run_id = record_start(
+            database,
+            &RunStart {
+                filter: serde_json::to_value(&self.filter).expect("a filter serializes"),
+                target_topic: self.target_topic.as_deref(),
+                selected,
+                mode: self.mode,
+                group: self.group.as_ref().map(|(group, _)| group.as_str()),
+                handover: handover.as_ref().map(to_json),
+            },
         )
-        .bind(filter)
-        .bind(self.target_topic.as_deref())
-        .bind(selected)
-        .bind(self.mode.name())
-        .bind(self.group.as_ref().map(|(group, _)| group.as_str()))
-        .bind(handover.as_ref().map(to_json))
-        .fetch_one(pool)
         .await?;
 
         let mut sent = Sent::default();
@@ -496,7 +705,7 @@ impl Replay {
                 handover.start_group(kafka, group).await?;
             }
             self.publish(
-                pool,
+                database,
                 &mut source,
                 producer,
                 run_id,
@@ -512,16 +721,13 @@ impl Replay {
             handover.replay_end = Some(sent.ends(&handover.replay_start));
         }
         let error = outcome.as_ref().err().map(ToString::to_string);
-        let recorded = sqlx::query(
-            "UPDATE outbox_replay_run
-             SET finished_at = now(), published = $2, error = $3, handover = $4
-             WHERE id = $1",
+        let recorded = record_end(
+            database,
+            run_id,
+            sent.delivered,
+            error,
+            handover.as_ref().map(to_json),
         )
-        .bind(run_id)
-        .bind(sent.delivered as i64)
-        .bind(error)
-        .bind(handover.as_ref().map(to_json))
-        .execute(pool)
         .await;
         match outcome {
             Ok(()) => {
@@ -566,7 +772,7 @@ impl Replay {
     #[allow(clippy::too_many_arguments)] // the run's state, passed down once
     async fn publish(
         &self,
-        pool: &PgPool,
+        database: Database<'_>,
         source: &mut Source<'_>,
         producer: &FutureProducer,
         run_id: i64,
@@ -580,24 +786,12 @@ impl Replay {
             Some(rate) => self.batch_size.min(rate.ceil() as usize).max(1),
             None => self.batch_size,
         };
-        let sql = format!(
-            "SELECT t.id, t.event_id, t.aggregate_type, t.aggregate_id, t.event_type,
-                    t.payload::text AS payload, t.topic, t.partition_key, t.traceparent,
-                    t.headers::text AS headers, t.created_at
-             {} AND t.id > $8 ORDER BY t.id LIMIT $9",
-            self.mode.selection()
-        );
         let run = run_id.to_string();
         let started = Instant::now();
         let mut after = 0_i64;
         loop {
-            let rows: Vec<Row> = source
-                .fetch(
-                    self.filter
-                        .query(sql.clone(), max_id)
-                        .bind(after)
-                        .bind(page as i64),
-                )
+            let rows = source
+                .page(&self.filter, self.mode, max_id, after, page)
                 .await?;
             let Some(last) = rows.last() else { break };
             after = last.id;
@@ -605,11 +799,7 @@ impl Replay {
             let outcome = self.send_batch(producer, &rows, &run, sent).await;
             on_progress(sent.delivered - before);
             outcome?;
-            sqlx::query("UPDATE outbox_replay_run SET published = $2 WHERE id = $1")
-                .bind(run_id)
-                .bind(sent.delivered as i64)
-                .execute(pool)
-                .await?;
+            record_progress(database, run_id, sent.delivered).await?;
             if rows.len() < page {
                 break;
             }

@@ -2,10 +2,10 @@
 //! parked and discarded rows, the inbox's alike (MySQL migration 0005), its
 //! keys no running processor claims, the dead letters their topic refused
 //! (`consumer_dead_letter`, MySQL migration 0004), the sizes of the tables,
-//! and the live relays with the lanes they hold. Sagas are not read here
-//! yet, nor are the consumer tables of a schema migrated before them: they
-//! are named in [`Status::not_on_this_database`] and their parts are left
-//! empty.
+//! the live relays with the lanes they hold, and the sagas per type
+//! (`saga_state`, MySQL migration 0006). The consumer tables of a schema
+//! migrated before them are named in [`Status::not_on_this_database`] and
+//! their parts are left empty.
 //!
 //! Every statement is a plain read (no locks). A relay member is live while
 //! its session holds the member lock `obx:<database>:m<connection id>`; it
@@ -23,13 +23,14 @@ use super::{
     Status, TableSize, TopicBacklog,
 };
 use crate::ops::database::{inbox_groups, push_groups, text};
+use crate::ops::sagas;
 use crate::ops::{OpsError, PARKED_NOT_DISCARDED};
 use crate::relay::{LockNames, NO_SUCH_TABLE, error_number};
 
 /// The framework's tables of the consumer side, in the order
 /// [`Status::not_on_this_database`] names the missing ones: the inbox's
 /// (MySQL migration 0005), the dedup table and the refused dead letters
-/// (0004), and the sagas' (always named: sagas are not read here yet).
+/// (0004), and the sagas' (0006).
 const CONSUMER_TABLES: [&str; 4] = [
     "inbox_event",
     "processed_event",
@@ -78,13 +79,18 @@ pub(super) async fn collect(pool: &MySqlPool, sample: i64) -> Result<Status, Ops
         tables.extend(table_size(pool, "consumer_dead_letter").await?);
     }
     let relays = relays(pool).await?;
+    let sagas = if has("saga_state") {
+        sagas::overview(pool).await?
+    } else {
+        Vec::new()
+    };
     Ok(Status {
         outbox,
         inbox,
         inbox_unclaimed,
         tables,
         relays,
-        sagas: Vec::new(),
+        sagas,
         consumer_dead_letters,
         not_on_this_database: CONSUMER_TABLES
             .into_iter()
@@ -94,17 +100,15 @@ pub(super) async fn collect(pool: &MySqlPool, sample: i64) -> Result<Status, Ops
 }
 
 /// Which of the consumer tables the schema has (none before MySQL
-/// migration 0004), `saga_state` left out.
+/// migration 0004).
 async fn consumer_tables(pool: &MySqlPool) -> Result<Vec<String>, OpsError> {
     let mut query = QueryBuilder::<MySql>::new(
         "SELECT TABLE_NAME FROM information_schema.TABLES
          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (",
     );
     let mut list = query.separated(", ");
-    // Not saga_state: status reads no sagas on this database yet, so they
-    // are named missing whether the table exists or not.
-    for table in CONSUMER_TABLES.iter().filter(|t| **t != "saga_state") {
-        list.push_bind(*table);
+    for table in CONSUMER_TABLES {
+        list.push_bind(table);
     }
     query.push(")");
     Ok(query.build_query_scalar().fetch_all(pool).await?)
