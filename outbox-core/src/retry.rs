@@ -21,10 +21,39 @@ const RETRYABLE_SQLSTATES: [&str; 2] = ["40001", "40P01"];
 /// ```
 pub fn is_transient_error(error: &(dyn std::error::Error + 'static)) -> bool {
     #[cfg(feature = "mysql")]
-    if crate::mysql::is_transient(error) {
+    if is_mysql_lock_failure(error) {
         return true;
     }
     is_serialization_failure(error)
+}
+
+/// MySQL error numbers after which re-running the whole transaction can
+/// succeed: `ER_LOCK_DEADLOCK` (the server rolled the transaction back) and
+/// `ER_LOCK_WAIT_TIMEOUT`.
+#[cfg(feature = "mysql")]
+const MYSQL_TRANSIENT_ERRORS: [u16; 2] = [1213, 1205];
+
+/// Whether `error`, or any error in its `source()` chain, is a MySQL
+/// deadlock or lock wait timeout.
+#[cfg(feature = "mysql")]
+fn is_mysql_lock_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+    use sqlx::mysql::MySqlDatabaseError;
+    let mut current = Some(error);
+    while let Some(error) = current {
+        let number = if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
+            db.try_downcast_ref::<MySqlDatabaseError>()
+                .map(MySqlDatabaseError::number)
+        } else {
+            error
+                .downcast_ref::<MySqlDatabaseError>()
+                .map(MySqlDatabaseError::number)
+        };
+        if number.is_some_and(|number| MYSQL_TRANSIENT_ERRORS.contains(&number)) {
+            return true;
+        }
+        current = error.source();
+    }
+    false
 }
 
 /// Whether `error`, or any error in its `source()` chain, is a PostgreSQL

@@ -118,35 +118,11 @@ pub use unit_of_work::{
     MySqlTransactionSource, MySqlUnitOfWork, RetryingMySqlUnitOfWork, transaction,
 };
 
-use sqlx::mysql::MySqlDatabaseError;
-
-/// MySQL error numbers after which re-running the whole transaction can
-/// succeed: `ER_LOCK_DEADLOCK` (the server rolled the transaction back) and
-/// `ER_LOCK_WAIT_TIMEOUT`.
-const TRANSIENT_ERRORS: [u16; 2] = [1213, 1205];
-
 /// Whether `error`, or any error in its `source()` chain, is a MySQL
-/// deadlock or lock wait timeout (or a serialization failure by SQLSTATE).
+/// deadlock or lock wait timeout (or a serialization failure by SQLSTATE):
+/// [`crate::is_transient_error`], which knows MySQL's error numbers.
 pub(crate) fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
-    if crate::retry::is_serialization_failure(error) {
-        return true;
-    }
-    let mut current = Some(error);
-    while let Some(error) = current {
-        let number = if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
-            db.try_downcast_ref::<MySqlDatabaseError>()
-                .map(MySqlDatabaseError::number)
-        } else {
-            error
-                .downcast_ref::<MySqlDatabaseError>()
-                .map(MySqlDatabaseError::number)
-        };
-        if number.is_some_and(|number| TRANSIENT_ERRORS.contains(&number)) {
-            return true;
-        }
-        current = error.source();
-    }
-    false
+    crate::retry::is_transient_error(error)
 }
 
 /// Checks, with one statement, that `conn` is inside a transaction, so that

@@ -9,7 +9,7 @@ use futures::FutureExt;
 use tracing::Instrument;
 use txoutbox_core::{AfterCommit, Events};
 
-use super::counts::Counts;
+use super::counts::{Counts, FailedCall};
 use super::database::TxRef;
 use super::handler::{CallInput, ErasedHandler, EventMeta, HandlerError};
 use crate::lifecycle::catch;
@@ -84,7 +84,13 @@ impl Calls {
         if lost {
             error = error.into_transient();
         }
-        self.counts.handler_failed(handler, meta, &error, false);
+        self.counts.handler_failed(&FailedCall {
+            handler: handler.name(),
+            event_type: &meta.event_type,
+            event_id: meta.event_id,
+            error: &error,
+            timed_out: false,
+        });
         error
     }
 
@@ -201,8 +207,13 @@ impl Calls {
         .instrument(span)
         .await;
         if let Err(failure) = &result {
-            self.counts
-                .handler_failed(handler, meta, &failure.error, failure.timed_out);
+            self.counts.handler_failed(&FailedCall {
+                handler: handler.name(),
+                event_type: &meta.event_type,
+                event_id: meta.event_id,
+                error: &failure.error,
+                timed_out: failure.timed_out,
+            });
         }
         result
     }

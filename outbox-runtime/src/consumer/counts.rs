@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use super::handler::{ErasedHandler, EventMeta, HandlerError};
 use super::summary::Totals;
 use super::telemetry as m;
 
@@ -67,20 +66,33 @@ impl Counts {
     }
 
     /// A failed handler call (logged with the handler and the event).
-    pub(crate) fn handler_failed(
-        &self,
-        handler: &dyn ErasedHandler,
-        meta: &EventMeta,
-        error: &HandlerError,
-        timed_out: bool,
-    ) {
-        let event_type = meta.event_type.clone();
+    pub(crate) fn handler_failed(&self, failed: &FailedCall<'_>) {
+        let FailedCall {
+            handler,
+            event_type,
+            event_id,
+            error,
+            timed_out,
+        } = *failed;
+        let event_type = event_type.to_owned();
         metrics::counter!(m::HANDLER_ERRORS, "group" => self.group(), "event_type" => event_type.clone())
             .increment(1);
         if timed_out {
             metrics::counter!(m::HANDLER_TIMEOUTS, "group" => self.group(), "event_type" => event_type)
                 .increment(1);
         }
-        tracing::warn!(%error, handler = handler.name(), event_id = %meta.event_id, "handler failed");
+        tracing::warn!(%error, handler, %event_id, "handler failed");
     }
+}
+
+/// A failed handler call, as the counts record it.
+#[derive(Clone, Copy)]
+pub(crate) struct FailedCall<'a> {
+    /// The handler's name.
+    pub(crate) handler: &'a str,
+    pub(crate) event_type: &'a str,
+    pub(crate) event_id: uuid::Uuid,
+    pub(crate) error: &'a dyn std::fmt::Display,
+    /// Abandoned at the handler timeout.
+    pub(crate) timed_out: bool,
 }

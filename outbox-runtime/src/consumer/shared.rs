@@ -30,7 +30,7 @@ pub(crate) struct Shared {
     pub(crate) counts: Counts,
     /// What inbox mode keeps in memory (on MySQL).
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) inbox: super::inbox::State,
+    pub(crate) inbox: InboxState,
 }
 
 impl Shared {
@@ -59,11 +59,24 @@ impl Shared {
             db,
             calls,
             counts,
-            inbox: super::inbox::State::default(),
+            inbox: InboxState::default(),
         }
     }
 
     pub(crate) fn group(&self) -> String {
         self.settings.group_id.clone()
     }
+}
+
+/// What the inbox keeps in memory for the consumer's life.
+#[derive(Default)]
+pub(crate) struct InboxState {
+    /// MySQL: the partitions whose store-lock row this process knows to
+    /// exist in `inbox_store_lock`.
+    #[cfg(feature = "mysql")]
+    pub(crate) known_store_locks: std::sync::Mutex<std::collections::HashSet<(String, i32)>>,
+    /// MySQL: the largest row one insert may carry (from the server's
+    /// `max_allowed_packet`), read before the first store.
+    #[cfg(feature = "mysql")]
+    pub(crate) max_row_bytes: tokio::sync::OnceCell<usize>,
 }

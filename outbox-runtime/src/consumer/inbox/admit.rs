@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use txoutbox_core::MAX_PARTITION_KEY_BYTES;
 
+use super::rows::row_bytes;
 use crate::consumer::handler::ErasedHandler;
 use crate::consumer::message::{Envelope, nul_character};
 use crate::consumer::route::{Admit, Routed};
@@ -112,24 +113,6 @@ impl Admit for IntoInbox {
     fn kept(&self, envelope: Envelope) -> Routed<Envelope> {
         self.storable(envelope)
     }
-}
-
-/// About what a row takes in an insert statement: its text columns, its
-/// headers as JSON, and room for the rest.
-pub(crate) fn row_bytes(envelope: &Envelope) -> usize {
-    let meta = &envelope.meta;
-    // JSON text: an escaped character takes up to six bytes.
-    let headers: usize = meta
-        .headers
-        .iter()
-        .map(|(k, v)| (k.len() + v.len()) * 6 + 8)
-        .sum();
-    envelope.payload.len()
-        + meta.event_type.len()
-        + meta.topic.len()
-        + meta.key.as_ref().map_or(0, String::len)
-        + headers
-        + 256
 }
 
 /// Why the record's key cannot go into the inbox, if it is too long.

@@ -1,40 +1,11 @@
 //! A processor's claim: the heads of due keys and the pending rows behind
 //! them, read into what each row asks for (handle, leave, park).
 
-use std::sync::Arc;
-
-use uuid::Uuid;
-
+use super::rows::{Claim, InboxRow, What};
 use crate::consumer::database::Tx;
-use crate::consumer::handler::{ErasedHandler, EventMeta};
+use crate::consumer::handler::EventMeta;
 use crate::consumer::shared::Shared;
 use crate::wire::dead_letter::DeadLetterReason;
-
-/// What orders inbox rows: their topic and partition key (rows without a key
-/// have no order).
-pub(super) type OrderKey = (String, String);
-
-/// An inbox row as a claim reads it, from either database.
-#[derive(sqlx::FromRow)]
-pub(crate) struct InboxRow {
-    pub(crate) seq: i64,
-    pub(crate) event_id: Uuid,
-    /// The payload's JSON text.
-    pub(crate) payload: String,
-    pub(crate) event_type: Option<String>,
-    pub(crate) topic: Option<String>,
-    pub(crate) partition_key: Option<String>,
-    /// The headers as a JSON object of text values.
-    pub(crate) headers: Option<serde_json::Value>,
-    pub(crate) attempts: i32,
-}
-
-/// How many due keys a claim looks at: room for the batch even when the
-/// processors running alongside (in this process and others) hold a batch of
-/// keys each, which the claim skips.
-pub(super) fn candidate_window(batch: usize) -> i64 {
-    i64::try_from(batch.saturating_mul(8).max(1_000)).unwrap_or(i64::MAX)
-}
 
 /// Claims up to a batch of rows: the heads of due keys and the pending rows
 /// behind each head (its run).
@@ -74,29 +45,6 @@ pub(super) async fn claim(ctx: &Shared, tx: &mut Tx) -> Result<Vec<InboxRow>, sq
             super::mysql::claim_rows(tx, group, &topics, &types, batch, max_bytes).await
         }
     }
-}
-
-/// A claimed row, ready to be handled (or set aside).
-pub(super) struct Claim {
-    /// Its arrival sequence (MySQL moves its key's head from it).
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub seq: i64,
-    pub event_id: Uuid,
-    pub key: Option<OrderKey>,
-    pub attempts: i32,
-    pub payload: String,
-    pub what: What,
-}
-
-/// What a claimed row asks for.
-pub(super) enum What {
-    Handle(Arc<dyn ErasedHandler>, EventMeta),
-    /// No handler here for its event type: left pending (with the rest of
-    /// its key) for a processor that has one, e.g. a newer version of this
-    /// service during a rolling deploy.
-    NotMine,
-    /// Cannot be handled by anyone: parked with this reason.
-    Park(DeadLetterReason, String),
 }
 
 /// Reads a claimed row.

@@ -6,7 +6,8 @@ use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
-use super::claim::{Claim, OrderKey, What, claim, read};
+use super::claim::{claim, read};
+use super::rows::{Claim, FailedRow, OrderKey, Settled, What};
 use crate::consumer::call::HandlerFailure;
 use crate::consumer::database::{Tx, TxFailure};
 use crate::consumer::handler::HandlerError;
@@ -48,25 +49,6 @@ pub(super) struct Recovery {
     /// error: abandoned at the handler timeout, failing transiently too
     /// often, or failing in a transaction that was lost with it.
     charged: HashMap<Uuid, String>,
-}
-
-/// One failed attempt as recorded: `delay_ms` until the next, or `None`
-/// (parked).
-pub(super) struct FailedRow<'a> {
-    pub(super) event_id: Uuid,
-    pub(super) error: &'a str,
-    pub(super) delay_ms: Option<i64>,
-}
-
-/// What a unit of work settled, written at the end of its transaction (the
-/// rows stay locked until then): the statements' input.
-pub(super) struct Settled<'a> {
-    pub(super) processed: &'a [Uuid],
-    /// Failed attempts and parked rows.
-    pub(super) failed: Vec<FailedRow<'a>>,
-    /// Every row the unit claimed (MySQL moves their keys' heads).
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(super) claims: &'a [Claim],
 }
 
 /// What a pass over the claimed rows decided.

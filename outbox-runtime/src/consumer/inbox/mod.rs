@@ -23,6 +23,7 @@ mod handle;
 pub(crate) mod mysql;
 mod postgres;
 mod receipt;
+mod rows;
 pub(crate) mod unclaimed;
 
 use std::sync::Arc;
@@ -37,29 +38,6 @@ use super::shared::Shared;
 pub(crate) use admit::IntoInbox;
 
 pub(crate) use group::Membership;
-
-/// What the inbox keeps in memory for the consumer's life.
-#[derive(Default)]
-pub(crate) struct State {
-    /// MySQL: the partitions whose store-lock row this process knows to
-    /// exist in `inbox_store_lock`.
-    #[cfg(feature = "mysql")]
-    pub(crate) known_store_locks: std::sync::Mutex<std::collections::HashSet<(String, i32)>>,
-    /// MySQL: the largest row one insert may carry (from the server's
-    /// `max_allowed_packet`), read before the first store.
-    #[cfg(feature = "mysql")]
-    pub(crate) max_row_bytes: tokio::sync::OnceCell<usize>,
-}
-
-/// A row's headers as the inbox keeps them: one JSON object of text values.
-fn headers_object(headers: &[(String, String)]) -> serde_json::Value {
-    serde_json::Value::Object(
-        headers
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect(),
-    )
-}
 
 /// Benchmarks only: one inbox claim of up to `batch` rows of `group`, for
 /// processors handling the (topic, event type) pairs `handled`, in a

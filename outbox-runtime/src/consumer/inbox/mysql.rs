@@ -25,14 +25,11 @@ use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, Row};
 use uuid::Uuid;
 
-use super::State;
-use super::admit::row_bytes;
-use super::claim::{InboxRow, candidate_window};
-use super::handle::Settled;
-use super::receipt::PartitionLock;
+use super::rows::{InboxRow, PartitionLock, Settled, candidate_window, headers_object, row_bytes};
 use super::unclaimed::UnclaimedKeys;
 use crate::consumer::database::Database;
 use crate::consumer::message::Envelope;
+use crate::consumer::shared::InboxState as State;
 
 /// Most list items (rows of binds) in one statement: MySQL's prepared
 /// statements take at most 65,535 parameters.
@@ -235,7 +232,7 @@ async fn insert_rows(
 ) -> sqlx::Result<Vec<(Uuid, i64)>> {
     let headers: Vec<String> = rows
         .iter()
-        .map(|row| super::headers_object(&row.meta.headers).to_string())
+        .map(|row| headers_object(&row.meta.headers).to_string())
         .collect();
     let mut query = QueryBuilder::<MySql>::new(
         "INSERT IGNORE INTO inbox_event

@@ -6,9 +6,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::claim::{InboxRow, candidate_window};
-use super::handle::Settled;
-use super::receipt::PartitionLock;
+use super::rows::{InboxRow, PartitionLock, Settled, candidate_window, headers_object};
 use crate::consumer::message::Envelope;
 
 /// Advisory lock class of the inbox's store locks ("obxi").
@@ -106,7 +104,7 @@ pub(super) async fn insert(
         types.push(meta.event_type.as_str());
         topics.push(meta.topic.as_str());
         keys.push(meta.key.as_deref());
-        headers.push(super::headers_object(&meta.headers));
+        headers.push(headers_object(&meta.headers));
     }
     sqlx::query_scalar(
         "INSERT INTO inbox_event

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
+use super::rows::PartitionLock;
 use crate::consumer::database::{Tx, TxFailure};
 use crate::consumer::handler::{Decoded, ErasedHandler};
 use crate::consumer::message::Envelope;
@@ -58,9 +59,6 @@ impl From<sqlx::Error> for StoreFailed {
         Self::Database(error)
     }
 }
-
-/// One partition's store lock: its topic and partition (of this group).
-pub(super) type PartitionLock = (String, i32);
 
 /// The savepoint before the rows handled on receipt.
 const RECEIPT_SAVEPOINT: &str = "outbox_inbox_receipt";
