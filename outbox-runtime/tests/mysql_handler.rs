@@ -176,7 +176,12 @@ async fn migrations_create_the_schema_once() {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
+    let shipped: Vec<i64> = txoutbox_runtime::migrations::MYSQL_MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(versions, shipped);
+    assert_eq!(shipped, (1..=shipped.len() as i64).collect::<Vec<_>>());
     // Concurrent runners serialize on the named lock and apply nothing twice.
     let runs = futures::future::join_all(
         (0..3).map(|_| async { txoutbox_runtime::migrations::run(&db.pool).await }),

@@ -279,7 +279,7 @@ async fn misbehave(
 }
 
 /// A second pool on the receiver database (set once by the consumer binary
-/// on MariaDB): the other transaction of [`misbehave_mysql`]'s deadlocks.
+/// on MariaDB): the other transaction of `misbehave_mysql`'s deadlocks.
 pub static DEADLOCK_POOL: std::sync::OnceLock<MySqlPool> = std::sync::OnceLock::new();
 
 /// Rows the other transaction of a deadlock inserts before taking its lock,
@@ -560,7 +560,7 @@ pub async fn migrate_receiver(pool: &PgPool) -> sqlx::Result<()> {
 /// Creates the receiver database's tables on MariaDB: the framework's
 /// (dedup mode's `processed_event` and `consumer_dead_letter`) and the
 /// same `effect` table in MySQL types, plus the rows and the ballast of the
-/// swallowed-deadlock fault ([`misbehave_mysql`]).
+/// swallowed-deadlock fault (`misbehave_mysql`).
 pub async fn migrate_receiver_mysql(pool: &MySqlPool) -> sqlx::Result<()> {
     txoutbox_runtime::migrations::run(pool)
         .await
