@@ -317,7 +317,12 @@ macro_rules! saga_suite {
                 let fail = Fail { event_id: Uuid::new_v4(), saga_id };
                 produce_event(&producer, &fail).await;
                 produce_event(&producer, &fail).await; // a redelivery
-                produce_event(&producer, &add(saga_id, 7)).await;
+                // Keyed like the `Fail`, so that it comes after it.
+                let late = Add {
+                    lane: saga_id.to_string(),
+                    ..add(saga_id, 7)
+                };
+                produce_event(&producer, &late).await;
                 eventually("the saga compensated", Duration::from_secs(60), || async {
                     db.saga(saga_id).await.is_some_and(|(status, ..)| status == "compensated")
                 })
