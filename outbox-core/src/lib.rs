@@ -91,6 +91,8 @@ pub mod __private {
     /// txoutbox-runtime (the one process-wide channel lives here, where
     /// `AfterCommit` signals it), kept here rather than in a public API.
     pub mod wakeup {
-        pub use crate::wakeup::{CommitListener, listener, notify_committed};
+        pub use crate::wakeup::{
+            CommitListener, Scope, listener, listener_in, notify_committed, notify_committed_in,
+        };
     }
 }

@@ -116,8 +116,14 @@ impl AfterCommit {
     /// were written (a scheduled event is moved by the relay's scheduler
     /// when due, whether or not it is woken).
     pub fn committed(self) {
+        self.committed_in(None);
+    }
+
+    /// As [`committed`](Self::committed), naming the database the
+    /// transaction went to, so that only its relays are woken.
+    pub(crate) fn committed_in(self, scope: Option<wakeup::Scope>) {
         if self.rows > 0 {
-            wakeup::notify_committed();
+            wakeup::notify_committed_in(scope);
         }
     }
 }

@@ -47,6 +47,14 @@ pub trait TransactionSource: Send {
         &mut self,
         isolation: Option<IsolationLevel>,
     ) -> impl Future<Output = Result<Transaction<'_, Postgres>, sqlx::Error>> + Send;
+
+    /// The database the transactions go to, so that a commit wakes only
+    /// that database's relays in this process; `None` (the default, e.g. a
+    /// bare connection) wakes them all.
+    #[doc(hidden)]
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        None
+    }
 }
 
 impl TransactionSource for &PgPool {
@@ -56,6 +64,10 @@ impl TransactionSource for &PgPool {
     ) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
         begin_on_pool(self, isolation).await
     }
+
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        crate::wakeup::Scope::of_database(self.connect_options().get_database())
+    }
 }
 
 impl TransactionSource for PgPool {
@@ -64,6 +76,10 @@ impl TransactionSource for PgPool {
         isolation: Option<IsolationLevel>,
     ) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
         begin_on_pool(self, isolation).await
+    }
+
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        crate::wakeup::Scope::of_database(self.connect_options().get_database())
     }
 }
 
@@ -185,10 +201,11 @@ impl<S: TransactionSource> UnitOfWork<S> {
     {
         let span = self.span();
         async move {
+            let scope = self.source.wakeup_scope();
             let mut tx = begin(&mut self.source, self.isolation).await?;
             let mut events = Events::new();
             let outcome = handler(&mut tx, &mut events).await;
-            finish(tx, events, outcome)
+            finish(tx, events, outcome, scope)
                 .await
                 .map_err(Failure::into_user)
         }
@@ -246,10 +263,11 @@ impl<S: TransactionSource> RetryingUnitOfWork<S> {
             // the caller's future `Send` (higher-ranked auto-trait inference,
             // rust-lang/rust#110338), which would make handlers unusable in
             // `tokio::spawn` or axum.
+            let scope = self.inner.source.wakeup_scope();
             let mut tx = begin(&mut self.inner.source, self.inner.isolation).await?;
             let mut events = Events::new();
             let outcome = handler.clone()(&mut tx, &mut events).await;
-            let failure = match finish(tx, events, outcome).await {
+            let failure = match finish(tx, events, outcome, scope).await {
                 Ok(output) => return Ok(output),
                 Err(failure) => failure,
             };
@@ -303,6 +321,7 @@ async fn finish<T, E>(
     mut tx: Transaction<'_, Postgres>,
     mut events: Events,
     outcome: Result<T, E>,
+    scope: Option<crate::wakeup::Scope>,
 ) -> Result<T, Failure<E>> {
     let output = match outcome {
         Ok(output) => output,
@@ -328,7 +347,7 @@ async fn finish<T, E>(
     tx.commit()
         .await
         .map_err(|error| Failure::Framework(statement_error(error)))?;
-    after_commit.committed();
+    after_commit.committed_in(scope);
     Ok(output)
 }
 

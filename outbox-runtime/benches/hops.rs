@@ -57,7 +57,7 @@ use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use schemars::JsonSchema;
@@ -578,6 +578,11 @@ impl Round {
 struct Floor {
     to_ack: Vec<f64>,
     to_arrival: Vec<f64>,
+    /// The same records' arrival at a second plain consumer, the way an
+    /// async service reads: a `StreamConsumer` in a group (subscribed, not
+    /// assigned), awaited on the runtime. Printed beside the floor; the
+    /// targets use the first one.
+    to_arrival_async: Vec<f64>,
 }
 
 /// One record per tick at `rate`/s for `secs` over 100 keys through a plain
@@ -590,10 +595,16 @@ async fn broker_floor(broker: &str, rate: usize, secs: f64) -> Floor {
             .create()
             .unwrap();
     let (ready, is_ready) = tokio::sync::oneshot::channel();
+    let (async_ready, is_async_ready) = tokio::sync::oneshot::channel();
+    let config = txoutbox_runtime::consumer::fetch_settings_for_benchmark(&consumer_kafka(broker));
     let reader = {
-        let config =
-            txoutbox_runtime::consumer::fetch_settings_for_benchmark(&consumer_kafka(broker));
+        let config = config.clone();
         tokio::task::spawn_blocking(move || read_floor(config, total, ready))
+    };
+    let async_reader = tokio::spawn(read_floor_async(config, total, async_ready));
+    let is_ready = async move {
+        let _ = is_ready.await;
+        let _ = is_async_ready.await;
     };
     // Timing starts once the reader gets records (assigned, positioned) and
     // the producer is warm.
@@ -644,9 +655,58 @@ async fn broker_floor(broker: &str, rate: usize, secs: f64) -> Floor {
         total,
         "the floor's reader got every record"
     );
+    let mut to_arrival_async = async_reader.await.unwrap();
+    assert_eq!(
+        to_arrival_async.len(),
+        total,
+        "the floor's async reader got every record"
+    );
     to_ack.sort_by(f64::total_cmp);
     to_arrival.sort_by(f64::total_cmp);
-    Floor { to_ack, to_arrival }
+    to_arrival_async.sort_by(f64::total_cmp);
+    Floor {
+        to_ack,
+        to_arrival,
+        to_arrival_async,
+    }
+}
+
+/// The floor's second reader: a group member on the async path, as a
+/// service's consumer reads (starting at the end of each partition).
+async fn read_floor_async(
+    config: ClientConfig,
+    total: usize,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> Vec<f64> {
+    let mut config = config;
+    let consumer: StreamConsumer = config
+        .set("group.id", unique_group("bench-hops-floor-async"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "latest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[FLOOR_TOPIC]).unwrap();
+    let mut ready = Some(ready);
+    let mut arrivals = Vec::with_capacity(total);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    while arrivals.len() < total {
+        let Ok(message) = tokio::time::timeout_at(deadline, consumer.recv()).await else {
+            break;
+        };
+        let message = message.unwrap();
+        let arrived = now_us();
+        let value: serde_json::Value =
+            serde_json::from_slice(message.payload().unwrap_or(b"{}")).unwrap();
+        match value["sent_us"].as_i64() {
+            Some(sent) => arrivals.push((arrived - sent) as f64 / 1e3),
+            None => {
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(());
+                }
+            }
+        }
+    }
+    arrivals
 }
 
 fn read_floor(
@@ -807,7 +867,8 @@ async fn main() {
                 println!(
                     "{} x{hops} at {rate}/s, round {}: achieved {:.0}/s; end to end p50 {:.1} p99 {:.1} ms; \
                      per hop p50 {:.1} p99 {:.1} ms; floor send-to-arrival p50 {:.1} p99 {:.1} ms, \
-                     send-to-ack p50 {:.1} p99 {:.1} ms",
+                     send-to-ack p50 {:.1} p99 {:.1} ms, send-to-arrival (async group reader) \
+                     p50 {:.1} p99 {:.1} ms",
                     mode.name(),
                     round + 1,
                     hop_round.achieved,
@@ -819,6 +880,8 @@ async fn main() {
                     at(&floor.to_arrival, 0.99),
                     at(&floor.to_ack, 0.5),
                     at(&floor.to_ack, 0.99),
+                    at(&floor.to_arrival_async, 0.5),
+                    at(&floor.to_arrival_async, 0.99),
                 );
                 measured.push((hop_round, floor));
             }
@@ -903,6 +966,8 @@ fn report(summary: &[Measured], rounds: usize) {
     });
     let mut floor = vec!["broker floor: send to arrival".to_owned()];
     let mut ack = vec!["broker floor: send to acknowledgement".to_owned()];
+    let mut arrival_async =
+        vec!["(beside the floor) send to arrival, async group reader".to_owned()];
     for (_, _, _, measured) in summary {
         for (cells, pick) in [
             (
@@ -910,6 +975,7 @@ fn report(summary: &[Measured], rounds: usize) {
                 (|f: &Floor| &f.to_arrival) as fn(&Floor) -> &Vec<f64>,
             ),
             (&mut ack, |f: &Floor| &f.to_ack),
+            (&mut arrival_async, |f: &Floor| &f.to_arrival_async),
         ] {
             let p50 = median(measured.iter().map(|(_, f)| at(pick(f), 0.5)).collect());
             let p99 = median(measured.iter().map(|(_, f)| at(pick(f), 0.99)).collect());
@@ -918,4 +984,5 @@ fn report(summary: &[Measured], rounds: usize) {
     }
     println!("| {} |", floor.join(" | "));
     println!("| {} |", ack.join(" | "));
+    println!("| {} |", arrival_async.join(" | "));
 }

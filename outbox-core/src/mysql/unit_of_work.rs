@@ -20,6 +20,14 @@ pub trait MySqlTransactionSource: Send {
         &mut self,
         isolation: Option<IsolationLevel>,
     ) -> impl Future<Output = Result<Transaction<'_, MySql>, sqlx::Error>> + Send;
+
+    /// The database the transactions go to, so that a commit wakes only
+    /// that database's relays in this process; `None` (the default, e.g. a
+    /// bare connection) wakes them all.
+    #[doc(hidden)]
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        None
+    }
 }
 
 impl MySqlTransactionSource for &MySqlPool {
@@ -29,6 +37,10 @@ impl MySqlTransactionSource for &MySqlPool {
     ) -> Result<Transaction<'_, MySql>, sqlx::Error> {
         begin_on_pool(self, isolation).await
     }
+
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        crate::wakeup::Scope::of_database(self.connect_options().get_database())
+    }
 }
 
 impl MySqlTransactionSource for MySqlPool {
@@ -37,6 +49,10 @@ impl MySqlTransactionSource for MySqlPool {
         isolation: Option<IsolationLevel>,
     ) -> Result<Transaction<'_, MySql>, sqlx::Error> {
         begin_on_pool(self, isolation).await
+    }
+
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        crate::wakeup::Scope::of_database(self.connect_options().get_database())
     }
 }
 
@@ -162,10 +178,11 @@ impl<S: MySqlTransactionSource> MySqlUnitOfWork<S> {
     {
         let span = self.span();
         async move {
+            let scope = self.source.wakeup_scope();
             let mut tx = begin(&mut self.source, self.isolation).await?;
             let mut events = Events::new();
             let outcome = handler(&mut tx, &mut events).await;
-            finish(tx, events, outcome)
+            finish(tx, events, outcome, scope)
                 .await
                 .map_err(Failure::into_user)
         }
@@ -215,10 +232,11 @@ impl<S: MySqlTransactionSource> RetryingMySqlUnitOfWork<S> {
     {
         let mut retried = 0;
         loop {
+            let scope = self.inner.source.wakeup_scope();
             let mut tx = begin(&mut self.inner.source, self.inner.isolation).await?;
             let mut events = Events::new();
             let outcome = handler.clone()(&mut tx, &mut events).await;
-            let failure = match finish(tx, events, outcome).await {
+            let failure = match finish(tx, events, outcome, scope).await {
                 Ok(output) => return Ok(output),
                 Err(failure) => failure,
             };
@@ -254,6 +272,7 @@ async fn finish<T, E>(
     mut tx: Transaction<'_, MySql>,
     mut events: Events,
     outcome: Result<T, E>,
+    scope: Option<crate::wakeup::Scope>,
 ) -> Result<T, Failure<E>> {
     let output = match outcome {
         Ok(output) => output,
@@ -281,7 +300,7 @@ async fn finish<T, E>(
     tx.commit()
         .await
         .map_err(|error| Failure::Framework(Error::Database(error)))?;
-    AfterCommit::for_rows(rows).committed();
+    AfterCommit::for_rows(rows).committed_in(scope);
     Ok(output)
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use tracing::Instrument;
+use txoutbox_core::__private::wakeup::{self, Scope};
 use txoutbox_core::{AfterCommit, Events};
 
 use super::counts::{Counts, FailedCall};
@@ -20,6 +21,8 @@ pub(crate) struct Calls {
     /// What the events handlers wrote and not committed yet leave to do
     /// after the commit (see [`Calls::committed`]).
     after_commit: Mutex<AfterCommit>,
+    /// The consumer's database, whose relays its commits wake.
+    wakeup_scope: Option<Scope>,
     counts: Counts,
 }
 
@@ -38,21 +41,28 @@ impl std::fmt::Display for HandlerFailure {
 }
 
 impl Calls {
-    pub(crate) fn new(handler_timeout: Duration, counts: Counts) -> Self {
+    pub(crate) fn new(
+        handler_timeout: Duration,
+        counts: Counts,
+        wakeup_scope: Option<Scope>,
+    ) -> Self {
         Self {
             handler_timeout,
             after_commit: Mutex::default(),
+            wakeup_scope,
             counts,
         }
     }
 
-    /// After a commit of a handler's transaction: wakes the relay of this
-    /// process if handlers recorded events. Best effort (processors share the
+    /// After a commit of a handler's transaction: wakes the relays of this
+    /// process on the consumer's database if handlers recorded events. Best effort (processors share the
     /// pending wake-up, so one commit may take another's); the relay polls
     /// anyway.
     pub(crate) fn committed(&self) {
         let pending = std::mem::take(&mut *self.pending_after_commit());
-        pending.committed();
+        if pending.rows() > 0 {
+            wakeup::notify_committed_in(self.wakeup_scope);
+        }
     }
 
     fn pending_after_commit(&self) -> std::sync::MutexGuard<'_, AfterCommit> {

@@ -42,6 +42,7 @@ impl Shared {
     ) -> Self {
         let token = CancellationToken::new();
         let counts = Counts::new(settings.group_id.clone());
+        let wakeup_scope = pool.wakeup_scope();
         let db = Database::new(
             pool,
             settings.handler_timeout,
@@ -49,7 +50,7 @@ impl Shared {
             token.clone(),
             counts.clone(),
         );
-        let calls = Calls::new(settings.handler_timeout, counts.clone());
+        let calls = Calls::new(settings.handler_timeout, counts.clone(), wakeup_scope);
         Self {
             dispatch,
             settings,

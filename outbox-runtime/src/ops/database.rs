@@ -65,6 +65,17 @@ impl<'a> From<&'a crate::relay::Database> for Database<'a> {
 }
 
 impl Database<'_> {
+    /// Which relays of this process a commit here wakes: those of this
+    /// database (by its name).
+    pub(crate) fn wakeup_scope(self) -> Option<txoutbox_core::__private::wakeup::Scope> {
+        let name = match self {
+            Self::Postgres(pool) => pool.connect_options().get_database().map(str::to_owned),
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => pool.connect_options().get_database().map(str::to_owned),
+        };
+        txoutbox_core::__private::wakeup::Scope::of_database(name.as_deref())
+    }
+
     /// The database's clock, in UTC (PostgreSQL's `now()`, MariaDB's
     /// `UTC_TIMESTAMP(6)`): the clock that wrote the tables' timestamps,
     /// for cutoffs such as retention's.

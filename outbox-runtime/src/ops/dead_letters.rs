@@ -193,7 +193,9 @@ pub async fn retry<'a>(
     table: Table,
     selection: &Selection,
 ) -> Result<Vec<Uuid>, OpsError> {
-    let retried = match database.into() {
+    let database = database.into();
+    let scope = database.wakeup_scope();
+    let retried = match database {
         Database::Postgres(pool) => {
             update(
                 pool,
@@ -207,7 +209,7 @@ pub async fn retry<'a>(
         Database::MySql(pool) => mysql::retry(pool, table, selection).await?,
     };
     if table == Table::Outbox && !retried.is_empty() {
-        txoutbox_core::__private::wakeup::notify_committed();
+        txoutbox_core::__private::wakeup::notify_committed_in(scope);
     }
     Ok(retried)
 }

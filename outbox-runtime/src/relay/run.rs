@@ -233,6 +233,10 @@ async fn tasks<B: Backend>(
     cancel: CancellationToken,
     totals: Arc<Totals>,
 ) -> Result<(), RelayError> {
+    // Woken by the commits of its own database in this process (and those
+    // whose database the writer did not know).
+    let wakeup_scope =
+        txoutbox_core::__private::wakeup::Scope::of_database(database.database_name().as_deref());
     let scheduler = Scheduler::new(database.clone(), config.clone(), Arc::clone(&totals));
     let stop_scheduler = cancel.child_token();
     let remote = config.listen_notify.then(|| {
@@ -247,7 +251,10 @@ async fn tasks<B: Backend>(
         partitions,
         totals,
         cancel,
-        Wakeups::new(txoutbox_core::__private::wakeup::listener(), remote),
+        Wakeups::new(
+            txoutbox_core::__private::wakeup::listener_in(wakeup_scope),
+            remote,
+        ),
     );
     let worker = async {
         let result = worker.run().await;

@@ -121,7 +121,11 @@ impl<B: Backend> Scheduler<B> {
                 metrics::counter!(metric::SCHEDULED_MOVED).increment(moved.inserted as u64);
                 Totals::add(&self.totals.scheduled_moved, moved.inserted as u64);
                 // The worker publishes them now rather than at its next poll.
-                txoutbox_core::__private::wakeup::notify_committed();
+                txoutbox_core::__private::wakeup::notify_committed_in(
+                    txoutbox_core::__private::wakeup::Scope::of_database(
+                        self.database.database_name().as_deref(),
+                    ),
+                );
             }
             if moved.taken < MOVE_BATCH as i64 {
                 break;

@@ -33,6 +33,19 @@ pub(crate) enum Pool {
     MySql(sqlx::MySqlPool),
 }
 
+impl Pool {
+    /// Which relays of this process the consumer's commits wake: those of
+    /// its database (by its name).
+    pub(crate) fn wakeup_scope(&self) -> Option<txoutbox_core::__private::wakeup::Scope> {
+        let name = match self {
+            Self::Postgres(pool) => pool.connect_options().get_database().map(str::to_owned),
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => pool.connect_options().get_database().map(str::to_owned),
+        };
+        txoutbox_core::__private::wakeup::Scope::of_database(name.as_deref())
+    }
+}
+
 /// One of the consumer's transactions.
 pub(crate) enum Tx {
     Postgres(Transaction<'static, Postgres>),
