@@ -9,6 +9,7 @@
 //! HOPS_BENCH_CHAINS=1,3,5 HOPS_BENCH_RATES=100,1000 HOPS_BENCH_MODES=dedup,inbox,saga \
 //!     HOPS_BENCH_SECS=4 HOPS_BENCH_ROUNDS=3 cargo bench ...   # the defaults
 //! HOPS_BENCH_KAFKA_fetch.wait.max.ms=50 cargo bench ...      # any librdkafka setting
+//! HOPS_BENCH_ARRIVALS=periodic cargo bench ...               # evenly spaced sends (default: poisson)
 //! HOPS_BENCH_OWN_BROKER=0 KAFKA_BROKERS_TEST=kafka:9092 cargo bench ...  # a broker of yours
 //! ```
 //!
@@ -39,7 +40,8 @@
 //!
 //! The broker floor, measured in every round at the same rate: a plain
 //! producer with the relay's producer settings and a plain consumer with the
-//! consumers' fetch settings, one record per chain tick over 100 keys, each
+//! consumers' fetch settings, records sent as the chains are (same rate,
+//! same arrival process) over 100 keys, each
 //! timed from `send` to its acknowledgement and to its arrival at the
 //! consumer. A hop cannot be faster than send-to-arrival.
 //!
@@ -361,19 +363,17 @@ impl Chain {
         STAMPS.lock().unwrap().clear();
         probe::take();
         let total = ((rate as f64) * secs).round().max(1.0) as usize;
+        // Writers take the schedule's sends in turn, each at its time (a
+        // writer late by a commit starts the next send at once).
         const WRITERS: usize = 4;
+        let schedule = std::sync::Arc::new(Schedule::new(arrivals(), rate, total));
         let writers: Vec<_> = (0..WRITERS)
-            .map(|w| {
+            .map(|_| {
                 let pool = self.services[0].pool.clone();
-                let per_writer = (w..total).step_by(WRITERS).count();
+                let schedule = std::sync::Arc::clone(&schedule);
                 tokio::spawn(async move {
-                    let mut tick = tokio::time::interval(Duration::from_secs_f64(
-                        WRITERS as f64 / rate as f64,
-                    ));
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-                    let mut chains = Vec::with_capacity(per_writer);
-                    for _ in 0..per_writer {
-                        tick.tick().await;
+                    let mut chains = Vec::new();
+                    while schedule.next().await.is_some() {
                         chains.push(send_chain(&pool).await);
                     }
                     chains
@@ -574,6 +574,76 @@ impl Round {
     }
 }
 
+/// How the sends of a round (the chains' first commits, the floor's
+/// records) are spread over time: `HOPS_BENCH_ARRIVALS`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Arrivals {
+    /// Independent arrivals (exponential gaps of mean `1 / rate`), as
+    /// requests from many clients come: the default.
+    Poisson,
+    /// One every `1 / rate`, evenly spaced. At 100/s the 10 ms period
+    /// equals the consumers' `fetch.wait.max.ms`, and on a broker that
+    /// looks at its log a few times during a held fetch (tansu) a plain
+    /// reader settles into a rhythm where each record lands just before
+    /// one of the fetch's looks: the floor then reads about 1 ms faster
+    /// than with independent arrivals (BENCHMARKS.md, "Latency across
+    /// services").
+    Periodic,
+}
+
+fn arrivals() -> Arrivals {
+    match std::env::var("HOPS_BENCH_ARRIVALS").as_deref() {
+        Err(_) | Ok("poisson") => Arrivals::Poisson,
+        Ok("periodic") => Arrivals::Periodic,
+        Ok(other) => panic!("HOPS_BENCH_ARRIVALS: poisson or periodic, not {other:?}"),
+    }
+}
+
+/// The due times of a round's sends, shared by the tasks that send them.
+struct Schedule {
+    start: tokio::time::Instant,
+    due: Vec<Duration>,
+    taken: AtomicUsize,
+}
+
+impl Schedule {
+    fn new(arrivals: Arrivals, rate: usize, total: usize) -> Self {
+        let gap = 1.0 / rate as f64;
+        // xorshift64*, seeded from the clock: no two rounds alike.
+        let mut state = (now_us() as u64) | 1;
+        let mut uniform = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            ((state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        let mut at = 0.0;
+        let due = (0..total)
+            .map(|_| {
+                at += match arrivals {
+                    Arrivals::Poisson => -uniform().ln() * gap,
+                    Arrivals::Periodic => gap,
+                };
+                Duration::from_secs_f64(at)
+            })
+            .collect();
+        Self {
+            start: tokio::time::Instant::now(),
+            due,
+            taken: AtomicUsize::new(0),
+        }
+    }
+
+    /// Waits until the next send is due and returns its number; `None`
+    /// once every send was taken.
+    async fn next(&self) -> Option<usize> {
+        let seq = self.taken.fetch_add(1, Ordering::Relaxed);
+        let due = *self.due.get(seq)?;
+        tokio::time::sleep_until(self.start + due).await;
+        Some(seq)
+    }
+}
+
 /// The broker floor of one round.
 struct Floor {
     to_ack: Vec<f64>,
@@ -585,7 +655,7 @@ struct Floor {
     to_arrival_async: Vec<f64>,
 }
 
-/// One record per tick at `rate`/s for `secs` over 100 keys through a plain
+/// Records at `rate`/s for `secs` (arrivals as the chains') over 100 keys through a plain
 /// producer (the relay's settings) to a plain consumer (the consumers'
 /// fetch settings).
 async fn broker_floor(broker: &str, rate: usize, secs: f64) -> Floor {
@@ -628,11 +698,9 @@ async fn broker_floor(broker: &str, rate: usize, secs: f64) -> Floor {
             () = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
     }
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let schedule = Schedule::new(arrivals(), rate, total);
     let mut acks = Vec::with_capacity(total);
-    for seq in 0..total {
-        tick.tick().await;
+    while let Some(seq) = schedule.next().await {
         let key = format!("chain-{}", seq % 100);
         let sent = now_us();
         let value = serde_json::json!({"sent_us": sent, "note": "x".repeat(100)}).to_string();
@@ -844,8 +912,9 @@ async fn main() {
     let rounds = support::env_usize("HOPS_BENCH_ROUNDS", 3).max(1);
     probe::enable();
     println!(
-        "commit {}; {rounds} rounds of {secs} s per rate; {PARTITIONS} partitions per topic",
-        txoutbox_testkit::measured_commit()
+        "commit {}; {rounds} rounds of {secs} s per rate; {PARTITIONS} partitions per topic; {:?} arrivals",
+        txoutbox_testkit::measured_commit(),
+        arrivals()
     );
 
     let mut configurations = Vec::new();
