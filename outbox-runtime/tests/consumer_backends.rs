@@ -844,6 +844,7 @@ async fn inbox_each_event_once(db: Db) {
     wait_for_each_once(&db, &ids, &group, InboxOnce::TOPIC, &end).await;
     let summary = running.shutdown().await.unwrap();
     assert_stored_once(&db, &ids, summary).await;
+    db.drop().await;
 }
 
 /// [`inbox_each_event_once`] with every row through the processors' claims
@@ -865,6 +866,7 @@ async fn inbox_each_event_once_through_processors(db: Db) {
     wait_for_each_once(&db, &ids, &group, InboxPending::TOPIC, &end).await;
     let summary = running.shutdown().await.unwrap();
     assert_stored_once(&db, &ids, summary).await;
+    db.drop().await;
 }
 
 /// Creates `E`'s topic (two partitions), starts `group` at its end and

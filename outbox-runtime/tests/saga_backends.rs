@@ -338,6 +338,7 @@ macro_rules! saga_suite {
                 let (_, version, state) = db.saga(saga_id).await.unwrap();
                 assert_eq!(version, 5);
                 assert_eq!(state["adds"].as_i64(), Some(0));
+                db.finish().await;
             }
 
             /// An `Add` whose handler swallows a database error and returns
@@ -369,6 +370,7 @@ macro_rules! saga_suite {
                 assert_eq!((status.as_str(), version), ("running", 3));
                 assert_eq!(state["total"].as_i64(), Some(3));
                 assert_eq!(db.effects(saga_id).await, 2);
+                db.finish().await;
             }
 
             /// The saga on an inbox consumer: each step commits with its
@@ -399,6 +401,7 @@ macro_rules! saga_suite {
                 assert_eq!(state["total"].as_i64(), Some((1..=50).sum::<i64>()));
                 assert_eq!(db.effects(saga_id).await, 50);
                 assert_eq!(db.of_saga("inbox_event", saga_id).await, 51, "stored once");
+                db.finish().await;
             }
         }
     };
@@ -581,6 +584,11 @@ impl Db {
     /// Closes `second` and drops the database.
     async fn drop<P: SecondPool>(self, second: P) {
         second.close().await;
+        self.finish().await;
+    }
+
+    /// Drops the database (the tests leave nothing behind).
+    async fn finish(self) {
         match self {
             Self::Postgres { pool, name } => {
                 pool.close().await;
