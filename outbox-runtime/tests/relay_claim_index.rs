@@ -2,8 +2,12 @@
 //! that index holds only the rows the relay may still publish: parked and
 //! discarded rows are not in it, so no claim steps over them (each one cost
 //! the claim a heap fetch, about 1.6 µs, for as long as it stayed parked),
-//! and a parked row an operator retries is back in it. Checked on the plan
-//! PostgreSQL runs (`EXPLAIN ANALYZE` of the relay's own statement).
+//! and a parked row an operator retries is back in it. And the claim is one
+//! ordered walk of that index stopping at its limit whatever the statistics
+//! say: a backlog that built up since the table was last analyzed (a
+//! broker outage) is not sorted whole, nor scanned again for every row.
+//! Checked on the plan PostgreSQL runs (`EXPLAIN ANALYZE` of the relay's own
+//! statement).
 
 mod relay_support;
 
@@ -214,4 +218,96 @@ async fn the_upgrade_swaps_in_an_index_built_concurrently_beforehand(pool: PgPoo
     .unwrap();
     assert_eq!(again, built);
     drop(parked);
+}
+
+/// Every node of `plan` of type `node_type`.
+fn nodes_of<'a>(plan: &'a Value, node_type: &str) -> Vec<&'a Value> {
+    nodes(plan)
+        .into_iter()
+        .filter(|n| n["Node Type"] == node_type)
+        .collect()
+}
+
+/// A backlog the statistics do not know: the table was analyzed while no
+/// row was unpublished (so the partial indexes' `reltuples` say 0), then
+/// 20,000 rows came in before autovacuum looked again, as during a broker
+/// outage. The claim still walks the index in id order and stops at its
+/// limit, with the keys waiting for a retry read once: no sort of the
+/// backlog, no scan of it per row. (The earlier form of the statement
+/// sorted the backlog and scanned it again for every row of it: quadratic,
+/// more than 14 minutes at 200,000 rows; here the statement timeout would
+/// end it.)
+#[sqlx::test(migrations = false)]
+async fn a_backlog_the_statistics_do_not_know_is_claimed_in_one_ordered_walk(pool: PgPool) {
+    migrated(&pool).await;
+    sqlx::query("ALTER TABLE outbox_event SET (autovacuum_enabled = false)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let topic = unique_topic("claim-stale-statistics");
+    let history: Vec<NewEvent> = (0..5000)
+        .map(|i| NewEvent::new(&topic, format!("h{}", i % 50), i))
+        .collect();
+    insert(&pool, &history).await;
+    sqlx::query("UPDATE outbox_event SET published_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    analyze(&pool).await;
+    // 20,000 rows over 500 keys; the first row of key `w0` waits for a
+    // retry, an hour away: every row of that key waits behind it.
+    let backlog: Vec<NewEvent> = (0..20_000)
+        .map(|i| NewEvent::new(&topic, format!("w{}", i % 500), i))
+        .collect();
+    insert(&pool, &backlog).await;
+    sqlx::query(
+        "UPDATE outbox_event SET attempts = 1, next_attempt_at = now() + interval '1 hour'
+         WHERE id = (SELECT min(id) FROM outbox_event
+                     WHERE published_at IS NULL AND partition_key = 'w0')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let believed: f32 = sqlx::query_scalar(
+        "SELECT reltuples FROM pg_class WHERE relname = 'ix_outbox_event_unpublished'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        believed < 1.0,
+        "the statistics do not know the backlog: {believed}"
+    );
+
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET statement_timeout = '20s'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let explained = txoutbox_runtime::relay::explain_claim(&mut conn, 64, 1000)
+        .await
+        .expect("the claim ends well within the statement timeout");
+    let plan = &explained[0]["Plan"];
+    assert!(
+        nodes_of(plan, "Sort").is_empty(),
+        "no sort of the backlog: {plan:#}"
+    );
+    let claimed = plan["Actual Rows"].as_f64().unwrap() as i64;
+    assert_eq!(claimed, 1000, "{plan:#}");
+    drop(conn);
+    // The walk read the rows up to the 1,000th claimable one and the three
+    // rows of `w0` before it (sequence numbers 0, 500 and 1,000), no more.
+    let scan = claim_scan(&pool).await;
+    assert_eq!(
+        scan,
+        ClaimScan {
+            node: "Index Scan".into(),
+            index: Some("ix_outbox_event_unpublished".into()),
+            removed_by_filter: 3,
+            rows: 1000,
+        },
+        "one ordered walk of the index, stopped at the limit"
+    );
+    let millis = explained[0]["Execution Time"].as_f64().unwrap();
+    assert!(millis < 2000.0, "the claim took {millis} ms");
 }
