@@ -739,6 +739,26 @@ async fn broker_floor(broker: &str, rate: usize, secs: f64) -> Floor {
     }
 }
 
+/// A floor record read now: its time since it was sent, or, for a warm-up
+/// record (no `sent_us`), the signal that the reader gets records.
+fn arrived(
+    message: &impl Message,
+    arrivals: &mut Vec<f64>,
+    ready: &mut Option<tokio::sync::oneshot::Sender<()>>,
+) {
+    let now = now_us();
+    let value: serde_json::Value =
+        serde_json::from_slice(message.payload().unwrap_or(b"{}")).unwrap();
+    match value["sent_us"].as_i64() {
+        Some(sent) => arrivals.push((now - sent) as f64 / 1e3),
+        None => {
+            if let Some(ready) = ready.take() {
+                let _ = ready.send(());
+            }
+        }
+    }
+}
+
 /// The floor's second reader: a group member on the async path, as a
 /// service's consumer reads (starting at the end of each partition).
 async fn read_floor_async(
@@ -761,18 +781,7 @@ async fn read_floor_async(
         let Ok(message) = tokio::time::timeout_at(deadline, consumer.recv()).await else {
             break;
         };
-        let message = message.unwrap();
-        let arrived = now_us();
-        let value: serde_json::Value =
-            serde_json::from_slice(message.payload().unwrap_or(b"{}")).unwrap();
-        match value["sent_us"].as_i64() {
-            Some(sent) => arrivals.push((arrived - sent) as f64 / 1e3),
-            None => {
-                if let Some(ready) = ready.take() {
-                    let _ = ready.send(());
-                }
-            }
-        }
+        arrived(&message.unwrap(), &mut arrivals, &mut ready);
     }
     arrivals
 }
@@ -800,18 +809,7 @@ fn read_floor(
     let deadline = Instant::now() + Duration::from_secs(300);
     while arrivals.len() < total && Instant::now() < deadline {
         if let Some(message) = consumer.poll(Duration::from_millis(100)) {
-            let message = message.unwrap();
-            let arrived = now_us();
-            let value: serde_json::Value =
-                serde_json::from_slice(message.payload().unwrap_or(b"{}")).unwrap();
-            match value["sent_us"].as_i64() {
-                Some(sent) => arrivals.push((arrived - sent) as f64 / 1e3),
-                None => {
-                    if let Some(ready) = ready.take() {
-                        let _ = ready.send(());
-                    }
-                }
-            }
+            arrived(&message.unwrap(), &mut arrivals, &mut ready);
         }
     }
     arrivals
