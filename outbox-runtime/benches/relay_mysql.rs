@@ -20,9 +20,17 @@
 //! (`Handler_read_next` and `Handler_read_key`, server-wide) per published
 //! event: a claim that stepped over published rows would show here.
 //!
+//! Dead letters (`MYSQL_BENCH_PARKED_ROWS` [200000], `0` skips it): each
+//! round also drains the same backlog in a database whose oldest rows are
+//! that many parked ones, on today's schema and on the schema before MySQL
+//! migration 0008 (`ix_outbox_event_unpublished (published_at, id)`, whose
+//! NULL head kept the parked rows in the claim's walk), each against the
+//! empty-table drain of its round (target >= 0.90, as on PostgreSQL).
+//!
 //! Min / median / max over rounds of every rate and of the ratios taken
-//! within a round. Databases: `outbox_bench_mysql` and
-//! `outbox_bench_mysql_large` on MariaDB (`MYSQL_URL`), `outbox_bench_mysql_pg`
+//! within a round. Databases: `outbox_bench_mysql`,
+//! `outbox_bench_mysql_large`, `outbox_bench_mysql_parked` and
+//! `outbox_bench_mysql_parked_0007` on MariaDB (`MYSQL_URL`), `outbox_bench_mysql_pg`
 //! on PostgreSQL (`DATABASE_URL`); dropped and recreated.
 #![allow(missing_docs)]
 
@@ -53,6 +61,7 @@ async fn main() {
     let published_rows = support::env_usize("MYSQL_BENCH_PUBLISHED_ROWS", 5_000_000);
     let rounds = support::env_usize("MYSQL_BENCH_ROUNDS", 3).max(1);
     let batch = support::env_usize("MYSQL_BENCH_BATCH", 1_000);
+    let parked_rows = support::env_usize("MYSQL_BENCH_PARKED_ROWS", 200_000);
     let brokers = std::env::var("KAFKA_BROKERS_TEST").unwrap_or_else(|_| "127.0.0.1:9092".into());
     println!(
         "relay on MariaDB and PostgreSQL: {events} events per drain, {baseline_events} for the \
@@ -70,6 +79,18 @@ async fn main() {
         started.elapsed().as_secs_f64()
     );
     let pg = postgres("outbox_bench_mysql_pg").await;
+    // Dead letters, on today's schema and on the one before migration 0008.
+    let mut parked = Vec::new();
+    if parked_rows > 0 {
+        for (name, migrations) in [
+            ("outbox_bench_mysql_parked", None),
+            ("outbox_bench_mysql_parked_0007", Some(7)),
+        ] {
+            let pool = mariadb_at(name, migrations).await;
+            let last = fill_parked(&pool, parked_rows).await;
+            parked.push((pool, last, migrations, Vec::new(), Vec::new()));
+        }
+    }
 
     let (mut my, mut my_large, mut seed, mut postgres_relay) = (vec![], vec![], vec![], vec![]);
     let (mut reads, mut reads_large) = (vec![], vec![]);
@@ -93,6 +114,17 @@ async fn main() {
             seed[round - 1],
             postgres_relay[round - 1]
         );
+        for (pool, last, migrations, rates, reads) in &mut parked {
+            let (rate, read) = drain_mariadb(pool, *last, &brokers, events, batch).await;
+            println!(
+                "round {round}: MariaDB relay with {parked_rows} parked rows ({}): {rate:.0}/s \
+                 ({read:.1} index reads per event), {:.3} of the empty table's",
+                schema(*migrations),
+                rate / my[round - 1]
+            );
+            rates.push(rate);
+            reads.push(read);
+        }
     }
     let show = |name: &str, values: &[f64], unit: &str| {
         let (lo, mid, hi) = support::spread(values);
@@ -135,6 +167,62 @@ async fn main() {
         &ratio(&my, &postgres_relay),
         "",
     );
+    for (_, _, migrations, rates, reads) in &parked {
+        let schema = schema(*migrations);
+        show(
+            &format!("MariaDB relay drain with {parked_rows} parked rows ({schema})"),
+            rates,
+            " events/s",
+        );
+        show(
+            &format!("index entries read per event with {parked_rows} parked rows ({schema})"),
+            reads,
+            "",
+        );
+        let ratios = ratio(rates, &my);
+        show(
+            &format!("ratio with {parked_rows} parked rows / empty table ({schema}), per round"),
+            &ratios,
+            "",
+        );
+        println!(
+            "  target >= 0.90: met in {} of {rounds} rounds",
+            ratios.iter().filter(|r| **r >= 0.90).count()
+        );
+    }
+}
+
+/// Which schema a parked-rows database has.
+fn schema(migrations: Option<usize>) -> String {
+    match migrations {
+        None => "today's schema".to_owned(),
+        Some(n) => format!("schema up to migration {n:04}"),
+    }
+}
+
+/// Adds `n` parked rows (dead letters: 10 failed attempts each, topic
+/// `parked`), which stay while the drains come and go; returns the highest
+/// id.
+async fn fill_parked(pool: &MySqlPool, n: usize) -> i64 {
+    let started = Instant::now();
+    let last = insert_mariadb(pool, "parked", n, false).await;
+    sqlx::query(
+        "UPDATE outbox_event SET parked_at = UTC_TIMESTAMP(6), attempts = 10,
+             last_error = 'Broker: Message size too large'
+         WHERE topic = 'parked'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE TABLE outbox_event")
+        .execute(pool)
+        .await
+        .unwrap();
+    println!(
+        "filled {n} parked rows in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    last
 }
 
 fn kafka(brokers: &str) -> ClientConfig {
@@ -144,6 +232,12 @@ fn kafka(brokers: &str) -> ClientConfig {
 }
 
 async fn mariadb(name: &str) -> MySqlPool {
+    mariadb_at(name, None).await
+}
+
+/// A fresh MariaDB database migrated in full, or up to MySQL migration
+/// `migrations` (its number) only.
+async fn mariadb_at(name: &str, migrations: Option<usize>) -> MySqlPool {
     let url = txoutbox_testkit::mysql::mysql_url();
     let server: MySqlConnectOptions = url.parse().expect("MYSQL_URL");
     let mut admin = server.connect().await.expect("MariaDB at MYSQL_URL");
@@ -159,7 +253,16 @@ async fn mariadb(name: &str) -> MySqlPool {
         .connect_with(server.database(name))
         .await
         .unwrap();
-    txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    match migrations {
+        None => {
+            txoutbox_runtime::migrations::run(&pool).await.unwrap();
+        }
+        Some(n) => {
+            for migration in &txoutbox_runtime::migrations::MYSQL_MIGRATIONS[..n] {
+                sqlx::raw_sql(migration.sql).execute(&pool).await.unwrap();
+            }
+        }
+    }
     pool
 }
 

@@ -145,6 +145,11 @@ pub const MYSQL_MIGRATIONS: &[Migration] = &[
         description: "replay",
         sql: include_str!("../migrations/mysql/0007_replay.sql"),
     },
+    Migration {
+        version: 8,
+        description: "claim_index",
+        sql: include_str!("../migrations/mysql/0008_claim_index.sql"),
+    },
 ];
 
 /// A database [`run`] migrates: `&PgPool`, or `&MySqlPool` (feature

@@ -682,3 +682,158 @@ async fn mariadb_refuses_listen_notify() {
         "refused with a hint"
     );
 }
+
+/// Every object of MariaDB's `ANALYZE FORMAT=JSON` output that reads
+/// `table`.
+#[cfg(feature = "test-hooks")]
+fn table_reads<'a>(plan: &'a serde_json::Value, table: &str, out: &mut Vec<&'a serde_json::Value>) {
+    match plan {
+        serde_json::Value::Object(fields) => {
+            if fields.get("table_name").and_then(|name| name.as_str()) == Some(table) {
+                out.push(plan);
+            }
+            fields
+                .values()
+                .for_each(|value| table_reads(value, table, out));
+        }
+        serde_json::Value::Array(items) => {
+            items.iter().for_each(|item| table_reads(item, table, out))
+        }
+        _ => {}
+    }
+}
+
+/// The claim's walk of the outbox (`outbox_event o`): the index it used and
+/// the rows it read.
+#[cfg(feature = "test-hooks")]
+async fn mariadb_claim_walk(pool: &MySqlPool) -> (String, i64) {
+    let mut conn = pool.acquire().await.unwrap();
+    let plan = txoutbox_runtime::relay::explain_claim_mysql(&mut conn, 64, 1000)
+        .await
+        .unwrap();
+    let mut reads = Vec::new();
+    table_reads(&plan, "o", &mut reads);
+    assert_eq!(reads.len(), 1, "one read of the claimed rows: {plan:#}");
+    let key = reads[0]["key"].as_str().unwrap_or("(none)").to_owned();
+    let rows = reads[0]["r_rows"].as_f64().unwrap() as i64;
+    (key, rows)
+}
+
+/// MySQL has no partial index. Until MySQL migration 0008 the claim walked
+/// `(published_at, id)`, whose NULL head held the parked rows too, oldest
+/// first: every claim read each dead letter before the rows it could
+/// publish. Now `(published_at, parked_at, id)`, forced, puts the claimable
+/// rows first: a claim reads them only, behind any number of published or
+/// parked rows; a retried dead letter is
+/// claimable again, first; the relay publishes the pending rows and leaves
+/// the parked ones. Checked on a schema upgraded from 0007, on the plan the
+/// server ran.
+#[cfg(feature = "test-hooks")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_claim_reads_no_parked_or_published_row() {
+    init_tracing();
+    let brokers = brokers();
+    let topic = unique_topic("backends-claim-index");
+    create_topic(&brokers, &topic, 2).await;
+    let scratch = MySqlScratch::create(8).await;
+    for migration in &txoutbox_runtime::migrations::MYSQL_MIGRATIONS[..7] {
+        sqlx::raw_sql(migration.sql)
+            .execute(&scratch.pool)
+            .await
+            .unwrap();
+    }
+    let pool = scratch.pool.clone();
+    let db = Db::MariaDb(Box::new(scratch));
+    let execute = |sql: &'static str| {
+        let pool = pool.clone();
+        async move { sqlx::query(sql).execute(&pool).await.unwrap() }
+    };
+    // History (published), then 3,000 dead letters, then 200 pending rows.
+    db.insert(
+        &(0..5000)
+            .map(|i| NewEvent::new(&topic, format!("h{}", i % 50), i))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    execute("UPDATE outbox_event SET published_at = UTC_TIMESTAMP(6)").await;
+    let parked = db
+        .insert(
+            &(0..3000)
+                .map(|i| NewEvent::new(&topic, format!("p{}", i % 300), i))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+    execute(
+        "UPDATE outbox_event SET parked_at = UTC_TIMESTAMP(6), attempts = 10,
+             last_error = 'refused'
+         WHERE published_at IS NULL",
+    )
+    .await;
+    db.insert(
+        &(0..200)
+            .map(|i| NewEvent::new(&topic, format!("k{}", i % 20), i))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    execute("ANALYZE TABLE outbox_event").await;
+
+    let (_, before) = mariadb_claim_walk(&pool).await;
+    assert!(
+        before >= 3200,
+        "before 0008 the claim reads every parked row first: {before} rows"
+    );
+    // The runner has no record of the migrations applied by hand: it
+    // applies them again (each is idempotent), 0008 last.
+    let applied = txoutbox_runtime::migrations::run(&pool).await.unwrap();
+    assert_eq!(applied.last(), Some(&8));
+    assert_eq!(
+        mariadb_claim_walk(&pool).await,
+        ("ix_outbox_event_unpublished".to_owned(), 200),
+        "the claim reads the 200 pending rows and nothing else"
+    );
+    // The same once the statistics know the new index.
+    execute("ANALYZE TABLE outbox_event").await;
+    assert_eq!(
+        mariadb_claim_walk(&pool).await,
+        ("ix_outbox_event_unpublished".to_owned(), 200)
+    );
+
+    // An operator retries 100 dead letters: claimable again, and first.
+    let retried = txoutbox_runtime::ops::dead_letters::retry(
+        &pool,
+        txoutbox_runtime::ops::dead_letters::Table::Outbox,
+        &txoutbox_runtime::ops::dead_letters::Selection::EventIds(parked[..100].to_vec()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(retried.len(), 100);
+    assert_eq!(
+        mariadb_claim_walk(&pool).await,
+        ("ix_outbox_event_unpublished".to_owned(), 300)
+    );
+    let first: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT event_id FROM outbox_event WHERE published_at IS NULL AND parked_at IS NULL
+         ORDER BY id LIMIT 100",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(first, parked[..100]);
+
+    // The relay publishes the 300 and leaves the 2,900 dead letters.
+    let relay = db.relay(&brokers).spawn().unwrap();
+    eventually(
+        "the pending rows published",
+        Duration::from_secs(15),
+        || async { db.unpublished().await == 2900 },
+    )
+    .await;
+    let summary = relay.shutdown().await.unwrap();
+    assert_eq!((summary.published, summary.parked), (300, 0));
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM outbox_event WHERE parked_at IS NOT NULL")
+            .await,
+        2900
+    );
+    db.drop().await;
+}

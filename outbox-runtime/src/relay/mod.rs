@@ -69,6 +69,11 @@ pub use builder::producer_settings_for_benchmark;
 pub use config::{DEFAULT_LEASE_TIMEOUT, DEFAULT_REBALANCE_INTERVAL};
 pub use database::Database;
 pub use error::{BuildError, RelayError};
+/// Tests only (features `test-hooks` and `mysql`): the MariaDB claim's walk
+/// under `ANALYZE FORMAT=JSON` (see `explain_claim` for PostgreSQL).
+#[cfg(all(feature = "test-hooks", feature = "mysql"))]
+#[doc(hidden)]
+pub use mysql::explain_claim as explain_claim_mysql;
 pub use run::{Relay, RelayHandle};
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]

@@ -8,9 +8,11 @@
 //! batch stopped:
 //!
 //! - published outbox rows in `(published_at, id)` order on
-//!   `ix_outbox_event_unpublished (published_at, id)` (the index range
-//!   below the cutoff holds published rows only), discarded ones in id
-//!   order among the unpublished (the index's NULL head);
+//!   `ix_outbox_event_unpublished (published_at, parked_at, id)` (the
+//!   index range below the cutoff holds published rows only, whose
+//!   `parked_at` is NULL, so they come in `(published_at, id)` order),
+//!   discarded ones in id order among the unpublished (the index's NULL
+//!   head);
 //! - dedup rows in `(processed_at, consumer_group, event_id)` order on
 //!   `ix_processed_event_processed_at` (the primary key completes it);
 //! - inbox rows group by group on `ix_inbox_event_group_processed

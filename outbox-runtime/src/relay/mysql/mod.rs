@@ -23,6 +23,9 @@
 mod membership;
 mod store;
 
+#[cfg(feature = "test-hooks")]
+pub use store::explain_claim;
+
 use std::sync::Arc;
 
 use sqlx::MySqlPool;
