@@ -8,56 +8,42 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# One build serves every bench and the README's test command: the dev
-# profile and the features of the whole workspace (those are the features
-# `cargo test --workspace` builds with, and they include every bench's
-# required features), so after the tests only the bench binaries compile.
-# A measurement uses the release profile (`cargo bench -p ...`, BENCHMARKS.md).
-SMOKE_ARGS="--workspace --profile dev"
-
 charts=$(mktemp -d)
 trap 'rm -rf "$charts"' EXIT
 export BENCH_CHARTS_DIR="$charts"
 
+# `run NAME [VAR=value ...]` runs bench NAME with those settings. One build
+# serves every bench and the README's test command: the dev profile and the
+# features of the whole workspace (those `cargo test --workspace` builds
+# with, and they include every bench's required features), so after the
+# tests only the bench binaries compile. A measurement uses the release
+# profile (`cargo bench -p ...`, BENCHMARKS.md).
 run() {
     local name=$1
     shift
     printf '\n--- bench %s (quick mode)\n' "$name"
     local started=$SECONDS
-    env "$@"
+    env "$@" cargo bench --workspace --profile dev --bench "$name"
     printf -- '--- bench %s: ok in %d s\n' "$name" $((SECONDS - started))
 }
 
-run handler BENCH_ITERATIONS=50 BENCH_ROUNDS=1 \
-    cargo bench $SMOKE_ARGS --bench handler
-run handler_sea_orm BENCH_ITERATIONS=50 BENCH_ROUNDS=1 \
-    cargo bench $SMOKE_ARGS --bench handler_sea_orm
-run handler_mysql BENCH_ITERATIONS=50 BENCH_ROUNDS=1 \
-    cargo bench $SMOKE_ARGS --bench handler_mysql
-run consumer OUTBOX_BENCH_EVENTS=2000 OUTBOX_BENCH_ROUNDS=1 OUTBOX_BENCH_BASELINE_EVENTS=500 \
-    cargo bench $SMOKE_ARGS --bench consumer
-run inbox_claim OUTBOX_BENCH_PENDING=2000 OUTBOX_BENCH_ROUNDS=1 \
-    cargo bench $SMOKE_ARGS --bench inbox_claim
+run handler BENCH_ITERATIONS=50 BENCH_ROUNDS=1
+run handler_sea_orm BENCH_ITERATIONS=50 BENCH_ROUNDS=1
+run handler_mysql BENCH_ITERATIONS=50 BENCH_ROUNDS=1
+run consumer OUTBOX_BENCH_EVENTS=2000 OUTBOX_BENCH_ROUNDS=1 OUTBOX_BENCH_BASELINE_EVENTS=500
+run inbox_claim OUTBOX_BENCH_PENDING=2000 OUTBOX_BENCH_ROUNDS=1
 run relay RELAY_BENCH_EVENTS=2000 RELAY_BENCH_BASELINE_EVENTS=100 RELAY_BENCH_PUBLISHED_ROWS=5000 \
     RELAY_BENCH_LATENCY_SECS=1 RELAY_BENCH_LATENCY_ROUNDS=1 RELAY_BENCH_ROUNDS=1 \
-    RELAY_BENCH_PARKED_ROWS=5000 RELAY_BENCH_PARKED_EVENTS=2000 \
-    cargo bench $SMOKE_ARGS --bench relay
+    RELAY_BENCH_PARKED_ROWS=5000 RELAY_BENCH_PARKED_EVENTS=2000
 run relay_mysql MYSQL_BENCH_EVENTS=2000 MYSQL_BENCH_BASELINE_EVENTS=100 MYSQL_BENCH_PUBLISHED_ROWS=5000 MYSQL_BENCH_PARKED_ROWS=5000 \
-    MYSQL_BENCH_ROUNDS=1 \
-    cargo bench $SMOKE_ARGS --bench relay_mysql
-run consumer_mysql CONSUMER_MYSQL_EVENTS=2000 CONSUMER_MYSQL_ROUNDS=1 CONSUMER_MYSQL_BASELINE_EVENTS=200 \
-    cargo bench $SMOKE_ARGS --bench consumer_mysql
+    MYSQL_BENCH_ROUNDS=1
+run consumer_mysql CONSUMER_MYSQL_EVENTS=2000 CONSUMER_MYSQL_ROUNDS=1 CONSUMER_MYSQL_BASELINE_EVENTS=200
 run hops HOPS_BENCH_MODES=dedup,inbox,saga HOPS_BENCH_CHAINS=1 HOPS_BENCH_RATES=100 \
-    HOPS_BENCH_ROUNDS=1 HOPS_BENCH_SECS=1 \
-    cargo bench $SMOKE_ARGS --bench hops
-run capacity CAPACITY_EVENTS=500 CAPACITY_BACKLOG=2000 CAPACITY_RELAYS=1,2 \
-    cargo bench $SMOKE_ARGS --bench capacity
+    HOPS_BENCH_ROUNDS=1 HOPS_BENCH_SECS=1
+run capacity CAPACITY_EVENTS=500 CAPACITY_BACKLOG=2000 CAPACITY_RELAYS=1,2
 run scheduled SCHEDULED_BENCH_MESSAGES=100 SCHEDULED_BENCH_SPREAD_MS=500 SCHEDULED_BENCH_ROUNDS=1 \
-    SCHEDULED_BENCH_DRAIN=2000 SCHEDULED_BENCH_FUTURE=5000 \
-    cargo bench $SMOKE_ARGS --bench scheduled
-run saga SAGA_BENCH_STEPS=400 SAGA_BENCH_SAGAS=40 SAGA_BENCH_ROUNDS=1 \
-    cargo bench $SMOKE_ARGS --bench saga
+    SCHEDULED_BENCH_DRAIN=2000 SCHEDULED_BENCH_FUTURE=5000
+run saga SAGA_BENCH_STEPS=400 SAGA_BENCH_SAGAS=40 SAGA_BENCH_ROUNDS=1
 # The seed's own Python relay as a baseline (skipped if Python is missing).
 scripts/seed-baseline.sh >/dev/null || true
-run seed_python SEED_ROUNDS=1 SEED_EVENTS=200 SEED_RELAY_EVENTS=1000 \
-    cargo bench $SMOKE_ARGS --bench seed_python
+run seed_python SEED_ROUNDS=1 SEED_EVENTS=200 SEED_RELAY_EVENTS=1000

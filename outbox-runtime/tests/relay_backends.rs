@@ -724,9 +724,8 @@ async fn mariadb_claim_walk(pool: &MySqlPool) -> (String, i64) {
 /// first: every claim read each dead letter before the rows it could
 /// publish. Now `(published_at, parked_at, id)`, forced, puts the claimable
 /// rows first: a claim reads them only, behind any number of published or
-/// parked rows; a retried dead letter is
-/// claimable again, first; the relay publishes the pending rows and leaves
-/// the parked ones. Checked on a schema upgraded from 0007, on the plan the
+/// parked rows; a retried dead letter is claimable again, first; the relay
+/// publishes the pending rows and leaves the parked ones. Checked on a schema upgraded from 0007, on the plan the
 /// server ran.
 #[cfg(feature = "test-hooks")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,7 +40,11 @@ async fn claim_scan(pool: &PgPool) -> ClaimScan {
     let explained = txoutbox_runtime::relay::explain_claim(&mut conn, 64, 1000)
         .await
         .unwrap();
-    let plan = &explained[0]["Plan"];
+    scan_of(&explained[0]["Plan"])
+}
+
+/// The scan of the claimed rows in a claim's plan.
+fn scan_of(plan: &Value) -> ClaimScan {
     let scans: Vec<&Value> = nodes(plan)
         .into_iter()
         .filter(|n| n["Relation Name"] == "outbox_event" && n["Alias"] == "o")
@@ -294,10 +298,9 @@ async fn a_backlog_the_statistics_do_not_know_is_claimed_in_one_ordered_walk(poo
     );
     let claimed = plan["Actual Rows"].as_f64().unwrap() as i64;
     assert_eq!(claimed, 1000, "{plan:#}");
-    drop(conn);
     // The walk read the rows up to the 1,000th claimable one and the three
     // rows of `w0` before it (sequence numbers 0, 500 and 1,000), no more.
-    let scan = claim_scan(&pool).await;
+    let scan = scan_of(plan);
     assert_eq!(
         scan,
         ClaimScan {
@@ -364,9 +367,8 @@ async fn a_backlog_the_statistics_know_is_claimed_in_one_ordered_walk(pool: PgPo
         "no sort of the backlog: {plan:#}"
     );
     assert_eq!(plan["Actual Rows"].as_f64(), Some(1000.0), "{plan:#}");
-    drop(conn);
     assert_eq!(
-        claim_scan(&pool).await,
+        scan_of(plan),
         ClaimScan {
             node: "Index Scan".into(),
             index: Some("ix_outbox_event_unpublished".into()),

@@ -59,7 +59,10 @@ pub(crate) struct ClaimedRow {
 /// `NOT EXISTS`) the planner sorted the whole backlog and, for every row of
 /// it, scanned the whole index again for an earlier waiting row of its key:
 /// a claim over 200,000 unpublished rows ran for more than 14 minutes. Now
-/// it takes about 3 ms there (`relay_claim_index.rs` checks the plan).
+/// it takes about 3 ms there (`relay_claim_index.rs` checks the plan). With
+/// statistics that do know the backlog, the planner could still prefer
+/// reading and sorting all of it; the relay's connection discourages sorts
+/// ([`PLANNER_SETTINGS`]).
 ///
 /// The lanes are `= ANY(..)`, searched linearly per row: a relay owns at
 /// most `lanes` of them (64 by default). The rows in flight and the held
@@ -113,7 +116,7 @@ const CLAIM: &str = "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, 
 
 /// Tests only (feature `test-hooks`): runs the relay's claim statement under
 /// `EXPLAIN (ANALYZE, FORMAT JSON)` over every lane (nothing in flight),
-/// planned as on the relay's connection ([`CLAIM_PLANNER`]), and returns the
+/// planned as on the relay's connection ([`PLANNER_SETTINGS`]), and returns the
 /// plan, so a test can check which index it walks and how many rows it
 /// stepped over. The claim's row locks end with its transaction, rolled
 /// back.
@@ -126,7 +129,7 @@ pub async fn explain_claim(
     let lanes: Vec<i32> = (0..lane_count as i32).collect();
     // The relay's planner settings, for this statement only.
     let mut tx = sqlx::Connection::begin(conn).await?;
-    for setting in CLAIM_PLANNER {
+    for setting in PLANNER_SETTINGS {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET LOCAL {setting}")))
             .execute(&mut *tx)
             .await?;
@@ -144,8 +147,8 @@ pub async fn explain_claim(
     Ok(plan)
 }
 
-/// The planner setting of the relay's connection: sorting is the last
-/// resort. The claim must be one walk of `ix_outbox_event_unpublished` in id
+/// The planner settings of the relay's connection: sorting is the last
+/// resort, and there is no JIT. The claim must be one walk of `ix_outbox_event_unpublished` in id
 /// order that stops at its limit; its filters (the lanes, the keys waiting
 /// for a retry, rows in flight, held topics) make the planner believe few
 /// backlog rows qualify, and with statistics that know a large backlog
@@ -160,7 +163,7 @@ pub async fn explain_claim(
 /// `ORDER BY` of a few rows) were compiled by the JIT at each execution,
 /// about 13 ms each, 8 % off a 50,000-event drain. The relay's statements
 /// are all short, so JIT is off on this connection too.
-pub(crate) const CLAIM_PLANNER: [&str; 2] = ["enable_sort = off", "jit = off"];
+pub(crate) const PLANNER_SETTINGS: [&str; 2] = ["enable_sort = off", "jit = off"];
 
 /// Session settings of the relay's own connection (the one its lane locks,
 /// claims and marks use).
@@ -171,15 +174,17 @@ pub(crate) const CLAIM_PLANNER: [&str; 2] = ["enable_sort = off", "jit = off"];
 /// at-least-once). That wait is most of a small statement's cost. Only this
 /// connection is set; the service's transactions keep their own setting.
 ///
-/// Its planner avoids sorting and JIT ([`CLAIM_PLANNER`]). Its statements (claims,
-/// marks, lane locks) also run at `READ COMMITTED`
-/// whatever the database's default (see `crate::txn`): a claim under
+/// Its planner avoids sorting and JIT ([`PLANNER_SETTINGS`]). Its statements
+/// (claims, marks, lane locks) also run at `READ COMMITTED` whatever the
+/// database's default (see `crate::txn`): a claim under
 /// `REPEATABLE READ` would fail on rows committed after its snapshot.
 pub(crate) async fn configure_connection(conn: &mut PgConnection) -> sqlx::Result<()> {
+    let planner: String = PLANNER_SETTINGS
+        .iter()
+        .map(|setting| format!("SET {setting}; "))
+        .collect();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SET synchronous_commit = off; SET {}; SET {}; {}",
-        CLAIM_PLANNER[0],
-        CLAIM_PLANNER[1],
+        "SET synchronous_commit = off; {planner}{}",
         crate::txn::SESSION_DEFAULT
     )))
     .execute(conn)
