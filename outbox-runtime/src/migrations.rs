@@ -102,6 +102,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "event_headers",
         sql: include_str!("../migrations/0014_event_headers.sql"),
     },
+    Migration {
+        version: 15,
+        description: "inbox_store_lock",
+        sql: include_str!("../migrations/0015_inbox_store_lock.sql"),
+    },
 ];
 
 /// Every MySQL / MariaDB migration the framework ships, in order (feature

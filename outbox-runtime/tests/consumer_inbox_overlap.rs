@@ -221,3 +221,108 @@ async fn a_new_owner_never_handles_a_key_on_receipt_ahead_of_the_old_owners_pend
     assert_eq!(summary.handled, 3, "{summary:?}");
     assert_eq!(count(&pool, "SELECT count(*) FROM effect").await, 3);
 }
+
+/// A pending row of `key` stored by another transaction, committed while
+/// the statement on `reader` runs; returns what that statement returned.
+async fn committed_during(
+    pool: &PgPool,
+    reader_sql: &'static str,
+    key: &str,
+) -> Vec<(bool, Option<String>, Option<String>)> {
+    let mut reader = pool.acquire().await.unwrap();
+    let key_for_reader = key.to_owned();
+    // The statement takes its snapshot, sleeps a second, then reads.
+    let read = tokio::spawn(async move {
+        sqlx::query_as(reader_sql)
+            .bind(key_for_reader)
+            .fetch_all(&mut *reader)
+            .await
+            .unwrap()
+    });
+    eventually(
+        "the reading statement is asleep",
+        Duration::from_secs(10),
+        || async {
+            count(
+                pool,
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event = 'PgSleep' AND datname = current_database()",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    // Another store: a pending row of the key (its `inbox_key` entry comes
+    // from the insert trigger), committed.
+    sqlx::query(
+        "INSERT INTO inbox_event (consumer_group, event_id, payload, event_type, topic,
+                                  partition_key)
+         VALUES ('g', $1, '{}', 'OverlapPaid', 't', $2)",
+    )
+    .bind(Uuid::new_v4())
+    .bind(key)
+    .execute(pool)
+    .await
+    .unwrap();
+    read.await.unwrap()
+}
+
+/// The store's locks and its read of pending keys are one round trip
+/// (migration 0015's function), and the read must still see every store
+/// committed before the locks were taken: under READ COMMITTED the function
+/// reads with a snapshot of its own, taken after the locks, not the calling
+/// statement's. The control shows what the test tells apart: the same read
+/// sharing the calling statement's snapshot misses the row committed while
+/// that statement ran, which would let a new owner handle the key on
+/// receipt ahead of the old owner's pending row.
+#[sqlx::test(migrations = false)]
+async fn the_stores_read_of_pending_keys_sees_what_committed_before_its_locks(pool: PgPool) {
+    prepare_db(&pool).await;
+    let control = committed_during(
+        &pool,
+        "SELECT true, k.topic, k.partition_key
+         FROM (SELECT 'g'::text AS grp FROM pg_sleep(1)) AS s,
+              LATERAL (SELECT * FROM inbox_key k
+                       WHERE k.consumer_group = s.grp AND k.topic = 't'
+                         AND k.partition_key = $1) AS k",
+        "k-control",
+    )
+    .await;
+    assert_eq!(
+        control,
+        vec![],
+        "a read sharing the calling statement's snapshot misses the commit"
+    );
+
+    let read = committed_during(
+        &pool,
+        "SELECT f.locked, f.pending_topic, f.pending_key
+         FROM (SELECT 'g'::text AS grp FROM pg_sleep(1)) AS s,
+              LATERAL outbox_inbox_lock_and_read_pending(
+                  1, ARRAY['t:0:' || s.grp], s.grp, ARRAY['t'], ARRAY[$1::text]) AS f",
+        "k",
+    )
+    .await;
+    assert_eq!(
+        read,
+        vec![(true, Some("t".to_owned()), Some("k".to_owned()))],
+        "the function's read sees the store committed before its locks"
+    );
+
+    // Another transaction holding one of the locks: not locked, nothing read.
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1, hashtext('t:0:g'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let refused: Vec<(bool, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT * FROM outbox_inbox_lock_and_read_pending(
+             1, ARRAY['t:1:g', 't:0:g'], 'g', ARRAY['t'], ARRAY['k'])",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(refused, vec![(false, None, None)]);
+    holder.rollback().await.unwrap();
+}

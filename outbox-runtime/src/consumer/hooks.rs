@@ -1,5 +1,6 @@
-//! The routing decision as the fuzz test sees it, and the inbox's store in a
-//! transaction a test holds open (feature `test-hooks`).
+//! The routing decision as the fuzz test sees it, the inbox's store in a
+//! transaction a test holds open, and one batch's step without the broker
+//! (feature `test-hooks`).
 
 use rdkafka::message::OwnedMessage;
 use sqlx::PgConnection;
@@ -91,5 +92,21 @@ impl Consumer {
             })
             .collect();
         super::inbox::store_pending(ctx, conn, &rows).await
+    }
+}
+
+impl Consumer {
+    /// The consumer loop's step for one batch, without the broker: dedup
+    /// mode handles it, inbox mode stores it (handling on receipt what
+    /// qualifies), each in its transaction, as for a batch just fetched.
+    /// Returns how many messages it finished; offsets are not committed.
+    /// For the store bench. Not a public API.
+    #[doc(hidden)]
+    pub async fn __take(&self, messages: &[OwnedMessage]) -> usize {
+        let taken = match self.ctx.settings.mode {
+            Mode::Dedup => super::dedup::take(&self.ctx, messages).await,
+            Mode::Inbox => super::inbox::take(&self.ctx, messages).await,
+        };
+        taken.done.len()
     }
 }

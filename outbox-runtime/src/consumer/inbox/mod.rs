@@ -115,6 +115,8 @@ pub(crate) async fn take(ctx: &Shared, batch: &[OwnedMessage]) -> Taken {
         let outcome = loop {
             match receipt::store(ctx, &rows, on_receipt).await {
                 Ok(outcome) => break outcome,
+                // The processors call it again, and count and log its failure.
+                Err(receipt::StoreFailed::HandlerFailed) => on_receipt = false,
                 Err(receipt::StoreFailed::HandlingLost) => {
                     tracing::warn!(
                         group = %ctx.settings.group_id,

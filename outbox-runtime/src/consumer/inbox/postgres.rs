@@ -43,6 +43,39 @@ pub(super) async fn try_lock_partitions(
     Ok(all.unwrap_or(true))
 }
 
+/// Takes every lock of `partitions` that is free, as [`try_lock_partitions`]
+/// does, and if it got them all, reads which of the (topic, key) pairs have
+/// pending rows, as [`pending_keys`] does, after the locks are held: one
+/// round trip (migration 0015's function, whose read takes a snapshot of its
+/// own). `None` if another transaction holds one of the locks.
+pub(super) async fn lock_and_read_pending(
+    conn: &mut PgConnection,
+    group: &str,
+    partitions: &[PartitionLock],
+    topics: &[&str],
+    keys: &[&str],
+) -> sqlx::Result<Option<Vec<(String, String)>>> {
+    let rows: Vec<(bool, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT locked, pending_topic, pending_key
+         FROM outbox_inbox_lock_and_read_pending($1, $2, $3, $4, $5)",
+    )
+    .bind(STORE_LOCK)
+    .bind(lock_texts(group, partitions))
+    .bind(group)
+    .bind(topics)
+    .bind(keys)
+    .fetch_all(conn)
+    .await?;
+    if rows.iter().any(|(locked, ..)| !locked) {
+        return Ok(None);
+    }
+    Ok(Some(
+        rows.into_iter()
+            .filter_map(|(_, topic, key)| Some((topic?, key?)))
+            .collect(),
+    ))
+}
+
 /// Takes the locks of `partitions` until the transaction ends, waiting for
 /// whoever holds them, in the order of their keys, as every store does, so
 /// two stores never wait for each other.

@@ -19,8 +19,10 @@
 //! that the new owner is about to find without an `inbox_key` entry (the
 //! rows are not committed yet) and handle on receipt, ahead of them. The
 //! lock makes the new owner's store wait for the old owner's to end, and
-//! `inbox_key` is read after that, in a statement of its own (so with a
-//! snapshot that sees the old owner's commit, under READ COMMITTED).
+//! `inbox_key` is read after that, with a snapshot of its own that sees the
+//! old owner's commit (under READ COMMITTED): on PostgreSQL a store that
+//! waits for no one takes its locks and reads in one round trip, through
+//! migration 0015's function, whose read is a statement of its own.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -28,7 +30,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::rows::PartitionLock;
-use crate::consumer::database::{Tx, TxFailure};
+use crate::consumer::database::Tx;
 use crate::consumer::handler::{Decoded, ErasedHandler};
 use crate::consumer::message::Envelope;
 use crate::consumer::shared::Shared;
@@ -47,10 +49,15 @@ pub(super) struct Stored {
 pub(super) enum StoreFailed {
     /// The database failed (or is unreachable): the store runs again.
     Database(sqlx::Error),
+    /// A handler called on receipt failed, or returned `Ok` on a transaction
+    /// it left aborted: the store was rolled back and runs again with every
+    /// row stored pending, for the processors, which count attempts, retry
+    /// and park.
+    HandlerFailed,
     /// A handler called on receipt lost the transaction (MySQL rolled it
     /// back under it, a deadlock it swallowed or returned) or ended it: the
-    /// store runs again with every row stored pending, for the processors,
-    /// which count attempts and retry transient failures.
+    /// store runs again with every row stored pending, as after
+    /// [`Self::HandlerFailed`].
     HandlingLost,
 }
 
@@ -60,11 +67,13 @@ impl From<sqlx::Error> for StoreFailed {
     }
 }
 
-/// The savepoint before the rows handled on receipt.
-const RECEIPT_SAVEPOINT: &str = "outbox_inbox_receipt";
-
 /// Stores `rows` (in offset order) in the group's inbox in one transaction,
 /// handling on receipt those that qualify when `on_receipt` is set.
+///
+/// A failed handler rolls the whole transaction back (the caller stores the
+/// batch again, every row pending) rather than back to a savepoint set
+/// before the handling: a savepoint would cost every store a round trip to
+/// the database for the rare store whose handler fails.
 pub(super) async fn store(
     ctx: &Shared,
     rows: &[Envelope],
@@ -78,31 +87,37 @@ pub(super) async fn store(
         let group = &ctx.settings.group_id;
         super::mysql::ensure_store_locks(&ctx.db, &ctx.inbox, group, &partitions).await?;
     }
+    let keys = on_receipt.then(|| batch_keys(rows));
     let mut tx = ctx.db.begin().await?;
-    if !try_lock_partitions(ctx, &mut tx, &partitions).await? {
-        // Another transaction is storing rows of these partitions: their
-        // previous owner, still finishing its last batch after a rebalance.
-        // Wait for it (holding no lock meanwhile, so two such waits cannot
-        // deadlock), then read `inbox_key` after its commit.
-        tx.rollback().await?;
-        waiting(ctx, &partitions);
-        tx = ctx.db.begin().await?;
-        lock_partitions(ctx, &mut tx, &partitions).await?;
-    }
+    let waiting_keys = match try_lock_and_read(ctx, &mut tx, &partitions, keys.as_ref()).await? {
+        Some(waiting_keys) => waiting_keys,
+        None => {
+            // Another transaction is storing rows of these partitions: their
+            // previous owner, still finishing its last batch after a
+            // rebalance. Wait for it (holding no lock meanwhile, so two such
+            // waits cannot deadlock), then read `inbox_key` after its commit.
+            tx.rollback().await?;
+            waiting(ctx, &partitions);
+            tx = ctx.db.begin().await?;
+            lock_partitions(ctx, &mut tx, &partitions).await?;
+            match &keys {
+                Some(keys) => pending_keys(ctx, &mut tx, keys).await?,
+                None => Vec::new(),
+            }
+        }
+    };
     let mut stored = Stored::default();
     let mut later: Vec<&Envelope> = rows.iter().collect();
     let mut handled_by_type: HashMap<String, u64> = HashMap::new();
     if on_receipt {
-        let (now, rest) = qualify(ctx, &mut tx, rows).await?;
+        let (now, rest) = qualify(ctx, rows, &waiting_keys);
         if !now.is_empty() {
-            tx.set_savepoint(RECEIPT_SAVEPOINT).await?;
             let envelopes: Vec<&Envelope> = now.iter().map(|(row, ..)| *row).collect();
             let mut fresh: HashSet<Uuid> = insert(ctx, &mut tx, &envelopes, true)
                 .await?
                 .into_iter()
                 .collect();
-            let inserted = fresh.len() as u64;
-            let mut failed = false;
+            stored.inserted += fresh.len() as u64;
             for (row, handler, event) in now {
                 // Not inserted: in the inbox already (a redelivery), or a
                 // second copy within this batch.
@@ -125,8 +140,7 @@ pub(super) async fn store(
                     .await
                     .is_err()
                 {
-                    failed = true;
-                    break;
+                    return Err(handler_failed(tx).await);
                 }
                 *handled_by_type
                     .entry(row.meta.event_type.clone())
@@ -135,25 +149,14 @@ pub(super) async fn store(
             // A handler that swallowed a database error returned `Ok` on an
             // aborted transaction: whichever it was, the processors find it
             // (its savepoint release fails there) and charge it alone.
-            if !failed && !handled_by_type.is_empty() {
+            if !handled_by_type.is_empty() {
                 match tx.check_committable().await {
                     Ok(()) => {}
                     Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
-                    Err(_) => failed = true,
+                    Err(_) => return Err(handler_failed(tx).await),
                 }
             }
-            if failed {
-                // The processors retry it, with the attempts counted.
-                match tx.rollback_to(RECEIPT_SAVEPOINT).await {
-                    Ok(()) => {}
-                    Err(TxFailure::Unusable(_)) => return Err(StoreFailed::HandlingLost),
-                    Err(TxFailure::Database(error)) => return Err(error.into()),
-                }
-                handled_by_type.clear();
-            } else {
-                stored.inserted += inserted;
-                later = rest;
-            }
+            later = rest;
         }
     }
     if !later.is_empty() {
@@ -183,6 +186,19 @@ pub(super) async fn store(
     }
     ctx.counts.handled_by_type(handled_by_type);
     Ok(stored)
+}
+
+/// Rolls back a store whose handling on receipt failed. A rollback that
+/// fails (the connection broke under the handler) leaves the next store
+/// attempt to meet the database's failure itself, pending.
+async fn handler_failed(tx: Tx) -> StoreFailed {
+    if let Err(error) = tx.rollback().await {
+        tracing::debug!(
+            error = %txoutbox_core::DbErrorDisplay(&error),
+            "rolling back a store whose handler failed on receipt"
+        );
+    }
+    StoreFailed::HandlerFailed
 }
 
 /// Stores `rows` pending in `conn`'s transaction, as [`store`] does with the
@@ -233,18 +249,51 @@ fn waiting(ctx: &Shared, partitions: &[PartitionLock]) {
     );
 }
 
+/// The (topic, key) pairs of a batch's rows that have a key, as two lists.
+type BatchKeys<'a> = (Vec<&'a str>, Vec<&'a str>);
+
+fn batch_keys(rows: &[Envelope]) -> BatchKeys<'_> {
+    rows.iter()
+        .filter_map(|row| Some((row.meta.topic.as_str(), row.meta.key.as_deref()?)))
+        .unzip()
+}
+
 /// Takes every store lock of `partitions` that is free, until the
-/// transaction ends; true if it got them all (the usual case: no wait).
-async fn try_lock_partitions(
+/// transaction ends, and if it got them all (the usual case: no wait) reads
+/// which of `keys` have pending rows (none read without `keys`), after the
+/// locks are held; `None` if another transaction holds one of them.
+async fn try_lock_and_read(
     ctx: &Shared,
     tx: &mut Tx,
     partitions: &[PartitionLock],
-) -> sqlx::Result<bool> {
+    keys: Option<&BatchKeys<'_>>,
+) -> sqlx::Result<Option<Vec<(String, String)>>> {
     let group = &ctx.settings.group_id;
+    let keys = keys.filter(|(_, keys)| !keys.is_empty());
     match tx {
-        Tx::Postgres(tx) => super::postgres::try_lock_partitions(tx, group, partitions).await,
+        Tx::Postgres(conn) => match keys {
+            // One round trip for both.
+            Some((topics, keys)) => {
+                super::postgres::lock_and_read_pending(conn, group, partitions, topics, keys).await
+            }
+            None => Ok(
+                super::postgres::try_lock_partitions(conn, group, partitions)
+                    .await?
+                    .then(Vec::new),
+            ),
+        },
         #[cfg(feature = "mysql")]
-        Tx::MySql(tx) => super::mysql::try_lock_partitions(tx, group, partitions).await,
+        Tx::MySql(conn) => {
+            if !super::mysql::try_lock_partitions(conn, group, partitions).await? {
+                return Ok(None);
+            }
+            match keys {
+                Some((topics, keys)) => super::mysql::pending_keys(conn, group, topics, keys)
+                    .await
+                    .map(Some),
+                None => Ok(Some(Vec::new())),
+            }
+        }
     }
 }
 
@@ -267,31 +316,36 @@ async fn lock_partitions(
 /// A row handled on receipt: its envelope, handler and decoded event.
 type Now<'a> = (&'a Envelope, Arc<dyn ErasedHandler>, Decoded);
 
-/// Splits `rows` into those handled on receipt and those stored pending.
-/// A row qualifies if nothing of its key is pending (no `inbox_key` entry,
-/// and no earlier row of the batch stored pending), a handler here takes its
-/// event type and its payload decodes. A row that does not qualify holds
-/// back the rest of its key.
-async fn qualify<'a>(
+/// Which of the (topic, key) pairs `keys` have pending rows in the group's
+/// inbox (an `inbox_key` entry).
+async fn pending_keys(
     ctx: &Shared,
     tx: &mut Tx,
-    rows: &'a [Envelope],
-) -> sqlx::Result<(Vec<Now<'a>>, Vec<&'a Envelope>)> {
-    let (topics, keys): (Vec<&str>, Vec<&str>) = rows
-        .iter()
-        .filter_map(|row| Some((row.meta.topic.as_str(), row.meta.key.as_deref()?)))
-        .unzip();
+    (topics, keys): &BatchKeys<'_>,
+) -> sqlx::Result<Vec<(String, String)>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
     let group = &ctx.settings.group_id;
-    let waiting: Vec<(String, String)> = if keys.is_empty() {
-        Vec::new()
-    } else {
-        match tx {
-            Tx::Postgres(tx) => super::postgres::pending_keys(tx, group, &topics, &keys).await?,
-            #[cfg(feature = "mysql")]
-            Tx::MySql(tx) => super::mysql::pending_keys(tx, group, &topics, &keys).await?,
-        }
-    };
-    let mut held: HashSet<(&str, &str)> = waiting
+    match tx {
+        Tx::Postgres(tx) => super::postgres::pending_keys(tx, group, topics, keys).await,
+        #[cfg(feature = "mysql")]
+        Tx::MySql(tx) => super::mysql::pending_keys(tx, group, topics, keys).await,
+    }
+}
+
+/// Splits `rows` into those handled on receipt and those stored pending.
+/// A row qualifies if nothing of its key is pending (not among
+/// `waiting_keys`, the keys with an `inbox_key` entry, and no earlier row of
+/// the batch stored pending), a handler here takes its event type and its
+/// payload decodes. A row that does not qualify holds back the rest of its
+/// key.
+fn qualify<'a>(
+    ctx: &Shared,
+    rows: &'a [Envelope],
+    waiting_keys: &'a [(String, String)],
+) -> (Vec<Now<'a>>, Vec<&'a Envelope>) {
+    let mut held: HashSet<(&str, &str)> = waiting_keys
         .iter()
         .map(|(topic, key)| (topic.as_str(), key.as_str()))
         .collect();
@@ -318,7 +372,7 @@ async fn qualify<'a>(
             }
         }
     }
-    Ok((now, later))
+    (now, later)
 }
 
 /// Inserts `rows` into the group's inbox, already processed or pending;
