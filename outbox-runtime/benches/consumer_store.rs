@@ -6,10 +6,13 @@
 //! ```text
 //! scripts/services.sh up   # PostgreSQL
 //! cargo bench -p txoutbox-runtime --features test-hooks --bench consumer_store
-//! # the defaults: STORE_BENCH_BATCHES=2000 STORE_BENCH_ROUNDS=5
+//! # the defaults: STORE_BENCH_BATCHES=2000 STORE_BENCH_ROUNDS=5 STORE_BENCH_RECORDS=1
+//! # batches of 100 records (the store's throughput, not a hop's latency):
+//! STORE_BENCH_RECORDS=100 STORE_BENCH_BATCHES=200 cargo bench ... --bench consumer_store
 //! ```
 //!
-//! Each round takes `STORE_BENCH_BATCHES` one-record batches with each
+//! Each round takes `STORE_BENCH_BATCHES` batches of `STORE_BENCH_RECORDS`
+//! records (one by default) with each
 //! consumer, alternating one dedup batch and one inbox batch, by the
 //! consumer loop's own step for a fetched batch (`Consumer::__take`, feature
 //! `test-hooks`): dedup inserts the event's `processed_event` row, runs the
@@ -19,7 +22,8 @@
 //! every inbox record is handled on receipt, as in a hop. The handler writes
 //! one row and records one event (an outbox insert), as a hop's does. The
 //! summary gives each consumer's per-batch p50 / p99 and the inbox / dedup
-//! ratio of the p50s, min / median / max over rounds.
+//! ratio of the p50s, min / median / max over rounds, and with batches of
+//! more than one record the records per second a consumer's p50 batch makes.
 //!
 //! Needs `DATABASE_URL` (a server the bench may create a scratch database
 //! on). No broker: the consumers are built but never started.
@@ -114,6 +118,7 @@ struct Round {
 async fn main() {
     let batches = support::env_usize("STORE_BENCH_BATCHES", 2000);
     let rounds = support::env_usize("STORE_BENCH_ROUNDS", 5);
+    let records = support::env_usize("STORE_BENCH_RECORDS", 1).max(1);
     let (pool, database) = support::scratch_database("bench_store", 4).await;
     sqlx::raw_sql(
         "CREATE TABLE store_effect (event_id uuid PRIMARY KEY, amount bigint NOT NULL,
@@ -135,7 +140,8 @@ async fn main() {
     let dedup = build(Mode::Dedup, "bench-store-dedup");
     let inbox = build(Mode::Inbox, "bench-store-inbox");
     println!(
-        "commit {}; {rounds} rounds of {batches} one-record batches per consumer, alternating",
+        "commit {}; {rounds} rounds of {batches} batches of {records} records per consumer, \
+         alternating",
         txoutbox_testkit::measured_commit()
     );
     let mut results = Vec::new();
@@ -144,12 +150,16 @@ async fn main() {
         let mut times = [Vec::with_capacity(batches), Vec::with_capacity(batches)];
         for _ in 0..batches {
             for (slot, consumer) in [&dedup, &inbox].into_iter().enumerate() {
-                offset += 1;
-                let batch = [record(offset)];
+                let batch: Vec<OwnedMessage> = (0..records)
+                    .map(|_| {
+                        offset += 1;
+                        record(offset)
+                    })
+                    .collect();
                 let started = Instant::now();
                 let done = consumer.__take(&batch).await;
                 times[slot].push(started.elapsed());
-                assert_eq!(done, 1, "the batch was taken");
+                assert_eq!(done, records, "the batch was taken");
             }
         }
         let [dedup_times, inbox_times] = times.map(|mut times| {
@@ -178,7 +188,7 @@ async fn main() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(effects as usize, 2 * batches * rounds);
+    assert_eq!(effects as usize, 2 * batches * rounds * records);
     assert_eq!(pending, 0, "every inbox record was handled on receipt");
 
     let column = |f: &dyn Fn(&Round) -> f64| {
@@ -192,7 +202,9 @@ async fn main() {
         format!("{min:.2} / {median:.2} / {max:.2}")
     };
     println!();
-    println!("## One record's transaction (us, min / median / max over {rounds} rounds)");
+    println!(
+        "## One batch's transaction, {records} records (us, min / median / max over {rounds} rounds)"
+    );
     println!();
     println!("| consumer | p50 | p99 |");
     println!("|---|---|---|");
@@ -211,6 +223,15 @@ async fn main() {
         ratio(&|r| r.inbox.0 / r.dedup.0),
         ratio(&|r| r.inbox.1 / r.dedup.1)
     );
+    if records > 1 {
+        let rate = |p50: f64| records as f64 / p50 * 1e6;
+        println!();
+        println!(
+            "records/s at the p50 batch: dedup {}, inbox {}",
+            column(&|r| rate(r.dedup.0)),
+            column(&|r| rate(r.inbox.0))
+        );
+    }
     drop(dedup);
     drop(inbox);
     pool.close().await;
