@@ -180,14 +180,12 @@ async fn main() {
         });
     }
     // Every event was handled once, on receipt in the inbox.
-    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM store_effect")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_event WHERE NOT processed")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let effects = txoutbox_testkit::count(&pool, "SELECT count(*) FROM store_effect").await;
+    let pending = txoutbox_testkit::count(
+        &pool,
+        "SELECT count(*) FROM inbox_event WHERE NOT processed",
+    )
+    .await;
     assert_eq!(effects as usize, 2 * batches * rounds * records);
     assert_eq!(pending, 0, "every inbox record was handled on receipt");
 

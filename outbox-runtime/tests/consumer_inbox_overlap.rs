@@ -326,3 +326,31 @@ async fn the_stores_read_of_pending_keys_sees_what_committed_before_its_locks(po
     assert_eq!(refused, vec![(false, None, None)]);
     holder.rollback().await.unwrap();
 }
+
+/// Code deployed before its migration ran: without migration 0015's
+/// function the store takes its locks and reads pending keys in two
+/// statements, and goes on handling on receipt; nothing stalls.
+#[sqlx::test(migrations = false)]
+async fn without_migration_0015_the_store_still_handles_on_receipt(pool: PgPool) {
+    prepare_db(&pool).await;
+    sqlx::query("DROP FUNCTION outbox_inbox_lock_and_read_pending")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let consumer = consumer(&pool, &unique_group("no-0015")).build().unwrap();
+    let event = OverlapPaid {
+        event_id: Uuid::new_v4(),
+        order_id: Uuid::new_v4(),
+        amount: 7,
+    };
+    assert_eq!(consumer.__take(&[record(&event, 1)]).await, 1);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM effect WHERE amount = 7").await,
+        1
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await,
+        1,
+        "handled on receipt: stored already processed"
+    );
+}

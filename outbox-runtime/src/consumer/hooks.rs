@@ -93,9 +93,7 @@ impl Consumer {
             .collect();
         super::inbox::store_pending(ctx, conn, &rows).await
     }
-}
 
-impl Consumer {
     /// The consumer loop's step for one batch, without the broker: dedup
     /// mode handles it, inbox mode stores it (handling on receipt what
     /// qualifies), each in its transaction, as for a batch just fetched.

@@ -76,6 +76,17 @@ pub(super) async fn lock_and_read_pending(
     ))
 }
 
+/// Whether migration 0015's function, [`lock_and_read_pending`]'s, exists.
+pub(super) async fn lock_and_read_available(pool: &PgPool) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT to_regprocedure(
+             'outbox_inbox_lock_and_read_pending(integer, text[], text, text[], text[])')
+             IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// Takes the locks of `partitions` until the transaction ends, waiting for
 /// whoever holds them, in the order of their keys, as every store does, so
 /// two stores never wait for each other.

@@ -87,9 +87,14 @@ pub(super) async fn store(
         let group = &ctx.settings.group_id;
         super::mysql::ensure_store_locks(&ctx.db, &ctx.inbox, group, &partitions).await?;
     }
-    let keys = on_receipt.then(|| batch_keys(rows));
+    let keys = on_receipt
+        .then(|| batch_keys(rows))
+        .filter(|(_, keys)| !keys.is_empty());
+    let read_with_locks = keys.is_some() && lock_and_read_available(ctx).await?;
     let mut tx = ctx.db.begin().await?;
-    let waiting_keys = match try_lock_and_read(ctx, &mut tx, &partitions, keys.as_ref()).await? {
+    let locked_and_read =
+        try_lock_and_read(ctx, &mut tx, &partitions, keys.as_ref(), read_with_locks).await?;
+    let waiting_keys = match locked_and_read {
         Some(waiting_keys) => waiting_keys,
         None => {
             // Another transaction is storing rows of these partitions: their
@@ -249,7 +254,8 @@ fn waiting(ctx: &Shared, partitions: &[PartitionLock]) {
     );
 }
 
-/// The (topic, key) pairs of a batch's rows that have a key, as two lists.
+/// The (topic, key) pairs of a batch's rows that have a key, as two lists
+/// (never both empty where the store passes them on).
 type BatchKeys<'a> = (Vec<&'a str>, Vec<&'a str>);
 
 fn batch_keys(rows: &[Envelope]) -> BatchKeys<'_> {
@@ -258,42 +264,70 @@ fn batch_keys(rows: &[Envelope]) -> BatchKeys<'_> {
         .unzip()
 }
 
+/// Whether the store may take its locks and read its pending keys in one
+/// round trip: on PostgreSQL with migration 0015 applied (checked once per
+/// consumer; without it, said once, at warn level).
+async fn lock_and_read_available(ctx: &Shared) -> sqlx::Result<bool> {
+    #[cfg(feature = "mysql")]
+    if ctx.db.mysql().is_some() {
+        return Ok(false);
+    }
+    ctx.inbox
+        .lock_and_read
+        .get_or_try_init(|| async {
+            let available = super::postgres::lock_and_read_available(ctx.db.postgres()).await?;
+            if !available {
+                tracing::warn!(
+                    group = %ctx.settings.group_id,
+                    "outbox migration 0015 is not applied: the inbox's stores take their locks \
+                     and read pending keys in two statements instead of one (they work all the \
+                     same); run the outbox migrations (`outbox migrate` or \
+                     txoutbox_runtime::migrations::run) and restart the consumer"
+                );
+            }
+            Ok(available)
+        })
+        .await
+        .copied()
+}
+
 /// Takes every store lock of `partitions` that is free, until the
 /// transaction ends, and if it got them all (the usual case: no wait) reads
 /// which of `keys` have pending rows (none read without `keys`), after the
-/// locks are held; `None` if another transaction holds one of them.
+/// locks are held: in one round trip if `read_with_locks`. `None` if another
+/// transaction holds one of the locks.
 async fn try_lock_and_read(
     ctx: &Shared,
     tx: &mut Tx,
     partitions: &[PartitionLock],
     keys: Option<&BatchKeys<'_>>,
+    read_with_locks: bool,
 ) -> sqlx::Result<Option<Vec<(String, String)>>> {
+    if read_with_locks && let (Tx::Postgres(conn), Some((topics, keys))) = (&mut *tx, keys) {
+        let group = &ctx.settings.group_id;
+        return super::postgres::lock_and_read_pending(conn, group, partitions, topics, keys).await;
+    }
+    if !try_lock_partitions(ctx, tx, partitions).await? {
+        return Ok(None);
+    }
+    Ok(Some(match keys {
+        Some(keys) => pending_keys(ctx, tx, keys).await?,
+        None => Vec::new(),
+    }))
+}
+
+/// Takes every store lock of `partitions` that is free, until the
+/// transaction ends; true if it got them all (the usual case: no wait).
+async fn try_lock_partitions(
+    ctx: &Shared,
+    tx: &mut Tx,
+    partitions: &[PartitionLock],
+) -> sqlx::Result<bool> {
     let group = &ctx.settings.group_id;
-    let keys = keys.filter(|(_, keys)| !keys.is_empty());
     match tx {
-        Tx::Postgres(conn) => match keys {
-            // One round trip for both.
-            Some((topics, keys)) => {
-                super::postgres::lock_and_read_pending(conn, group, partitions, topics, keys).await
-            }
-            None => Ok(
-                super::postgres::try_lock_partitions(conn, group, partitions)
-                    .await?
-                    .then(Vec::new),
-            ),
-        },
+        Tx::Postgres(tx) => super::postgres::try_lock_partitions(tx, group, partitions).await,
         #[cfg(feature = "mysql")]
-        Tx::MySql(conn) => {
-            if !super::mysql::try_lock_partitions(conn, group, partitions).await? {
-                return Ok(None);
-            }
-            match keys {
-                Some((topics, keys)) => super::mysql::pending_keys(conn, group, topics, keys)
-                    .await
-                    .map(Some),
-                None => Ok(Some(Vec::new())),
-            }
-        }
+        Tx::MySql(tx) => super::mysql::try_lock_partitions(tx, group, partitions).await,
     }
 }
 
@@ -323,9 +357,6 @@ async fn pending_keys(
     tx: &mut Tx,
     (topics, keys): &BatchKeys<'_>,
 ) -> sqlx::Result<Vec<(String, String)>> {
-    if keys.is_empty() {
-        return Ok(Vec::new());
-    }
     let group = &ctx.settings.group_id;
     match tx {
         Tx::Postgres(tx) => super::postgres::pending_keys(tx, group, topics, keys).await,
