@@ -107,6 +107,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "inbox_store_lock",
         sql: include_str!("../migrations/0015_inbox_store_lock.sql"),
     },
+    Migration {
+        version: 16,
+        description: "inbox_store_on_receipt",
+        sql: include_str!("../migrations/0016_inbox_store_on_receipt.sql"),
+    },
 ];
 
 /// Every MySQL / MariaDB migration the framework ships, in order (feature

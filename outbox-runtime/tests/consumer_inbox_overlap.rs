@@ -222,13 +222,13 @@ async fn a_new_owner_never_handles_a_key_on_receipt_ahead_of_the_old_owners_pend
     assert_eq!(count(&pool, "SELECT count(*) FROM effect").await, 3);
 }
 
+/// What the store's first statement returns: (locked, pending topic,
+/// pending key, inserted id).
+type StoreRow = (bool, Option<String>, Option<String>, Option<Uuid>);
+
 /// A pending row of `key` stored by another transaction, committed while
 /// the statement on `reader` runs; returns what that statement returned.
-async fn committed_during(
-    pool: &PgPool,
-    reader_sql: &'static str,
-    key: &str,
-) -> Vec<(bool, Option<String>, Option<String>)> {
+async fn committed_during(pool: &PgPool, reader_sql: &'static str, key: &str) -> Vec<StoreRow> {
     let mut reader = pool.acquire().await.unwrap();
     let key_for_reader = key.to_owned();
     // The statement takes its snapshot, sleeps a second, then reads.
@@ -268,20 +268,36 @@ async fn committed_during(
     read.await.unwrap()
 }
 
-/// The store's locks and its read of pending keys are one round trip
-/// (migration 0015's function), and the read must still see every store
-/// committed before the locks were taken: under READ COMMITTED the function
-/// reads with a snapshot of its own, taken after the locks, not the calling
-/// statement's. The control shows what the test tells apart: the same read
-/// sharing the calling statement's snapshot misses the row committed while
-/// that statement ran, which would let a new owner handle the key on
-/// receipt ahead of the old owner's pending row.
+/// The row the store passes to migration 0016's function in the tests below.
+const ON_RECEIPT_ROW: Uuid = Uuid::from_u128(0x0016);
+
+/// Calls migration 0016's function with one row to insert, of key 'k', for
+/// the locks of `lock_texts`.
+fn store_on_receipt_sql(lock_texts: &str) -> String {
+    format!(
+        "SELECT * FROM outbox_inbox_store_on_receipt(
+             1, {lock_texts}, 'g', ARRAY['t'], ARRAY['k'],
+             ARRAY['{ON_RECEIPT_ROW}'::uuid], ARRAY['{{\"amount\": 1}}'], ARRAY['OverlapPaid'],
+             ARRAY['t'], ARRAY['k'], ARRAY['{{}}'::jsonb])"
+    )
+}
+
+/// The store's locks, its read of pending keys and its insert of the rows
+/// it handles on receipt are one round trip (migration 0016's function), and
+/// the read must still see every store committed before the locks were
+/// taken: under READ COMMITTED the function reads with a snapshot of its
+/// own, taken after the locks, not the calling statement's. The control
+/// shows what the test tells apart: the same read sharing the calling
+/// statement's snapshot misses the row committed while that statement ran,
+/// which would let a new owner handle the key on receipt ahead of the old
+/// owner's pending row. A key found pending inserts nothing; a held lock
+/// reads and inserts nothing.
 #[sqlx::test(migrations = false)]
 async fn the_stores_read_of_pending_keys_sees_what_committed_before_its_locks(pool: PgPool) {
     prepare_db(&pool).await;
     let control = committed_during(
         &pool,
-        "SELECT true, k.topic, k.partition_key
+        "SELECT true, k.topic, k.partition_key, NULL::uuid
          FROM (SELECT 'g'::text AS grp FROM pg_sleep(1)) AS s,
               LATERAL (SELECT * FROM inbox_key k
                        WHERE k.consumer_group = s.grp AND k.topic = 't'
@@ -297,60 +313,142 @@ async fn the_stores_read_of_pending_keys_sees_what_committed_before_its_locks(po
 
     let read = committed_during(
         &pool,
-        "SELECT f.locked, f.pending_topic, f.pending_key
+        "SELECT f.*
          FROM (SELECT 'g'::text AS grp FROM pg_sleep(1)) AS s,
-              LATERAL outbox_inbox_lock_and_read_pending(
-                  1, ARRAY['t:0:' || s.grp], s.grp, ARRAY['t'], ARRAY[$1::text]) AS f",
+              LATERAL outbox_inbox_store_on_receipt(
+                  1, ARRAY['t:0:' || s.grp], s.grp, ARRAY['t'], ARRAY[$1::text],
+                  ARRAY['00000000-0000-0000-0000-000000000016'::uuid], ARRAY['{}'],
+                  ARRAY['OverlapPaid'], ARRAY['t'], ARRAY[$1::text], ARRAY['{}'::jsonb]) AS f",
         "k",
     )
     .await;
     assert_eq!(
         read,
-        vec![(true, Some("t".to_owned()), Some("k".to_owned()))],
+        vec![(true, Some("t".to_owned()), Some("k".to_owned()), None)],
         "the function's read sees the store committed before its locks"
     );
+    let on_receipt_rows = "SELECT count(*) FROM inbox_event WHERE event_id = $1";
+    let count_row = || async {
+        sqlx::query_scalar::<_, i64>(on_receipt_rows)
+            .bind(ON_RECEIPT_ROW)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        count_row().await,
+        0,
+        "a key found pending: nothing inserted"
+    );
 
-    // Another transaction holding one of the locks: not locked, nothing read.
+    // Another transaction holding one of the locks: not locked, nothing read
+    // or inserted.
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock(1, hashtext('t:0:g'))")
         .execute(&mut *holder)
         .await
         .unwrap();
-    let refused: Vec<(bool, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT * FROM outbox_inbox_lock_and_read_pending(
-             1, ARRAY['t:1:g', 't:0:g'], 'g', ARRAY['t'], ARRAY['k'])",
-    )
+    let refused: Vec<StoreRow> = sqlx::query_as(sqlx::AssertSqlSafe(store_on_receipt_sql(
+        "ARRAY['t:1:g', 't:0:g']",
+    )))
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(refused, vec![(false, None, None)]);
+    assert_eq!(refused, vec![(false, None, None, None)]);
+    assert_eq!(count_row().await, 0, "a lock held: nothing inserted");
     holder.rollback().await.unwrap();
-}
 
-/// Code deployed before its migration ran: without migration 0015's
-/// function the store takes its locks and reads pending keys in two
-/// statements, and goes on handling on receipt; nothing stalls.
-#[sqlx::test(migrations = false)]
-async fn without_migration_0015_the_store_still_handles_on_receipt(pool: PgPool) {
-    prepare_db(&pool).await;
-    sqlx::query("DROP FUNCTION outbox_inbox_lock_and_read_pending")
+    // Nothing pending (the rows of the key handled): the row goes in,
+    // processed, once.
+    sqlx::query("UPDATE inbox_event SET processed = true, processed_at = now()")
         .execute(&pool)
         .await
         .unwrap();
-    let consumer = consumer(&pool, &unique_group("no-0015")).build().unwrap();
+    let stored: Vec<StoreRow> =
+        sqlx::query_as(sqlx::AssertSqlSafe(store_on_receipt_sql("ARRAY['t:0:g']")))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, vec![(true, None, None, Some(ON_RECEIPT_ROW))]);
+    let again: Vec<StoreRow> =
+        sqlx::query_as(sqlx::AssertSqlSafe(store_on_receipt_sql("ARRAY['t:0:g']")))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(again, vec![], "a redelivered row is not inserted again");
+    assert_eq!(count_row().await, 1);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM inbox_event WHERE processed AND processed_at IS NOT NULL
+               AND payload_bytes IS NOT NULL AND event_id = '00000000-0000-0000-0000-000000000016'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox_key").await, 0);
+}
+
+/// `event`, taken by a fresh consumer of `group` through the consumer's own
+/// step; returns the inbox row as the store left it.
+async fn store_one(pool: &PgPool, group: &str, event: &OverlapPaid) -> StoredRow {
+    let consumer = consumer(pool, group).build().unwrap();
+    assert_eq!(consumer.__take(&[record(event, 1)]).await, 1);
+    sqlx::query_as(
+        "SELECT payload::text, payload_bytes, event_type, topic, partition_key, headers::text,
+                processed, processed_at IS NOT NULL, attempts, parked_at IS NULL
+         FROM inbox_event WHERE consumer_group = $1",
+    )
+    .bind(group)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// An inbox row's columns, apart from its group, ids and times.
+type StoredRow = (
+    String,
+    Option<i32>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    bool,
+    bool,
+    i32,
+    bool,
+);
+
+/// Code deployed before its migration ran: without migration 0016's
+/// function the store takes its locks, reads pending keys and inserts in
+/// statements of their own, and goes on handling on receipt; nothing
+/// stalls. The rows it stores are the rows the function stores: the
+/// function's insert and the consumer's are two texts of one statement.
+#[sqlx::test(migrations = false)]
+async fn without_migration_0016_the_store_still_handles_on_receipt(pool: PgPool) {
+    prepare_db(&pool).await;
     let event = OverlapPaid {
         event_id: Uuid::new_v4(),
         order_id: Uuid::new_v4(),
         amount: 7,
     };
-    assert_eq!(consumer.__take(&[record(&event, 1)]).await, 1);
+    let by_the_function = store_one(&pool, &unique_group("with-0016"), &event).await;
+    sqlx::query(
+        "DROP FUNCTION outbox_inbox_store_on_receipt(integer, text[], text, text[], text[],
+             uuid[], text[], text[], text[], text[], jsonb[])",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let by_statements = store_one(&pool, &unique_group("no-0016"), &event).await;
     assert_eq!(
         count(&pool, "SELECT count(*) FROM effect WHERE amount = 7").await,
-        1
+        2,
+        "both handled"
     );
-    assert_eq!(
-        count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await,
-        1,
+    assert!(
+        by_the_function.6,
         "handled on receipt: stored already processed"
     );
+    assert_eq!(by_the_function, by_statements);
 }

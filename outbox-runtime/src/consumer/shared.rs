@@ -72,12 +72,12 @@ impl Shared {
 /// What the inbox keeps in memory for the consumer's life.
 #[derive(Default)]
 pub(crate) struct InboxState {
-    /// PostgreSQL: whether migration 0015's function exists, which takes a
-    /// store's locks and reads its pending keys in one round trip; read
-    /// before the first store that handles on receipt. Without it (the
-    /// migration not applied yet) stores take the two statements it
-    /// replaces.
-    pub(crate) lock_and_read: tokio::sync::OnceCell<bool>,
+    /// PostgreSQL: whether migration 0016's function exists, which takes a
+    /// store's locks, reads its pending keys and inserts the rows it handles
+    /// on receipt in one round trip; read before the first store that
+    /// handles on receipt. Without it (the migration not applied yet) stores
+    /// take the statements it replaces.
+    pub(crate) one_call_store: tokio::sync::OnceCell<bool>,
     /// MySQL: the partitions whose store-lock row this process knows to
     /// exist in `inbox_store_lock`.
     #[cfg(feature = "mysql")]

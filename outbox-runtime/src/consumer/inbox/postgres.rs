@@ -6,7 +6,9 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::rows::{InboxRow, PartitionLock, Settled, candidate_window, headers_object};
+use super::rows::{
+    InboxRow, LockedStore, PartitionLock, Settled, candidate_window, headers_object,
+};
 use crate::consumer::message::Envelope;
 
 /// Advisory lock class of the inbox's store locks ("obxi").
@@ -43,44 +45,62 @@ pub(super) async fn try_lock_partitions(
     Ok(all.unwrap_or(true))
 }
 
+/// A row of migration 0016's function: locked, a pending key's topic and
+/// key, an inserted row's id.
+type StoreRow = (bool, Option<String>, Option<String>, Option<Uuid>);
+
 /// Takes every lock of `partitions` that is free, as [`try_lock_partitions`]
-/// does, and if it got them all, reads which of the (topic, key) pairs have
-/// pending rows, as [`pending_keys`] does, after the locks are held: one
-/// round trip (migration 0015's function, whose read takes a snapshot of its
-/// own). `None` if another transaction holds one of the locks.
-pub(super) async fn lock_and_read_pending(
+/// does; if it got them all, reads which of the (topic, key) pairs have
+/// pending rows, as [`pending_keys`] does, and if none has, inserts `rows`
+/// already processed, as [`insert`] does: one round trip (migration 0016's
+/// function, whose read and insert each take a snapshot of their own, after
+/// the locks).
+pub(super) async fn lock_read_and_insert(
     conn: &mut PgConnection,
     group: &str,
     partitions: &[PartitionLock],
-    topics: &[&str],
-    keys: &[&str],
-) -> sqlx::Result<Option<Vec<(String, String)>>> {
-    let rows: Vec<(bool, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT locked, pending_topic, pending_key
-         FROM outbox_inbox_lock_and_read_pending($1, $2, $3, $4, $5)",
+    (topics, keys): (&[&str], &[&str]),
+    rows: &[&Envelope],
+) -> sqlx::Result<LockedStore> {
+    let columns = InsertColumns::of(rows);
+    let returned: Vec<StoreRow> = sqlx::query_as(
+        "SELECT locked, pending_topic, pending_key, inserted_id
+         FROM outbox_inbox_store_on_receipt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(STORE_LOCK)
     .bind(lock_texts(group, partitions))
     .bind(group)
     .bind(topics)
     .bind(keys)
+    .bind(&columns.ids)
+    .bind(&columns.payloads)
+    .bind(&columns.types)
+    .bind(&columns.topics)
+    .bind(&columns.keys)
+    .bind(&columns.headers)
     .fetch_all(conn)
     .await?;
-    if rows.iter().any(|(locked, ..)| !locked) {
-        return Ok(None);
+    if returned.iter().any(|(locked, ..)| !locked) {
+        return Ok(LockedStore::Blocked);
     }
-    Ok(Some(
-        rows.into_iter()
-            .filter_map(|(_, topic, key)| Some((topic?, key?)))
-            .collect(),
+    let pending: Vec<(String, String)> = returned
+        .iter()
+        .filter_map(|(_, topic, key, _)| Some((topic.clone()?, key.clone()?)))
+        .collect();
+    if !pending.is_empty() {
+        return Ok(LockedStore::Pending(pending));
+    }
+    Ok(LockedStore::Inserted(
+        returned.into_iter().filter_map(|(.., id)| id).collect(),
     ))
 }
 
-/// Whether migration 0015's function, [`lock_and_read_pending`]'s, exists.
-pub(super) async fn lock_and_read_available(pool: &PgPool) -> sqlx::Result<bool> {
+/// Whether migration 0016's function, [`lock_read_and_insert`]'s, exists.
+pub(super) async fn lock_read_and_insert_available(pool: &PgPool) -> sqlx::Result<bool> {
     sqlx::query_scalar(
         "SELECT to_regprocedure(
-             'outbox_inbox_lock_and_read_pending(integer, text[], text, text[], text[])')
+             'outbox_inbox_store_on_receipt(integer, text[], text, text[], text[], uuid[],
+                                            text[], text[], text[], text[], jsonb[])')
              IS NOT NULL",
     )
     .fetch_one(pool)
@@ -135,21 +155,7 @@ pub(super) async fn insert(
     rows: &[&Envelope],
     processed: bool,
 ) -> sqlx::Result<Vec<Uuid>> {
-    let mut ids = Vec::with_capacity(rows.len());
-    let mut payloads = Vec::with_capacity(rows.len());
-    let mut types = Vec::with_capacity(rows.len());
-    let mut topics = Vec::with_capacity(rows.len());
-    let mut keys = Vec::with_capacity(rows.len());
-    let mut headers = Vec::with_capacity(rows.len());
-    for row in rows {
-        let meta = &row.meta;
-        ids.push(meta.event_id);
-        payloads.push(row.payload.as_str());
-        types.push(meta.event_type.as_str());
-        topics.push(meta.topic.as_str());
-        keys.push(meta.key.as_deref());
-        headers.push(headers_object(&meta.headers));
-    }
+    let columns = InsertColumns::of(rows);
     sqlx::query_scalar(
         "INSERT INTO inbox_event
              (consumer_group, event_id, payload, payload_bytes, event_type, topic, partition_key,
@@ -162,15 +168,49 @@ pub(super) async fn insert(
          RETURNING event_id",
     )
     .bind(group)
-    .bind(&ids)
-    .bind(&payloads)
-    .bind(&types)
-    .bind(&topics)
-    .bind(&keys)
-    .bind(&headers)
+    .bind(&columns.ids)
+    .bind(&columns.payloads)
+    .bind(&columns.types)
+    .bind(&columns.topics)
+    .bind(&columns.keys)
+    .bind(&columns.headers)
     .bind(processed)
     .fetch_all(conn)
     .await
+}
+
+/// The columns of rows to insert into the inbox, as the arrays the insert
+/// unnests.
+struct InsertColumns<'a> {
+    ids: Vec<Uuid>,
+    payloads: Vec<&'a str>,
+    types: Vec<&'a str>,
+    topics: Vec<&'a str>,
+    keys: Vec<Option<&'a str>>,
+    headers: Vec<serde_json::Value>,
+}
+
+impl<'a> InsertColumns<'a> {
+    fn of(rows: &[&'a Envelope]) -> Self {
+        let mut columns = Self {
+            ids: Vec::with_capacity(rows.len()),
+            payloads: Vec::with_capacity(rows.len()),
+            types: Vec::with_capacity(rows.len()),
+            topics: Vec::with_capacity(rows.len()),
+            keys: Vec::with_capacity(rows.len()),
+            headers: Vec::with_capacity(rows.len()),
+        };
+        for row in rows {
+            let meta = &row.meta;
+            columns.ids.push(meta.event_id);
+            columns.payloads.push(row.payload.as_str());
+            columns.types.push(meta.event_type.as_str());
+            columns.topics.push(meta.topic.as_str());
+            columns.keys.push(meta.key.as_deref());
+            columns.headers.push(headers_object(&meta.headers));
+        }
+        columns
+    }
 }
 
 /// The payload is read as JSON text, which the handler's type is decoded

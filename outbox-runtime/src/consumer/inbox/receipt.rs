@@ -20,16 +20,20 @@
 //! rows are not committed yet) and handle on receipt, ahead of them. The
 //! lock makes the new owner's store wait for the old owner's to end, and
 //! `inbox_key` is read after that, with a snapshot of its own that sees the
-//! old owner's commit (under READ COMMITTED): on PostgreSQL a store that
-//! waits for no one takes its locks and reads in one round trip, through
-//! migration 0015's function, whose read is a statement of its own.
+//! old owner's commit (under READ COMMITTED). On PostgreSQL a store that
+//! waits for no one takes its locks, reads and, when no key of its batch
+//! has pending rows (the usual case), inserts the rows it handles on
+//! receipt, in one round trip: migration 0016's function, whose read and
+//! insert are statements of their own. Which rows those are is decided here
+//! ([`plan`]) before the call, for the case that nothing is pending; if
+//! something is, the function inserts nothing and the store decides again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use uuid::Uuid;
 
-use super::rows::PartitionLock;
+use super::rows::{LockedStore, OrderKey, PartitionLock};
 use crate::consumer::database::Tx;
 use crate::consumer::handler::{Decoded, ErasedHandler};
 use crate::consumer::message::Envelope;
@@ -87,16 +91,31 @@ pub(super) async fn store(
         let group = &ctx.settings.group_id;
         super::mysql::ensure_store_locks(&ctx.db, &ctx.inbox, group, &partitions).await?;
     }
-    let keys = on_receipt
-        .then(|| batch_keys(rows))
-        .filter(|(_, keys)| !keys.is_empty());
-    let read_with_locks = keys.is_some() && lock_and_read_available(ctx).await?;
+    // Each row's handler and decoded event, where it has both: only these
+    // can be handled on receipt.
+    let mut ready: Vec<Option<Ready>> = match on_receipt {
+        true => rows.iter().map(|row| ready(ctx, row)).collect(),
+        false => Vec::new(),
+    };
+    let keys = batch_keys(rows);
+    // The rows handled on receipt if no key of the batch has pending rows
+    // (the usual case): where it can, the first statement inserts them.
+    let unhindered = on_receipt.then(|| plan(rows, &ready, &[]));
+    let one_call = on_receipt && one_call_available(ctx).await?;
     let mut tx = ctx.db.begin().await?;
-    let locked_and_read =
-        try_lock_and_read(ctx, &mut tx, &partitions, keys.as_ref(), read_with_locks).await?;
-    let waiting_keys = match locked_and_read {
-        Some(waiting_keys) => waiting_keys,
-        None => {
+    let locked = match (&unhindered, &mut tx) {
+        (Some(unhindered), Tx::Postgres(conn)) if one_call => {
+            let now: Vec<&Envelope> = picked(rows, unhindered).collect();
+            let group = &ctx.settings.group_id;
+            let keys = (keys.0.as_slice(), keys.1.as_slice());
+            super::postgres::lock_read_and_insert(conn, group, &partitions, keys, &now).await?
+        }
+        _ => try_lock_and_read(ctx, &mut tx, &partitions, on_receipt.then_some(&keys)).await?,
+    };
+    let (waiting_keys, mut inserted_now) = match locked {
+        LockedStore::Pending(waiting_keys) => (waiting_keys, None),
+        LockedStore::Inserted(ids) => (Vec::new(), Some(ids)),
+        LockedStore::Blocked => {
             // Another transaction is storing rows of these partitions: their
             // previous owner, still finishing its last batch after a
             // rebalance. Wait for it (holding no lock meanwhile, so two such
@@ -105,23 +124,32 @@ pub(super) async fn store(
             waiting(ctx, &partitions);
             tx = ctx.db.begin().await?;
             lock_partitions(ctx, &mut tx, &partitions).await?;
-            match &keys {
-                Some(keys) => pending_keys(ctx, &mut tx, keys).await?,
-                None => Vec::new(),
-            }
+            let waiting_keys = match on_receipt && !keys.0.is_empty() {
+                true => pending_keys(ctx, &mut tx, &keys).await?,
+                false => Vec::new(),
+            };
+            (waiting_keys, None)
         }
     };
     let mut stored = Stored::default();
     let mut later: Vec<&Envelope> = rows.iter().collect();
     let mut handled_by_type: HashMap<String, u64> = HashMap::new();
-    if on_receipt {
-        let (now, rest) = qualify(ctx, rows, &waiting_keys);
+    if let Some(unhindered) = unhindered {
+        let plan = match inserted_now.is_some() || waiting_keys.is_empty() {
+            true => unhindered,
+            false => plan(rows, &ready, &waiting_keys),
+        };
+        let (now, rest) = split(rows, &mut ready, &plan);
         if !now.is_empty() {
-            let envelopes: Vec<&Envelope> = now.iter().map(|(row, ..)| *row).collect();
-            let mut fresh: HashSet<Uuid> = insert(ctx, &mut tx, &envelopes, true)
-                .await?
-                .into_iter()
-                .collect();
+            let mut fresh: HashSet<Uuid> = match inserted_now.take() {
+                Some(ids) => ids,
+                None => {
+                    let envelopes: Vec<&Envelope> = now.iter().map(|(row, ..)| *row).collect();
+                    insert(ctx, &mut tx, &envelopes, true).await?
+                }
+            }
+            .into_iter()
+            .collect();
             stored.inserted += fresh.len() as u64;
             for (row, handler, event) in now {
                 // Not inserted: in the inbox already (a redelivery), or a
@@ -161,8 +189,8 @@ pub(super) async fn store(
                     Err(_) => return Err(handler_failed(tx).await),
                 }
             }
-            later = rest;
         }
+        later = rest;
     }
     if !later.is_empty() {
         // New keys get their `inbox_key` entry (PostgreSQL's insert
@@ -254,8 +282,7 @@ fn waiting(ctx: &Shared, partitions: &[PartitionLock]) {
     );
 }
 
-/// The (topic, key) pairs of a batch's rows that have a key, as two lists
-/// (never both empty where the store passes them on).
+/// The (topic, key) pairs of a batch's rows that have a key, as two lists.
 type BatchKeys<'a> = (Vec<&'a str>, Vec<&'a str>);
 
 fn batch_keys(rows: &[Envelope]) -> BatchKeys<'_> {
@@ -264,25 +291,28 @@ fn batch_keys(rows: &[Envelope]) -> BatchKeys<'_> {
         .unzip()
 }
 
-/// Whether the store may take its locks and read its pending keys in one
-/// round trip: on PostgreSQL with migration 0015 applied (checked once per
-/// consumer; without it, said once, at warn level).
-async fn lock_and_read_available(ctx: &Shared) -> sqlx::Result<bool> {
+/// Whether a store that handles on receipt may take its locks, read its
+/// pending keys and insert the rows it handles in one round trip: on
+/// PostgreSQL with migration 0016 applied (checked once per consumer;
+/// without it, said once, at warn level).
+async fn one_call_available(ctx: &Shared) -> sqlx::Result<bool> {
     #[cfg(feature = "mysql")]
     if ctx.db.mysql().is_some() {
         return Ok(false);
     }
     ctx.inbox
-        .lock_and_read
+        .one_call_store
         .get_or_try_init(|| async {
-            let available = super::postgres::lock_and_read_available(ctx.db.postgres()).await?;
+            let available =
+                super::postgres::lock_read_and_insert_available(ctx.db.postgres()).await?;
             if !available {
                 tracing::warn!(
                     group = %ctx.settings.group_id,
-                    "outbox migration 0015 is not applied: the inbox's stores take their locks \
-                     and read pending keys in two statements instead of one (they work all the \
-                     same); run the outbox migrations (`outbox migrate` or \
-                     txoutbox_runtime::migrations::run) and restart the consumer"
+                    "outbox migration 0016 is not applied: the inbox's stores take their locks, \
+                     read pending keys and insert the rows they handle on receipt in three \
+                     statements instead of one (they work all the same); run the outbox \
+                     migrations (`outbox migrate` or txoutbox_runtime::migrations::run) and \
+                     restart the consumer"
                 );
             }
             Ok(available)
@@ -294,25 +324,19 @@ async fn lock_and_read_available(ctx: &Shared) -> sqlx::Result<bool> {
 /// Takes every store lock of `partitions` that is free, until the
 /// transaction ends, and if it got them all (the usual case: no wait) reads
 /// which of `keys` have pending rows (none read without `keys`), after the
-/// locks are held: in one round trip if `read_with_locks`. `None` if another
-/// transaction holds one of the locks.
+/// locks are held. Inserts nothing.
 async fn try_lock_and_read(
     ctx: &Shared,
     tx: &mut Tx,
     partitions: &[PartitionLock],
     keys: Option<&BatchKeys<'_>>,
-    read_with_locks: bool,
-) -> sqlx::Result<Option<Vec<(String, String)>>> {
-    if read_with_locks && let (Tx::Postgres(conn), Some((topics, keys))) = (&mut *tx, keys) {
-        let group = &ctx.settings.group_id;
-        return super::postgres::lock_and_read_pending(conn, group, partitions, topics, keys).await;
-    }
+) -> sqlx::Result<LockedStore> {
     if !try_lock_partitions(ctx, tx, partitions).await? {
-        return Ok(None);
+        return Ok(LockedStore::Blocked);
     }
-    Ok(Some(match keys {
-        Some(keys) => pending_keys(ctx, tx, keys).await?,
-        None => Vec::new(),
+    Ok(LockedStore::Pending(match keys {
+        Some(keys) if !keys.0.is_empty() => pending_keys(ctx, tx, keys).await?,
+        _ => Vec::new(),
     }))
 }
 
@@ -347,6 +371,9 @@ async fn lock_partitions(
     }
 }
 
+/// What handling a row on receipt takes: its handler and decoded event.
+type Ready = (Arc<dyn ErasedHandler>, Decoded);
+
 /// A row handled on receipt: its envelope, handler and decoded event.
 type Now<'a> = (&'a Envelope, Arc<dyn ErasedHandler>, Decoded);
 
@@ -365,42 +392,63 @@ async fn pending_keys(
     }
 }
 
-/// Splits `rows` into those handled on receipt and those stored pending.
+/// `row`'s handler and decoded event, if a handler here takes its event
+/// type and its payload decodes.
+fn ready(ctx: &Shared, row: &Envelope) -> Option<Ready> {
+    let handler = ctx
+        .dispatch
+        .handler(&row.meta.topic, &row.meta.event_type)?;
+    let event = handler.decode(&row.payload).ok()?;
+    Some((handler.clone(), event))
+}
+
+/// Which of `rows` are handled on receipt (true) and which stored pending.
 /// A row qualifies if nothing of its key is pending (not among
 /// `waiting_keys`, the keys with an `inbox_key` entry, and no earlier row of
-/// the batch stored pending), a handler here takes its event type and its
-/// payload decodes. A row that does not qualify holds back the rest of its
-/// key.
-fn qualify<'a>(
-    ctx: &Shared,
-    rows: &'a [Envelope],
-    waiting_keys: &'a [(String, String)],
-) -> (Vec<Now<'a>>, Vec<&'a Envelope>) {
+/// the batch stored pending) and it is `ready`. A row that does not qualify
+/// holds back the rest of its key.
+fn plan(rows: &[Envelope], ready: &[Option<Ready>], waiting_keys: &[OrderKey]) -> Vec<bool> {
     let mut held: HashSet<(&str, &str)> = waiting_keys
         .iter()
         .map(|(topic, key)| (topic.as_str(), key.as_str()))
         .collect();
-    let (mut now, mut later) = (Vec::new(), Vec::new());
-    for row in rows {
-        let key = row
-            .meta
-            .key
-            .as_deref()
-            .map(|key| (row.meta.topic.as_str(), key));
-        if key.is_some_and(|key| held.contains(&key)) {
-            later.push(row);
-            continue;
-        }
-        let ready = ctx
-            .dispatch
-            .handler(&row.meta.topic, &row.meta.event_type)
-            .and_then(|handler| Some((handler.clone(), handler.decode(&row.payload).ok()?)));
-        match ready {
-            Some((handler, event)) => now.push((row, handler, event)),
-            None => {
-                later.push(row);
+    rows.iter()
+        .zip(ready)
+        .map(|(row, ready)| {
+            let key = row
+                .meta
+                .key
+                .as_deref()
+                .map(|key| (row.meta.topic.as_str(), key));
+            let now = ready.is_some() && !key.is_some_and(|key| held.contains(&key));
+            if !now {
                 held.extend(key);
             }
+            now
+        })
+        .collect()
+}
+
+/// The rows `plan` handles on receipt.
+fn picked<'a>(rows: &'a [Envelope], plan: &[bool]) -> impl Iterator<Item = &'a Envelope> {
+    rows.iter()
+        .zip(plan)
+        .filter(|(_, now)| **now)
+        .map(|(row, _)| row)
+}
+
+/// Splits `rows` as `plan` says: those handled on receipt, with what
+/// handling them takes (taken out of `ready`), and those stored pending.
+fn split<'a>(
+    rows: &'a [Envelope],
+    ready: &mut [Option<Ready>],
+    plan: &[bool],
+) -> (Vec<Now<'a>>, Vec<&'a Envelope>) {
+    let (mut now, mut later) = (Vec::new(), Vec::new());
+    for ((row, ready), handled_now) in rows.iter().zip(ready).zip(plan) {
+        match (handled_now, ready.take()) {
+            (true, Some((handler, event))) => now.push((row, handler, event)),
+            _ => later.push(row),
         }
     }
     (now, later)

@@ -30,6 +30,20 @@ pub(crate) struct InboxRow {
     pub(crate) attempts: i32,
 }
 
+/// What a store's first statement found, after trying its partitions'
+/// locks.
+pub(crate) enum LockedStore {
+    /// Another transaction holds one of the locks: nothing read or inserted.
+    Blocked,
+    /// The locks are held, and these (topic, key) pairs of the batch have
+    /// pending rows (perhaps none); nothing inserted.
+    Pending(Vec<OrderKey>),
+    /// The locks are held, no key of the batch has pending rows, and the
+    /// rows to handle on receipt were inserted, processed: these ids (the
+    /// others were in the inbox already).
+    Inserted(Vec<Uuid>),
+}
+
 /// How many due keys a claim looks at: room for the batch even when the
 /// processors running alongside (in this process and others) hold a batch of
 /// keys each, which the claim skips.
