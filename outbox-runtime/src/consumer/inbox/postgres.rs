@@ -63,7 +63,7 @@ pub(super) async fn lock_read_and_insert(
     rows: &[&Envelope],
 ) -> sqlx::Result<LockedStore> {
     let columns = InsertColumns::of(rows);
-    let returned: Vec<StoreRow> = sqlx::query_as(
+    let query = sqlx::query_as(
         "SELECT locked, pending_topic, pending_key, inserted_id
          FROM outbox_inbox_store_on_receipt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
@@ -71,15 +71,8 @@ pub(super) async fn lock_read_and_insert(
     .bind(lock_texts(group, partitions))
     .bind(group)
     .bind(topics)
-    .bind(keys)
-    .bind(&columns.ids)
-    .bind(&columns.payloads)
-    .bind(&columns.types)
-    .bind(&columns.topics)
-    .bind(&columns.keys)
-    .bind(&columns.headers)
-    .fetch_all(conn)
-    .await?;
+    .bind(keys);
+    let returned: Vec<StoreRow> = columns.bind(query).fetch_all(conn).await?;
     if returned.iter().any(|(locked, ..)| !locked) {
         return Ok(LockedStore::Blocked);
     }
@@ -156,7 +149,7 @@ pub(super) async fn insert(
     processed: bool,
 ) -> sqlx::Result<Vec<Uuid>> {
     let columns = InsertColumns::of(rows);
-    sqlx::query_scalar(
+    let query = sqlx::query_as(
         "INSERT INTO inbox_event
              (consumer_group, event_id, payload, payload_bytes, event_type, topic, partition_key,
               headers, processed, processed_at)
@@ -167,16 +160,9 @@ pub(super) async fn insert(
          ON CONFLICT (consumer_group, event_id) DO NOTHING
          RETURNING event_id",
     )
-    .bind(group)
-    .bind(&columns.ids)
-    .bind(&columns.payloads)
-    .bind(&columns.types)
-    .bind(&columns.topics)
-    .bind(&columns.keys)
-    .bind(&columns.headers)
-    .bind(processed)
-    .fetch_all(conn)
-    .await
+    .bind(group);
+    let inserted: Vec<(Uuid,)> = columns.bind(query).bind(processed).fetch_all(conn).await?;
+    Ok(inserted.into_iter().map(|(id,)| id).collect())
 }
 
 /// The columns of rows to insert into the inbox, as the arrays the insert
@@ -210,6 +196,24 @@ impl<'a> InsertColumns<'a> {
             columns.headers.push(headers_object(&meta.headers));
         }
         columns
+    }
+
+    /// Binds the columns, in this order, as the next six parameters of
+    /// `query`.
+    fn bind<'q, O>(
+        self,
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>
+    where
+        'a: 'q,
+    {
+        query
+            .bind(self.ids)
+            .bind(self.payloads)
+            .bind(self.types)
+            .bind(self.topics)
+            .bind(self.keys)
+            .bind(self.headers)
     }
 }
 
