@@ -73,19 +73,20 @@ pub(super) async fn lock_read_and_insert(
     .bind(topics)
     .bind(keys);
     let returned: Vec<StoreRow> = columns.bind(query).fetch_all(conn).await?;
-    if returned.iter().any(|(locked, ..)| !locked) {
-        return Ok(LockedStore::Blocked);
+    let (mut pending, mut inserted) = (Vec::new(), Vec::new());
+    for (locked, topic, key, id) in returned {
+        match (locked, topic.zip(key), id) {
+            (false, ..) => return Ok(LockedStore::Blocked),
+            (true, Some(pending_key), _) => pending.push(pending_key),
+            (true, None, Some(id)) => inserted.push(id),
+            (true, None, None) => {}
+        }
     }
-    let pending: Vec<(String, String)> = returned
-        .iter()
-        .filter_map(|(_, topic, key, _)| Some((topic.clone()?, key.clone()?)))
-        .collect();
-    if !pending.is_empty() {
-        return Ok(LockedStore::Pending(pending));
-    }
-    Ok(LockedStore::Inserted(
-        returned.into_iter().filter_map(|(.., id)| id).collect(),
-    ))
+    // The function returns pending keys or inserted rows, never both.
+    Ok(match pending.is_empty() {
+        true => LockedStore::Inserted(inserted),
+        false => LockedStore::Pending(pending),
+    })
 }
 
 /// Whether migration 0016's function, [`lock_read_and_insert`]'s, exists.

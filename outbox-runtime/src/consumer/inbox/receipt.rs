@@ -97,7 +97,13 @@ pub(super) async fn store(
         true => rows.iter().map(|row| ready(ctx, row)).collect(),
         false => Vec::new(),
     };
-    let keys = batch_keys(rows);
+    // Read (and allocated) only when handling on receipt: without keys, no
+    // pending key is read.
+    let keys = if on_receipt {
+        batch_keys(rows)
+    } else {
+        BatchKeys::default()
+    };
     // The rows handled on receipt if no key of the batch has pending rows
     // (the usual case): where it can, the first statement inserts them.
     let unhindered = on_receipt.then(|| plan(rows, &ready, &[]));
@@ -110,9 +116,9 @@ pub(super) async fn store(
             let keys = (keys.0.as_slice(), keys.1.as_slice());
             super::postgres::lock_read_and_insert(conn, group, &partitions, keys, &now).await?
         }
-        _ => try_lock_and_read(ctx, &mut tx, &partitions, on_receipt.then_some(&keys)).await?,
+        _ => try_lock_and_read(ctx, &mut tx, &partitions, &keys).await?,
     };
-    let (waiting_keys, mut inserted_now) = match locked {
+    let (waiting_keys, inserted_now) = match locked {
         LockedStore::Pending(waiting_keys) => (waiting_keys, None),
         LockedStore::Inserted(ids) => (Vec::new(), Some(ids)),
         LockedStore::Blocked => {
@@ -124,11 +130,7 @@ pub(super) async fn store(
             waiting(ctx, &partitions);
             tx = ctx.db.begin().await?;
             lock_partitions(ctx, &mut tx, &partitions).await?;
-            let waiting_keys = match on_receipt && !keys.0.is_empty() {
-                true => pending_keys(ctx, &mut tx, &keys).await?,
-                false => Vec::new(),
-            };
-            (waiting_keys, None)
+            (pending_keys(ctx, &mut tx, &keys).await?, None)
         }
     };
     let mut stored = Stored::default();
@@ -141,7 +143,7 @@ pub(super) async fn store(
         };
         let (now, rest) = split(rows, &mut ready, &plan);
         if !now.is_empty() {
-            let mut fresh: HashSet<Uuid> = match inserted_now.take() {
+            let mut fresh: HashSet<Uuid> = match inserted_now {
                 Some(ids) => ids,
                 None => {
                     let envelopes: Vec<&Envelope> = now.iter().map(|(row, ..)| *row).collect();
@@ -323,21 +325,18 @@ async fn one_call_available(ctx: &Shared) -> sqlx::Result<bool> {
 
 /// Takes every store lock of `partitions` that is free, until the
 /// transaction ends, and if it got them all (the usual case: no wait) reads
-/// which of `keys` have pending rows (none read without `keys`), after the
-/// locks are held. Inserts nothing.
+/// which of `keys` have pending rows, after the locks are held. Inserts
+/// nothing.
 async fn try_lock_and_read(
     ctx: &Shared,
     tx: &mut Tx,
     partitions: &[PartitionLock],
-    keys: Option<&BatchKeys<'_>>,
+    keys: &BatchKeys<'_>,
 ) -> sqlx::Result<LockedStore> {
     if !try_lock_partitions(ctx, tx, partitions).await? {
         return Ok(LockedStore::Blocked);
     }
-    Ok(LockedStore::Pending(match keys {
-        Some(keys) if !keys.0.is_empty() => pending_keys(ctx, tx, keys).await?,
-        _ => Vec::new(),
-    }))
+    Ok(LockedStore::Pending(pending_keys(ctx, tx, keys).await?))
 }
 
 /// Takes every store lock of `partitions` that is free, until the
@@ -378,12 +377,15 @@ type Ready = (Arc<dyn ErasedHandler>, Decoded);
 type Now<'a> = (&'a Envelope, Arc<dyn ErasedHandler>, Decoded);
 
 /// Which of the (topic, key) pairs `keys` have pending rows in the group's
-/// inbox (an `inbox_key` entry).
+/// inbox (an `inbox_key` entry); none without keys, without a statement.
 async fn pending_keys(
     ctx: &Shared,
     tx: &mut Tx,
     (topics, keys): &BatchKeys<'_>,
 ) -> sqlx::Result<Vec<(String, String)>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
     let group = &ctx.settings.group_id;
     match tx {
         Tx::Postgres(tx) => super::postgres::pending_keys(tx, group, topics, keys).await,
