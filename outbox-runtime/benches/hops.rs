@@ -10,12 +10,21 @@
 //!     HOPS_BENCH_SECS=4 HOPS_BENCH_ROUNDS=3 cargo bench ...   # the defaults
 //! HOPS_BENCH_KAFKA_fetch.wait.max.ms=50 cargo bench ...      # any librdkafka setting
 //! HOPS_BENCH_ARRIVALS=periodic cargo bench ...               # evenly spaced sends (default: poisson)
+//! HOPS_BENCH_FRESH=configuration cargo bench ...             # one broker per configuration (default: per round)
 //! HOPS_BENCH_OWN_BROKER=0 KAFKA_BROKERS_TEST=kafka:9092 cargo bench ...  # a broker of yours
 //! ```
 //!
-//! By default each configuration runs against a fresh tansu of its own
-//! (memory storage, a free port; `TANSU_BIN` or where `scripts/services.sh`
-//! installs it), because tansu slows down as groups and topics pile up.
+//! By default every round runs against a fresh tansu of its own (memory
+//! storage, a free port; `TANSU_BIN` or where `scripts/services.sh` installs
+//! it) and fresh services, because tansu slows down as records, groups and
+//! topics pile up in its memory: at 1,000/s its floor doubled from one
+//! round to the next. `HOPS_BENCH_FRESH=configuration` keeps one broker and
+//! one set of services for all rounds and rates of a configuration.
+//!
+//! Every round also reports the CPU time it cost, from `/proc`: this
+//! process (the services), every PostgreSQL process, the broker, and the
+//! machine as a whole, per hop and as cores busy, so a configuration the
+//! machine cannot carry shows as such.
 //!
 //! A chain of `N` hops is `N + 1` services, each with a database of its own
 //! (scratch databases, dropped at the end): service 0 commits an order-like
@@ -359,9 +368,10 @@ impl Chain {
 
     /// One round at `rate` chains/s for `secs`: every chain is waited for,
     /// then the stamps and the probe's points are gathered.
-    async fn round(&self, rate: usize, secs: f64) -> Round {
+    async fn round(&self, rate: usize, secs: f64, broker_pid: Option<u32>) -> Round {
         STAMPS.lock().unwrap().clear();
         probe::take();
+        let cpu_before = support::CpuTimes::now(broker_pid);
         let total = ((rate as f64) * secs).round().max(1.0) as usize;
         // Writers take the schedule's sends in turn, each at its time (a
         // writer late by a commit starts the next send at once).
@@ -407,12 +417,17 @@ impl Chain {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let cpu = support::CpuTimes::now(broker_pid).since(&cpu_before);
+        let wall_secs = started.elapsed().as_secs_f64();
         // The relays mark right after the acknowledgement: give the last
         // marks a moment before reading the points.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let stamps = std::mem::take(&mut *STAMPS.lock().unwrap());
         let points = probe::take();
-        Round::of(self.hops, &chains, &stamps, &points, achieved)
+        let mut round = Round::of(self.hops, &chains, &stamps, &points, achieved);
+        round.cpu = cpu;
+        round.wall_secs = wall_secs;
+        round
     }
 
     async fn stop(self) {
@@ -509,6 +524,10 @@ struct Round {
     stages: Vec<Vec<f64>>,
     /// Acknowledgement to mark committed: off the hop's path, shown apart.
     marked: Vec<f64>,
+    /// CPU spent from the round's first send until its last chain completed.
+    cpu: support::CpuTimes,
+    /// That interval's wall time, seconds.
+    wall_secs: f64,
 }
 
 impl Round {
@@ -532,6 +551,8 @@ impl Round {
             per_hop: Vec::new(),
             stages: vec![Vec::new(); STAGES.len()],
             marked: Vec::new(),
+            cpu: support::CpuTimes::default(),
+            wall_secs: 0.0,
         };
         for chain in chains {
             let stamp = |hop: usize| stamps[&(*chain, hop)];
@@ -572,7 +593,30 @@ impl Round {
         }
         round
     }
+
+    /// CPU milliseconds per hop of a chain (`pick` of the round's CPU
+    /// seconds over the round's hops).
+    fn cpu_per_hop(&self, pick: CpuPart) -> f64 {
+        pick(&self.cpu) * 1e3 / self.per_hop.len().max(1) as f64
+    }
+
+    /// Cores busy on average over the round (`pick` of its CPU seconds over
+    /// its wall time).
+    fn cores(&self, pick: CpuPart) -> f64 {
+        pick(&self.cpu) / self.wall_secs.max(1e-9)
+    }
 }
+
+/// One part of the machine's CPU seconds.
+type CpuPart = fn(&support::CpuTimes) -> f64;
+
+/// The parts of the machine whose CPU the bench reports, by label.
+const CPU_PARTS: [(&str, CpuPart); 4] = [
+    ("the services (this process)", |c| c.bench),
+    ("PostgreSQL", |c| c.postgres),
+    ("the broker", |c| c.broker),
+    ("the whole machine (busy)", |c| c.machine_busy),
+];
 
 /// How the sends of a round (the chains' first commits, the floor's
 /// records) are spread over time: `HOPS_BENCH_ARRIVALS`.
@@ -922,20 +966,31 @@ async fn main() {
             _ => configurations.extend(lengths.iter().map(|n| (*mode, *n))),
         }
     }
+    let fresh = fresh_broker();
     let mut summary = Vec::new();
     for (mode, hops) in configurations {
-        let broker = Broker::start().await;
-        let chain = Chain::start(mode, hops, &broker.address).await;
+        // One broker and one set of services for the configuration, or a
+        // fresh pair for every round (`HOPS_BENCH_FRESH`).
+        let mut kept = None;
         for &rate in &rates {
             let mut measured = Vec::new();
             for round in 0..rounds {
+                if kept.is_none() {
+                    let broker = Broker::start().await;
+                    let chain = Chain::start(mode, hops, &broker.address).await;
+                    kept = Some((broker, chain));
+                }
+                let (broker, chain) = kept.as_ref().expect("started above");
                 let floor = broker_floor(&broker.address, rate, secs.min(2.0)).await;
-                let hop_round = chain.round(rate, secs).await;
+                let hop_round = chain
+                    .round(rate, secs, broker.own.as_ref().map(std::process::Child::id))
+                    .await;
                 println!(
                     "{} x{hops} at {rate}/s, round {}: achieved {:.0}/s; end to end p50 {:.1} p99 {:.1} ms; \
                      per hop p50 {:.1} p99 {:.1} ms; floor send-to-arrival p50 {:.1} p99 {:.1} ms, \
                      send-to-ack p50 {:.1} p99 {:.1} ms, send-to-arrival (async group reader) \
-                     p50 {:.1} p99 {:.1} ms",
+                     p50 {:.1} p99 {:.1} ms; cores busy: services {:.2}, PostgreSQL {:.2}, \
+                     broker {:.2}, machine {:.2} of {:.0}",
                     mode.name(),
                     round + 1,
                     hop_round.achieved,
@@ -949,15 +1004,54 @@ async fn main() {
                     at(&floor.to_ack, 0.99),
                     at(&floor.to_arrival_async, 0.5),
                     at(&floor.to_arrival_async, 0.99),
+                    hop_round.cores(|c| c.bench),
+                    hop_round.cores(|c| c.postgres),
+                    hop_round.cores(|c| c.broker),
+                    hop_round.cores(|c| c.machine_busy),
+                    hop_round.cores(|c| c.machine_total),
                 );
                 measured.push((hop_round, floor));
+                if fresh == Fresh::EveryRound {
+                    stop(kept.take()).await;
+                }
             }
             summary.push((mode, hops, rate, measured));
         }
+        stop(kept.take()).await;
+    }
+    report(&summary, rounds);
+}
+
+/// Stops a configuration's services, then its broker.
+async fn stop(kept: Option<(Broker, Chain)>) {
+    if let Some((broker, chain)) = kept {
         chain.stop().await;
         drop(broker);
     }
-    report(&summary, rounds);
+}
+
+/// When the bench starts a fresh broker and fresh services:
+/// `HOPS_BENCH_FRESH`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fresh {
+    /// For every round (the default): tansu keeps every record in memory
+    /// and slows as they pile up (its CPU for the same load grows round by
+    /// round, and so does the floor), which a broker that writes its log to
+    /// disk does not. Each round's floor and chains then meet the same
+    /// broker, at the same age.
+    EveryRound,
+    /// For every configuration (mode, hops): its rounds at every rate run
+    /// one after another on one broker, as the bench ran until commit
+    /// `5e6d8a3`.
+    EveryConfiguration,
+}
+
+fn fresh_broker() -> Fresh {
+    match std::env::var("HOPS_BENCH_FRESH").as_deref() {
+        Err(_) | Ok("round") => Fresh::EveryRound,
+        Ok("configuration") => Fresh::EveryConfiguration,
+        Ok(other) => panic!("HOPS_BENCH_FRESH: round or configuration, not {other:?}"),
+    }
 }
 
 type Measured = (ChainMode, usize, usize, Vec<(Round, Floor)>);
@@ -1052,4 +1146,22 @@ fn report(summary: &[Measured], rounds: usize) {
     println!("| {} |", floor.join(" | "));
     println!("| {} |", ack.join(" | "));
     println!("| {} |", arrival_async.join(" | "));
+
+    println!(
+        "\n## CPU per hop (ms of one core per chain-hop; in brackets, cores busy over the \
+         round; median over rounds)\n"
+    );
+    let mut parts = header.clone();
+    parts[0] = "part".to_owned();
+    println!("| {} |", parts.join(" | "));
+    println!("|{}", "---|".repeat(parts.len()));
+    for (label, pick) in CPU_PARTS {
+        let mut cells = vec![label.to_owned()];
+        for (_, _, _, measured) in summary {
+            let per_hop = median(measured.iter().map(|(r, _)| r.cpu_per_hop(pick)).collect());
+            let cores = median(measured.iter().map(|(r, _)| r.cores(pick)).collect());
+            cells.push(format!("{per_hop:.2} ({cores:.2})"));
+        }
+        println!("| {} |", cells.join(" | "));
+    }
 }

@@ -163,7 +163,21 @@ pub async fn explain_claim(
 /// `ORDER BY` of a few rows) were compiled by the JIT at each execution,
 /// about 13 ms each, 8 % off a 50,000-event drain. The relay's statements
 /// are all short, so JIT is off on this connection too.
-pub(crate) const PLANNER_SETTINGS: [&str; 2] = ["enable_sort = off", "jit = off"];
+///
+/// Sequential scans are the last resort as well. The connection keeps its
+/// statements prepared, and PostgreSQL settles on a generic plan after a
+/// statement's first five runs, kept until the table's statistics change.
+/// A relay that started on a young table (never analyzed, so planned as
+/// ten pages) planned its mark, `WHERE id = ANY($1)` for an array of
+/// unknown length, as a scan of those pages, and kept scanning the whole
+/// table on every mark as it grew until autovacuum analyzed it (in the hops
+/// bench at 1,000 events/s: 4,000 marks read 14 million rows in 10 s, and
+/// the database's CPU went to the marks). Every statement of this
+/// connection reads its rows by an index or touches a table of a few rows
+/// (the membership), where a scan forbidden but without an alternative
+/// still runs.
+pub(crate) const PLANNER_SETTINGS: [&str; 3] =
+    ["enable_sort = off", "enable_seqscan = off", "jit = off"];
 
 /// Session settings of the relay's own connection (the one its lane locks,
 /// claims and marks use).
