@@ -383,11 +383,12 @@ async fn a_backlog_the_statistics_know_is_claimed_in_one_ordered_walk(pool: PgPo
 /// settles on a generic plan for a statement after its first five runs,
 /// kept until the table's statistics change. A relay started on an empty
 /// `outbox_event` ran its marks (`WHERE id = ANY($1)`) as sequential scans
-/// planned on a table of one page, and kept scanning the whole table on
-/// every mark as it grew (in the hops bench, 14 million rows read by 4,000
-/// marks in 10 s). The relay's planner settings rule sequential scans out on
-/// its connection: a mark reads the rows it marks by primary key however
-/// young the table was when the plan was made.
+/// planned on a table never analyzed (counted as ten pages), and kept
+/// scanning the whole table on every mark as it grew (in the hops bench,
+/// 14 million rows read by 4,000 marks in 10 s). The relay's planner
+/// settings rule sequential scans out on its connection: a mark reads the
+/// rows it marks by primary key however young the table was when the plan
+/// was made.
 #[sqlx::test(migrations = false)]
 async fn a_mark_planned_on_a_young_table_reads_by_index_once_the_table_grew(pool: PgPool) {
     migrated(&pool).await;
