@@ -24,7 +24,7 @@
 //! Elapsed time is from the first effect (or inbox row) to the last, measured
 //! by the database clock, so consumer-group join time is not counted.
 //!
-//! Chart (`charts::dir()`, `docs/benchmarks/` unless `BENCH_CHARTS_DIR` is
+//! Chart (`charts::dir()`, `target/bench-charts/` unless `BENCH_CHARTS_DIR` is
 //! set): `consumer-drain.svg`, each variant's throughput over time.
 
 mod charts;

@@ -44,7 +44,7 @@
 //! `outbox_bench_relay_large` and `outbox_bench_relay_parked` (dropped and
 //! recreated when used).
 //!
-//! Charts (`charts::dir()`, `docs/benchmarks/` unless `BENCH_CHARTS_DIR` is
+//! Charts (`charts::dir()`, `target/bench-charts/` unless `BENCH_CHARTS_DIR` is
 //! set): `relay-latency.svg` (the latency distributions beside the broker
 //! floor) and `relay-drain.svg` (throughput over time of every drain).
 #![allow(missing_docs)]

@@ -1,7 +1,8 @@
 //! SVG charts of the benches (plotters, SVG backend), embedded in
-//! BENCHMARKS.md. Written to `docs/benchmarks/` of the workspace, or to
-//! `BENCH_CHARTS_DIR` (e.g. for a quick run whose charts should not replace
-//! the committed ones).
+//! BENCHMARKS.md. Written to `target/bench-charts/` of the workspace, or to
+//! `BENCH_CHARTS_DIR`: a run that should replace the committed charts sets it
+//! to the workspace's `docs/benchmarks/`, so a local run never changes
+//! tracked files by accident.
 #![allow(dead_code)] // each bench draws some of the charts
 
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use plotters::prelude::*;
 /// Where the charts go.
 pub(crate) fn dir() -> PathBuf {
     let dir = std::env::var_os("BENCH_CHARTS_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks"),
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-charts"),
         PathBuf::from,
     );
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
