@@ -112,6 +112,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "inbox_store_on_receipt",
         sql: include_str!("../migrations/0016_inbox_store_on_receipt.sql"),
     },
+    Migration {
+        version: 17,
+        description: "inbox_key_reads_by_key",
+        sql: include_str!("../migrations/0017_inbox_key_reads_by_key.sql"),
+    },
 ];
 
 /// Every MySQL / MariaDB migration the framework ships, in order (feature

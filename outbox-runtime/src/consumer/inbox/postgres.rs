@@ -121,7 +121,10 @@ pub(super) async fn lock_partitions(
 }
 
 /// Which of the (topic, key) pairs have pending rows in the group's inbox
-/// (an `inbox_key` entry).
+/// (an `inbox_key` entry). Each pair is looked up on its own (an index probe
+/// of `ux_inbox_key`), so the statement's cached plan never reads the
+/// group's every key, whatever the table's size when it was planned
+/// (migration 0017 does the same in the store's functions).
 pub(super) async fn pending_keys(
     conn: &mut PgConnection,
     group: &str,
@@ -129,9 +132,13 @@ pub(super) async fn pending_keys(
     keys: &[&str],
 ) -> sqlx::Result<Vec<(String, String)>> {
     sqlx::query_as(
-        "SELECT k.topic, k.partition_key FROM inbox_key k
-         WHERE k.consumer_group = $1
-           AND (k.topic, k.partition_key) IN (SELECT * FROM unnest($2::text[], $3::text[]))",
+        "SELECT w.topic, w.partition_key
+         FROM (SELECT DISTINCT * FROM unnest($2::text[], $3::text[])) AS w(topic, partition_key)
+         CROSS JOIN LATERAL (
+             SELECT 1 FROM inbox_key k
+             WHERE k.consumer_group = $1 AND k.topic = w.topic
+               AND k.partition_key = w.partition_key
+             LIMIT 1) AS found",
     )
     .bind(group)
     .bind(topics)
