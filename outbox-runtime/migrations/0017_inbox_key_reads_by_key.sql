@@ -15,7 +15,7 @@
 -- the whole table: an index probe of ux_inbox_key per key, whatever the
 -- table's size at planning time (tests/inbox_key_plans.rs).
 --
--- The store's functions also plan their statements once per connection
+-- The store's function also plans its statements once per connection
 -- (plan_cache_mode = force_generic_plan, for the function's run only): with
 -- the lookup written per key, PostgreSQL otherwise judged the generic plan
 -- (ten keys a batch, by its estimate) dearer than a plan for the batch at
@@ -24,7 +24,9 @@
 --
 -- Only those reads change; every function keeps its name, signature,
 -- results and locking order (the update trigger locks the touched keys'
--- entries in (group, topic, key) order, as before).
+-- entries in (group, topic, key) order, as before). Migration 0015's
+-- function now calls 0016's with no row to insert instead of repeating its
+-- lock and read.
 
 -- The store's function of migration 0016 (the one consumers call).
 CREATE OR REPLACE FUNCTION outbox_inbox_store_on_receipt(
@@ -77,7 +79,9 @@ END
 $$;
 
 -- Migration 0015's function, still called by consumers of the version
--- before 0016 during a rolling deploy.
+-- before 0016 during a rolling deploy: the store's function above with no
+-- row to insert answers the same (not locked; else the pending keys; else
+-- nothing), so it now calls that one and keeps no read of its own.
 CREATE OR REPLACE FUNCTION outbox_inbox_lock_and_read_pending(
     lock_class integer,
     lock_texts text[],
@@ -85,24 +89,10 @@ CREATE OR REPLACE FUNCTION outbox_inbox_lock_and_read_pending(
     topics text[],
     keys text[])
 RETURNS TABLE (locked boolean, pending_topic text, pending_key text)
-LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan
-AS $$
-BEGIN
-    IF NOT coalesce((SELECT bool_and(pg_try_advisory_xact_lock(lock_class, hashtext(p)))
-                     FROM unnest(lock_texts) AS p), true) THEN
-        RETURN QUERY SELECT false, NULL::text, NULL::text;
-        RETURN;
-    END IF;
-    RETURN QUERY
-        SELECT true, w.topic, w.partition_key
-        FROM (SELECT DISTINCT * FROM unnest(topics, keys)) AS w(topic, partition_key)
-        CROSS JOIN LATERAL (
-            SELECT 1 FROM inbox_key k
-            WHERE k.consumer_group = consumer AND k.topic = w.topic
-              AND k.partition_key = w.partition_key
-            LIMIT 1) AS found;
-END
+LANGUAGE sql VOLATILE AS $$
+    SELECT s.locked, s.pending_topic, s.pending_key
+    FROM outbox_inbox_store_on_receipt(lock_class, lock_texts, consumer, topics, keys,
+                                       '{}', '{}', '{}', '{}', '{}', '{}') AS s
 $$;
 
 -- Migration 0005's update trigger function (its trigger is unchanged).

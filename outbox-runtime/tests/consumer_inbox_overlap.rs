@@ -389,6 +389,71 @@ async fn the_stores_read_of_pending_keys_sees_what_committed_before_its_locks(po
     assert_eq!(count(&pool, "SELECT count(*) FROM inbox_key").await, 0);
 }
 
+/// Migration 0015's function, which consumers of the version before 0016
+/// call during a rolling deploy, answers as it always did, now through
+/// 0016's function with no row to insert: not locked while another
+/// transaction holds a lock, else the batch's keys that have pending rows
+/// (each once), else nothing; it never inserts.
+#[sqlx::test(migrations = false)]
+async fn the_previous_versions_lock_and_read_answers_as_before(pool: PgPool) {
+    prepare_db(&pool).await;
+    sqlx::query(
+        "INSERT INTO inbox_event (consumer_group, event_id, payload, event_type, topic, partition_key)
+         VALUES ('g', $1, '{}', 'OverlapPaid', 't', 'k')",
+    )
+    .bind(Uuid::new_v4())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let lock_and_read = |lock_texts: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (bool, Option<String>, Option<String>)>(sqlx::AssertSqlSafe(
+                format!(
+                    "SELECT * FROM outbox_inbox_lock_and_read_pending(
+                         1, {lock_texts}, 'g', ARRAY['t', 't', 't'], ARRAY['k', 'idle', 'k'])"
+                ),
+            ))
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    assert_eq!(
+        lock_and_read("ARRAY['t:0:g']").await,
+        vec![(true, Some("t".to_owned()), Some("k".to_owned()))],
+        "the pending key, once"
+    );
+
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1, hashtext('t:0:g'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    assert_eq!(
+        lock_and_read("ARRAY['t:1:g', 't:0:g']").await,
+        vec![(false, None, None)],
+        "a lock held"
+    );
+    holder.rollback().await.unwrap();
+
+    sqlx::query("UPDATE inbox_event SET processed = true, processed_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        lock_and_read("ARRAY['t:0:g']").await,
+        vec![],
+        "nothing pending"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM inbox_event").await,
+        1,
+        "nothing inserted"
+    );
+}
+
 /// `event`, taken by a fresh consumer of `group` through the consumer's own
 /// step; returns the inbox row as the store left it.
 async fn store_one(pool: &PgPool, group: &str, event: &OverlapPaid) -> StoredRow {

@@ -49,8 +49,10 @@ pub(super) async fn claim(ctx: &Shared, tx: &mut Tx) -> Result<Vec<InboxRow>, sq
 
 /// Whether a claim can find anything: `false` only when no key of the
 /// group is due (see `postgres::any_key_due`), so that a processor polling
-/// an empty inbox does not pay for a claim. On MySQL, whose claim starts
-/// with the same cheap read of due keys, always `true`.
+/// an empty inbox does not pay for a claim. Asked only on the poll timer's
+/// claims: rows just stored, or a full batch just handled, make work
+/// likely. On MySQL, whose claim starts with the same cheap read of due
+/// keys, always `true`.
 pub(super) async fn anything_due(ctx: &Shared) -> Result<bool, sqlx::Error> {
     match ctx.db.pool() {
         Pool::Postgres(pool) => super::postgres::any_key_due(pool, &ctx.settings.group_id).await,

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
-use super::claim::{anything_due, claim, read};
+use super::claim::{claim, read};
 use super::rows::{Claim, FailedRow, OrderKey, Settled, What};
 use crate::consumer::call::HandlerFailure;
 use crate::consumer::database::{Tx, TxFailure};
@@ -110,9 +110,6 @@ pub(super) async fn claim_and_handle(
     ctx: &Shared,
     recovery: &mut Recovery,
 ) -> Result<Claimed, sqlx::Error> {
-    if !anything_due(ctx).await? {
-        return Ok(Claimed::Drained);
-    }
     let mut tx = ctx.db.begin().await?;
     let rows = claim(ctx, &mut tx).await?;
     if rows.is_empty() {

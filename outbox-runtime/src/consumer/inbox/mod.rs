@@ -149,6 +149,10 @@ pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
     let mut recovery = handle::Recovery::default();
     let mut membership = (index == 0).then(Membership::new);
     let mut heartbeat_at = Instant::now();
+    // Whether this claim comes from the poll timer (or the start) rather
+    // than from rows just stored or a full batch just handled: only then is
+    // an empty inbox likely, and a cheap question first spares the claim.
+    let mut polled = true;
     while !ctx.token.is_cancelled() {
         if let Some(membership) = membership.as_mut()
             && heartbeat_at <= Instant::now()
@@ -160,7 +164,17 @@ pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
         let stored = ctx.stored.notified();
         tokio::pin!(stored);
         stored.as_mut().enable();
-        match handle::claim_and_handle(&ctx, &mut recovery).await {
+        let due = match polled {
+            true => claim::anything_due(&ctx).await,
+            false => Ok(true),
+        };
+        polled = false;
+        let claimed = match due {
+            Ok(true) => handle::claim_and_handle(&ctx, &mut recovery).await,
+            Ok(false) => Ok(handle::Claimed::Drained),
+            Err(error) => Err(error),
+        };
+        match claimed {
             // Fewer rows than a batch does not mean nothing else is due: the
             // other keys' heads may have been locked by another processor a
             // moment ago. Only an empty claim waits.
@@ -170,7 +184,7 @@ pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
                 tokio::select! {
                     () = ctx.token.cancelled() => {}
                     () = &mut stored => {}
-                    () = tokio::time::sleep(ctx.settings.processor_poll_interval) => {}
+                    () = tokio::time::sleep(ctx.settings.processor_poll_interval) => polled = true,
                 }
             }
             Err(error) => {
