@@ -13,7 +13,7 @@
 //! handler anyway (a statement of the framework that succeeds after the
 //! handler proves the same thing for free).
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::Error;
 
@@ -72,6 +72,71 @@ pub async fn check_committable(conn: &mut PgConnection) -> Result<(), Error> {
     {
         Ok(_) => Ok(()),
         Err(error) => Err(statement_error(error)),
+    }
+}
+
+/// Commits `tx` if it can still commit, checking it ([`check_committable`])
+/// in the same round trip to the database: `Ok(())` once committed, or
+/// [`Error::TransactionAborted`] / [`Error::TransactionEnded`] (nothing was
+/// committed by this call; the transaction is rolled back), or the database's
+/// error when the commit itself failed (a deferred constraint, a
+/// serialization failure: the database rolled it back).
+///
+/// This is `check_committable` followed by `tx.commit()`, one round trip
+/// shorter, which is what the consumers use at the end of every
+/// transaction a handler had last. `tx` is a transaction of a pool
+/// ([`PgPool::begin`](sqlx::PgPool::begin)), never a savepoint, whose
+/// `commit` releases the savepoint alone: on a connection already in a
+/// transaction, call `check_committable`, then `commit`.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), txoutbox_core::Error> {
+/// let mut tx = pool.begin().await?;
+/// // ... code you do not trust to return its errors ...
+/// let _ = sqlx::query("SELECT 1/0").execute(&mut *tx).await;
+/// assert!(matches!(
+///     txoutbox_core::commit_checked(tx).await,
+///     Err(txoutbox_core::Error::TransactionAborted)
+/// ));
+/// # Ok(()) }
+/// ```
+pub async fn commit_checked(tx: Transaction<'static, Postgres>) -> Result<(), Error> {
+    commit_checked_top_level(tx).await
+}
+
+/// [`commit_checked`] for a transaction that the caller knows is not a
+/// savepoint (its connection was in no transaction when it began).
+pub(crate) async fn commit_checked_top_level(
+    mut tx: Transaction<'_, Postgres>,
+) -> Result<(), Error> {
+    // One simple query, two statements: the savepoint fails in an aborted
+    // transaction (25P02) or outside any (25P01), and then the commit does
+    // not run. `AND CHAIN` opens an empty transaction in the committed one's
+    // place, for sqlx's bookkeeping: `tx` still counts as open (sqlx only
+    // closes it in its own `commit`, which would cost the round trip saved
+    // here), and dropping it queues a `ROLLBACK`, which ends that empty
+    // transaction ahead of the connection's next message (for a pooled
+    // connection, the test the pool runs as it takes the connection back,
+    // in a task of its own). A plain `COMMIT` would have that `ROLLBACK`
+    // answered with a "no transaction in progress" warning every time.
+    match sqlx::raw_sql("SAVEPOINT txoutbox_committable; COMMIT AND CHAIN")
+        .execute(&mut *tx)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(error) => match not_committable(&error) {
+            Some(unusable) => {
+                if let Err(error) = tx.rollback().await {
+                    tracing::debug!(
+                        error = %crate::DbErrorDisplay(&error),
+                        "rolling back a transaction that could not commit"
+                    );
+                }
+                Err(unusable)
+            }
+            // The commit failed: the database ended the transaction.
+            None => Err(Error::Database(error)),
+        },
     }
 }
 

@@ -59,7 +59,7 @@ mod unit_of_work;
 mod wakeup;
 pub mod wire;
 
-pub use committable::{check_committable, not_committable};
+pub use committable::{check_committable, commit_checked, not_committable};
 pub use domain_event::{DomainEvent, PartitionKey};
 pub use error::{DbErrorDisplay, Error};
 pub use events::{Events, ScheduledRecord, WithHeaders};

@@ -6,7 +6,7 @@ use std::future::Future;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 
-use crate::committable::statement_error;
+use crate::committable::{commit_checked_top_level, statement_error};
 use crate::{Error, Events, retry};
 
 /// Transaction isolation level of a unit of work.
@@ -55,6 +55,16 @@ pub trait TransactionSource: Send {
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
         None
     }
+
+    /// Whether the transaction [`begin_transaction`](Self::begin_transaction)
+    /// opens next is a transaction of its own, not a savepoint in one
+    /// already open: then a commit with nothing to insert checks and
+    /// commits in one round trip ([`crate::commit_checked`]). `false` (the
+    /// default) costs that round trip and is always right.
+    #[doc(hidden)]
+    fn begins_top_level(&self) -> bool {
+        false
+    }
 }
 
 impl TransactionSource for &PgPool {
@@ -68,6 +78,10 @@ impl TransactionSource for &PgPool {
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
         crate::wakeup::Scope::of_database(self.connect_options().get_database())
     }
+
+    fn begins_top_level(&self) -> bool {
+        true
+    }
 }
 
 impl TransactionSource for PgPool {
@@ -80,6 +94,10 @@ impl TransactionSource for PgPool {
 
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
         crate::wakeup::Scope::of_database(self.connect_options().get_database())
+    }
+
+    fn begins_top_level(&self) -> bool {
+        true
     }
 }
 
@@ -102,6 +120,10 @@ impl TransactionSource for &mut PgConnection {
             Some(level) => sqlx::Connection::begin_with(&mut **self, level.begin_statement()).await,
             None => (&mut **self).begin().await,
         }
+    }
+
+    fn begins_top_level(&self) -> bool {
+        !sqlx::Connection::is_in_transaction(&**self)
     }
 }
 
@@ -202,10 +224,11 @@ impl<S: TransactionSource> UnitOfWork<S> {
         let span = self.span();
         async move {
             let scope = self.source.wakeup_scope();
+            let top_level = self.source.begins_top_level();
             let mut tx = begin(&mut self.source, self.isolation).await?;
             let mut events = Events::new();
             let outcome = handler(&mut tx, &mut events).await;
-            finish(tx, events, outcome, scope)
+            finish(tx, events, outcome, scope, top_level)
                 .await
                 .map_err(Failure::into_user)
         }
@@ -264,10 +287,11 @@ impl<S: TransactionSource> RetryingUnitOfWork<S> {
             // rust-lang/rust#110338), which would make handlers unusable in
             // `tokio::spawn` or axum.
             let scope = self.inner.source.wakeup_scope();
+            let top_level = self.inner.source.begins_top_level();
             let mut tx = begin(&mut self.inner.source, self.inner.isolation).await?;
             let mut events = Events::new();
             let outcome = handler.clone()(&mut tx, &mut events).await;
-            let failure = match finish(tx, events, outcome, scope).await {
+            let failure = match finish(tx, events, outcome, scope, top_level).await {
                 Ok(output) => return Ok(output),
                 Err(failure) => failure,
             };
@@ -322,6 +346,7 @@ async fn finish<T, E>(
     mut events: Events,
     outcome: Result<T, E>,
     scope: Option<crate::wakeup::Scope>,
+    top_level: bool,
 ) -> Result<T, Failure<E>> {
     let output = match outcome {
         Ok(output) => output,
@@ -333,8 +358,14 @@ async fn finish<T, E>(
     // A deferred serialization failure fails the attempt before anything is
     // sent. The insert is the first statement after the handler's: if the
     // handler left the transaction aborted, it fails with 25P02, which says
-    // so. With nothing to insert, one statement asks (see `check_committable`).
-    let after_commit = match events.write_last(&mut tx).await {
+    // so. With nothing to insert, a statement asks (see `check_committable`):
+    // in the commit's round trip when the transaction is not a savepoint.
+    let checked_with_commit = top_level && events.is_empty();
+    let written = match checked_with_commit {
+        true => events.write(&mut tx).await,
+        false => events.write_last(&mut tx).await,
+    };
+    let after_commit = match written {
         Ok(after_commit) => after_commit,
         Err(error) => {
             rollback(tx).await;
@@ -344,9 +375,11 @@ async fn finish<T, E>(
     // A failed commit (deferred constraint, serialization failure) has rolled
     // the transaction back on the server; nothing to undo here. An aborted or
     // ended transaction is the handler's doing and says so.
-    tx.commit()
-        .await
-        .map_err(|error| Failure::Framework(statement_error(error)))?;
+    let committed = match checked_with_commit {
+        true => commit_checked_top_level(tx).await,
+        false => tx.commit().await.map_err(statement_error),
+    };
+    committed.map_err(Failure::Framework)?;
     after_commit.committed_in(scope);
     Ok(output)
 }

@@ -123,3 +123,151 @@ async fn the_test_helper_reports_a_swallowed_error(pool: PgPool) {
         );
     }
 }
+
+/// A pool of one connection on `pool`'s database, so that the next
+/// transaction runs on the connection the last one used.
+async fn one_connection(pool: &PgPool) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap()
+}
+
+/// Whether no connection to the test's database sits in an open
+/// transaction once `single`'s connection is back in its pool: what the
+/// next user of that connection would otherwise run in.
+async fn no_transaction_left_open(pool: &PgPool, single: &PgPool) -> bool {
+    // With one connection, this waits until the pool has taken it back
+    // (and sent what was queued on it).
+    let _held = single.acquire().await.unwrap();
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    open == 0
+}
+
+#[sqlx::test(migrations = false)]
+async fn commit_checked_commits_in_one_round_trip_and_leaves_the_connection_clean(pool: PgPool) {
+    setup(&pool).await;
+    let single = one_connection(&pool).await;
+    for amount in [1, 2, 3] {
+        let mut tx = single.begin().await.unwrap();
+        insert_order(&mut tx, amount, 1).await.unwrap();
+        txoutbox_core::commit_checked(tx).await.unwrap();
+        // The empty transaction `COMMIT AND CHAIN` opened is gone before
+        // the connection runs anything else.
+        assert!(no_transaction_left_open(&pool, &single).await);
+    }
+    assert_eq!(count(&pool, "orders").await, 3);
+    let conn = single.acquire().await.unwrap();
+    assert!(!sqlx::Connection::is_in_transaction(&*conn));
+}
+
+#[sqlx::test(migrations = false)]
+async fn commit_checked_refuses_an_aborted_or_ended_transaction_and_commits_nothing(pool: PgPool) {
+    setup(&pool).await;
+    let single = one_connection(&pool).await;
+    // Aborted: a swallowed unique violation.
+    let mut tx = single.begin().await.unwrap();
+    insert_order(&mut tx, 10, 1).await.unwrap();
+    swallow_unique_violation(&mut tx).await;
+    let error = txoutbox_core::commit_checked(tx).await.unwrap_err();
+    assert!(
+        matches!(error, txoutbox_core::Error::TransactionAborted),
+        "{error:?}"
+    );
+    assert!(no_transaction_left_open(&pool, &single).await);
+    // Ended: the code rolled it back itself.
+    let mut tx = single.begin().await.unwrap();
+    insert_order(&mut tx, 11, 1).await.unwrap();
+    sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await.unwrap();
+    let error = txoutbox_core::commit_checked(tx).await.unwrap_err();
+    assert!(
+        matches!(error, txoutbox_core::Error::TransactionEnded),
+        "{error:?}"
+    );
+    assert!(no_transaction_left_open(&pool, &single).await);
+    assert_eq!(count(&pool, "orders").await, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn commit_checked_reports_a_failed_commit_as_the_databases_error(pool: PgPool) {
+    setup(&pool).await;
+    sqlx::raw_sql("CREATE TABLE deferred (x int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let single = one_connection(&pool).await;
+    let mut tx = single.begin().await.unwrap();
+    insert_order(&mut tx, 12, 1).await.unwrap();
+    // Checked only at the commit.
+    sqlx::raw_sql("INSERT INTO deferred VALUES (1), (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let error = txoutbox_core::commit_checked(tx).await.unwrap_err();
+    let code = match &error {
+        txoutbox_core::Error::Database(error) => error
+            .as_database_error()
+            .and_then(|error| error.code())
+            .map(|code| code.into_owned()),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(code.as_deref(), Some("23505"));
+    assert!(no_transaction_left_open(&pool, &single).await);
+    assert_eq!(count(&pool, "orders").await, 0);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deferred")
+        .fetch_one(&single)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_unit_of_work_whose_handler_ended_the_transaction_reports_it(pool: PgPool) {
+    setup(&pool).await;
+    let result = transaction(&pool)
+        .run(async |tx, _events| {
+            insert_order(tx, 4, 1).await?;
+            sqlx::raw_sql("ROLLBACK").execute(&mut **tx).await?;
+            Ok::<_, AppError>(())
+        })
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(AppError::Outbox(txoutbox_core::Error::TransactionEnded))
+        ),
+        "{result:?}"
+    );
+    assert_eq!(count(&pool, "orders").await, 0);
+}
+
+/// Nested in a transaction, a unit of work with nothing to insert releases
+/// its savepoint and leaves the outer transaction open: the outer one still
+/// decides.
+#[sqlx::test(migrations = false)]
+async fn a_nested_unit_of_work_with_no_event_commits_only_its_savepoint(pool: PgPool) {
+    setup(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let mut outer = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    transaction(&mut *outer)
+        .run(async |tx, _events| {
+            insert_order(tx, 5, 1).await?;
+            Ok::<_, AppError>(())
+        })
+        .await
+        .unwrap();
+    let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&mut *outer)
+        .await
+        .unwrap();
+    assert_eq!(inside, 1);
+    outer.rollback().await.unwrap();
+    assert_eq!(count(&pool, "orders").await, 0);
+}

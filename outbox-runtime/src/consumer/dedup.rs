@@ -224,8 +224,9 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
             // A handler that swallowed a database error returned `Ok` on an
             // aborted transaction, whose COMMIT would be a silent rollback of
             // the whole batch; the careful pass finds which one it was.
+            // Checked with the commit, in one round trip.
             if handled > 0 {
-                match tx.check_committable().await {
+                match tx.commit_checked().await {
                     Ok(()) => {}
                     Err(txoutbox_core::Error::Database(error)) => return Err(error),
                     Err(_) => {
@@ -234,8 +235,9 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
                         });
                     }
                 }
+            } else {
+                tx.commit().await?;
             }
-            tx.commit().await?;
             ctx.calls.committed();
             probe::mark_each(
                 Stage::Committed,
@@ -433,7 +435,7 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
                 .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
                 .await
                 .map_err(|failure| Step::Handler(failure.error))?;
-            if let Err(unusable) = tx.check_committable().await {
+            if let Err(unusable) = tx.commit_checked().await {
                 return Err(match unusable {
                     txoutbox_core::Error::Database(error) => Step::Db(error),
                     unusable => Step::Handler(ctx.calls.left_unusable(
@@ -443,7 +445,6 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
                     )),
                 });
             }
-            tx.commit().await.map_err(Step::Db)?;
             ctx.calls.committed();
             Ok(true)
         }

@@ -176,6 +176,23 @@ impl Tx {
         }
     }
 
+    /// Commits after [`Tx::check_committable`]'s check, on PostgreSQL in the
+    /// same round trip ([`txoutbox_core::commit_checked`]): the end of every
+    /// transaction a handler had last. On failure the transaction is over:
+    /// [`txoutbox_core::Error::Database`] when the database failed (the
+    /// check or the commit), the other errors when the handler left it
+    /// unable to commit.
+    pub(crate) async fn commit_checked(self) -> Result<(), txoutbox_core::Error> {
+        match self {
+            Self::Postgres(tx) => txoutbox_core::commit_checked(tx).await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(mut tx) => {
+                txoutbox_core::mysql::check_in_transaction(&mut tx).await?;
+                Ok(tx.commit().await?)
+            }
+        }
+    }
+
     /// Between two handlers of one transaction: on MySQL, checks that the
     /// transaction is still open (a handler that swallowed a deadlock leaves
     /// the session in autocommit, where the next handler's writes would

@@ -181,18 +181,20 @@ pub(super) async fn store(
                     .entry(row.meta.event_type.clone())
                     .or_default() += 1;
             }
-            // A handler that swallowed a database error returned `Ok` on an
-            // aborted transaction: whichever it was, the processors find it
-            // (its savepoint release fails there) and charge it alone.
-            if !handled_by_type.is_empty() {
-                match tx.check_committable().await {
-                    Ok(()) => {}
-                    Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
-                    Err(_) => return Err(handler_failed(tx).await),
-                }
-            }
         }
         later = rest;
+    }
+    // A handler that swallowed a database error returned `Ok` on an aborted
+    // transaction: whichever it was, the processors find it (its savepoint
+    // release fails there) and charge it alone. Checked before the pending
+    // rows' insert, or, without one (the usual case), with the commit.
+    let handled = !handled_by_type.is_empty();
+    if handled && !later.is_empty() {
+        match tx.check_committable().await {
+            Ok(()) => {}
+            Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
+            Err(_) => return Err(handler_failed(tx).await),
+        }
     }
     if !later.is_empty() {
         // New keys get their `inbox_key` entry (PostgreSQL's insert
@@ -201,7 +203,16 @@ pub(super) async fn store(
         stored.inserted += inserted;
         stored.pending = inserted;
     }
-    tx.commit().await?;
+    if handled && later.is_empty() {
+        match tx.commit_checked().await {
+            Ok(()) => {}
+            Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
+            // Rolled back already.
+            Err(_) => return Err(StoreFailed::HandlerFailed),
+        }
+    } else {
+        tx.commit().await?;
+    }
     ctx.calls.committed();
     // Stored pending (for the processors), or handled on receipt.
     crate::probe::mark_each(
