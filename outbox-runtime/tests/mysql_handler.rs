@@ -570,3 +570,74 @@ async fn the_insert_writes_nothing_outside_a_transaction_in_any_sql_mode() {
     }
     db.drop().await;
 }
+
+/// The check that a transaction is still open travels with its commit
+/// (`commit_checked`, one round trip): a transaction left by the code that
+/// ran in it is reported and nothing of it commits, directly and through a
+/// unit of work that records no event; an intact one commits.
+#[tokio::test]
+async fn commit_checked_commits_or_reports_the_lost_transaction() {
+    let db = Scratch::create().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (amount, note) VALUES (1, 'checked')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    txoutbox_core::mysql::commit_checked(tx).await.unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM orders WHERE note = 'checked'")
+            .await,
+        1
+    );
+
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (amount, note) VALUES (2, 'rolled-back')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await.unwrap();
+    let err = txoutbox_core::mysql::commit_checked(tx).await.unwrap_err();
+    assert!(matches!(err, Error::TransactionLost), "{err:?}");
+
+    let ended = txoutbox_core::mysql::transaction(&db.pool)
+        .run(async |tx, _events| {
+            sqlx::query("INSERT INTO orders (amount, note) VALUES (3, 'ended')")
+                .execute(&mut **tx)
+                .await?;
+            sqlx::raw_sql("ROLLBACK").execute(&mut **tx).await?;
+            Ok::<_, Error>(())
+        })
+        .await;
+    assert!(matches!(ended, Err(Error::TransactionLost)), "{ended:?}");
+
+    txoutbox_core::mysql::transaction(&db.pool)
+        .run(async |tx, _events| {
+            sqlx::query("INSERT INTO orders (amount, note) VALUES (4, 'no-event')")
+                .execute(&mut **tx)
+                .await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM orders WHERE note IN ('rolled-back', 'ended')")
+            .await,
+        0
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM orders WHERE note = 'no-event'")
+            .await,
+        1
+    );
+    // No session of the test's database is left inside a transaction.
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM information_schema.INNODB_TRX t
+             JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+             WHERE p.DB = DATABASE()"
+        )
+        .await,
+        0
+    );
+    db.drop().await;
+}

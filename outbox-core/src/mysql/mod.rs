@@ -21,8 +21,9 @@
 //!   guarded by `@@in_transaction` (in the statement itself: no round trip):
 //!   it writes nothing outside a transaction and the unit of work fails with
 //!   [`Error::TransactionLost`](crate::Error::TransactionLost) instead of
-//!   committing a transaction that no longer exists (with no event, one
-//!   `SELECT @@in_transaction` asks).
+//!   committing a transaction that no longer exists (with no event,
+//!   `SELECT @@in_transaction` asks in the commit's round trip:
+//!   [`commit_checked`]).
 //! - **Deadlocks (1213) and lock wait timeouts (1205)** are transient:
 //!   `retries` re-runs the handler on them, as on PostgreSQL's 40001/40P01.
 //! - **Isolation**: InnoDB's default is `REPEATABLE READ`; `isolation = ..`
@@ -117,6 +118,55 @@ pub async fn cancel_scheduled(
 pub use unit_of_work::{
     MySqlTransactionSource, MySqlUnitOfWork, RetryingMySqlUnitOfWork, transaction,
 };
+
+/// Commits `tx` if it is still a transaction, checking it
+/// ([`check_in_transaction`]) in the same round trip to the database:
+/// `Ok(())` once committed, [`Error::TransactionLost`](crate::Error::TransactionLost)
+/// when the session had left it (a deadlock rolled it back under the code
+/// that ran in it, or that code ended it; the commit then did nothing), or
+/// the database's error.
+///
+/// `tx` is a transaction of a pool ([`MySqlPool::begin`](sqlx::MySqlPool::begin)),
+/// never a savepoint: on a connection already in a transaction, call
+/// `check_in_transaction`, then `commit`.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::MySqlPool) -> Result<(), txoutbox_core::Error> {
+/// let tx = pool.begin().await?;
+/// txoutbox_core::mysql::commit_checked(tx).await?;
+/// # Ok(()) }
+/// ```
+pub async fn commit_checked(
+    tx: sqlx::Transaction<'static, sqlx::MySql>,
+) -> Result<(), crate::Error> {
+    commit_checked_top_level(tx).await
+}
+
+/// [`commit_checked`] for a transaction that the caller knows is not a
+/// savepoint (its connection was in no transaction when it began).
+pub(crate) async fn commit_checked_top_level(
+    mut tx: sqlx::Transaction<'_, sqlx::MySql>,
+) -> Result<(), crate::Error> {
+    use sqlx::Row;
+    // Two statements in one message: the session's transaction flag, read
+    // before the commit, then the commit, which does nothing in a session
+    // that left its transaction. `tx` still counts as open for sqlx (only
+    // its own `commit` would close it, a round trip more): dropping it
+    // queues a `ROLLBACK`, which outside a transaction does nothing, sent
+    // ahead of the connection's next message (a pooled connection's: the
+    // test the pool runs as it takes the connection back).
+    let rows = sqlx::raw_sql("SELECT CAST(@@in_transaction AS SIGNED); COMMIT")
+        .fetch_all(&mut *tx)
+        .await?;
+    let open: Option<i64> = match rows.first() {
+        Some(row) => Some(row.try_get(0)?),
+        None => None,
+    };
+    match open {
+        Some(1) => Ok(()),
+        _ => Err(crate::Error::TransactionLost),
+    }
+}
 
 /// Whether `error`, or any error in its `source()` chain, is a MySQL
 /// deadlock or lock wait timeout (or a serialization failure by SQLSTATE):

@@ -28,6 +28,16 @@ pub trait MySqlTransactionSource: Send {
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
         None
     }
+
+    /// Whether the transaction `begin_transaction` opens next is a
+    /// transaction of its own, not a savepoint: then a commit with nothing
+    /// to insert checks and commits in one round trip
+    /// ([`commit_checked`](super::commit_checked)). `false` (the default)
+    /// costs that round trip and is always right.
+    #[doc(hidden)]
+    fn begins_top_level(&self) -> bool {
+        false
+    }
 }
 
 impl MySqlTransactionSource for &MySqlPool {
@@ -40,6 +50,10 @@ impl MySqlTransactionSource for &MySqlPool {
 
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
         crate::wakeup::Scope::of_database(self.connect_options().get_database())
+    }
+
+    fn begins_top_level(&self) -> bool {
+        true
     }
 }
 
@@ -54,6 +68,10 @@ impl MySqlTransactionSource for MySqlPool {
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
         crate::wakeup::Scope::of_database(self.connect_options().get_database())
     }
+
+    fn begins_top_level(&self) -> bool {
+        true
+    }
 }
 
 impl MySqlTransactionSource for &mut MySqlConnection {
@@ -65,6 +83,10 @@ impl MySqlTransactionSource for &mut MySqlConnection {
             set_isolation(self, level).await?;
         }
         (&mut **self).begin().await
+    }
+
+    fn begins_top_level(&self) -> bool {
+        !sqlx::Connection::is_in_transaction(&**self)
     }
 }
 
@@ -179,10 +201,11 @@ impl<S: MySqlTransactionSource> MySqlUnitOfWork<S> {
         let span = self.span();
         async move {
             let scope = self.source.wakeup_scope();
+            let top_level = self.source.begins_top_level();
             let mut tx = begin(&mut self.source, self.isolation).await?;
             let mut events = Events::new();
             let outcome = handler(&mut tx, &mut events).await;
-            finish(tx, events, outcome, scope)
+            finish(tx, events, outcome, scope, top_level)
                 .await
                 .map_err(Failure::into_user)
         }
@@ -233,10 +256,11 @@ impl<S: MySqlTransactionSource> RetryingMySqlUnitOfWork<S> {
         let mut retried = 0;
         loop {
             let scope = self.inner.source.wakeup_scope();
+            let top_level = self.inner.source.begins_top_level();
             let mut tx = begin(&mut self.inner.source, self.inner.isolation).await?;
             let mut events = Events::new();
             let outcome = handler.clone()(&mut tx, &mut events).await;
-            let failure = match finish(tx, events, outcome, scope).await {
+            let failure = match finish(tx, events, outcome, scope, top_level).await {
                 Ok(output) => return Ok(output),
                 Err(failure) => failure,
             };
@@ -265,14 +289,16 @@ async fn begin<S: MySqlTransactionSource>(
 }
 
 /// Ends one attempt: on the handler's success inserts the events (guarded
-/// by `@@in_transaction`; with none, one statement checks it), commits and
-/// wakes the relay; otherwise rolls back. A panic in the handler unwinds
-/// past this; dropping the transaction queues its rollback.
+/// by `@@in_transaction`; with none, a statement checks it, in the commit's
+/// round trip when the transaction is not a savepoint), commits and wakes
+/// the relay; otherwise rolls back. A panic in the handler unwinds past
+/// this; dropping the transaction queues its rollback.
 async fn finish<T, E>(
     mut tx: Transaction<'_, MySql>,
     mut events: Events,
     outcome: Result<T, E>,
     scope: Option<crate::wakeup::Scope>,
+    top_level: bool,
 ) -> Result<T, Failure<E>> {
     let output = match outcome {
         Ok(output) => output,
@@ -281,10 +307,13 @@ async fn finish<T, E>(
             return Err(Failure::Handler(error));
         }
     };
+    let checked_with_commit = top_level && events.is_empty();
     let written = async {
         events.take_failure()?;
         if events.is_empty() {
-            check_in_transaction(&mut tx).await?;
+            if !checked_with_commit {
+                check_in_transaction(&mut tx).await?;
+            }
             return Ok(0);
         }
         insert_events(&mut tx, &events).await
@@ -297,9 +326,11 @@ async fn finish<T, E>(
             return Err(Failure::Framework(error));
         }
     };
-    tx.commit()
-        .await
-        .map_err(|error| Failure::Framework(Error::Database(error)))?;
+    let committed = match checked_with_commit {
+        true => super::commit_checked_top_level(tx).await,
+        false => tx.commit().await.map_err(Error::Database),
+    };
+    committed.map_err(Failure::Framework)?;
     AfterCommit::for_rows(rows).committed_in(scope);
     Ok(output)
 }

@@ -176,8 +176,9 @@ impl Tx {
         }
     }
 
-    /// Commits after [`Tx::check_committable`]'s check, on PostgreSQL in the
-    /// same round trip ([`txoutbox_core::commit_checked`]): the end of every
+    /// Commits after [`Tx::check_committable`]'s check, in the same round
+    /// trip ([`txoutbox_core::commit_checked`],
+    /// [`txoutbox_core::mysql::commit_checked`]): the end of every
     /// transaction a handler had last. On failure the transaction is over:
     /// [`txoutbox_core::Error::Database`] when the database failed (the
     /// check or the commit), the other errors when the handler left it
@@ -186,10 +187,7 @@ impl Tx {
         match self {
             Self::Postgres(tx) => txoutbox_core::commit_checked(tx).await,
             #[cfg(feature = "mysql")]
-            Self::MySql(mut tx) => {
-                txoutbox_core::mysql::check_in_transaction(&mut tx).await?;
-                Ok(tx.commit().await?)
-            }
+            Self::MySql(tx) => txoutbox_core::mysql::commit_checked(tx).await,
         }
     }
 
