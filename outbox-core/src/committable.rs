@@ -84,10 +84,13 @@ pub async fn check_committable(conn: &mut PgConnection) -> Result<(), Error> {
 ///
 /// This is `check_committable` followed by `tx.commit()`, one round trip
 /// shorter, which is what the consumers use at the end of every
-/// transaction a handler had last. `tx` is a transaction of a pool
-/// ([`PgPool::begin`](sqlx::PgPool::begin)), never a savepoint, whose
-/// `commit` releases the savepoint alone: on a connection already in a
-/// transaction, call `check_committable`, then `commit`.
+/// transaction a handler had last. It leaves an empty transaction open on
+/// the connection (`COMMIT AND CHAIN`), which the `ROLLBACK` sqlx queues
+/// for the dropped `tx` ends with the connection's next message: at once
+/// for a transaction of a pool ([`PgPool::begin`](sqlx::PgPool::begin)),
+/// whose connection the pool tests as it takes it back. Use it on those,
+/// never on a savepoint (whose `commit` releases the savepoint alone); on
+/// a connection of your own, call `check_committable`, then `commit`.
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::PgPool) -> Result<(), txoutbox_core::Error> {
@@ -101,14 +104,12 @@ pub async fn check_committable(conn: &mut PgConnection) -> Result<(), Error> {
 /// # Ok(()) }
 /// ```
 pub async fn commit_checked(tx: Transaction<'static, Postgres>) -> Result<(), Error> {
-    commit_checked_top_level(tx).await
+    commit_checked_pooled(tx).await
 }
 
-/// [`commit_checked`] for a transaction that the caller knows is not a
-/// savepoint (its connection was in no transaction when it began).
-pub(crate) async fn commit_checked_top_level(
-    mut tx: Transaction<'_, Postgres>,
-) -> Result<(), Error> {
+/// [`commit_checked`] for a transaction that the caller knows is a pool's
+/// (not a savepoint; its connection goes back to the pool when it ends).
+pub(crate) async fn commit_checked_pooled(mut tx: Transaction<'_, Postgres>) -> Result<(), Error> {
     // One simple query, two statements: the savepoint fails in an aborted
     // transaction (25P02) or outside any (25P01), and then the commit does
     // not run. `AND CHAIN` opens an empty transaction in the committed one's

@@ -6,7 +6,7 @@ use std::future::Future;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 
-use crate::committable::{commit_checked_top_level, statement_error};
+use crate::committable::{commit_checked_pooled, statement_error};
 use crate::{Error, Events, retry};
 
 /// Transaction isolation level of a unit of work.
@@ -56,13 +56,16 @@ pub trait TransactionSource: Send {
         None
     }
 
-    /// Whether the transaction [`begin_transaction`](Self::begin_transaction)
-    /// opens next is a transaction of its own, not a savepoint in one
-    /// already open: then a commit with nothing to insert checks and
-    /// commits in one round trip ([`crate::commit_checked`]). `false` (the
-    /// default) costs that round trip and is always right.
+    /// Whether [`begin_transaction`](Self::begin_transaction) opens a
+    /// pool's transaction: then a commit with nothing to insert checks and
+    /// commits in one round trip ([`crate::commit_checked`]), and the empty
+    /// transaction that leaves open ends at once, as the pool takes the
+    /// connection back. On a bare connection it would stay open until the
+    /// connection's next use, and in a savepoint the commit would end the
+    /// outer transaction. `false` (the default) costs that round trip and
+    /// is always right.
     #[doc(hidden)]
-    fn begins_top_level(&self) -> bool {
+    fn opens_pool_transaction(&self) -> bool {
         false
     }
 }
@@ -79,7 +82,7 @@ impl TransactionSource for &PgPool {
         crate::wakeup::Scope::of_database(self.connect_options().get_database())
     }
 
-    fn begins_top_level(&self) -> bool {
+    fn opens_pool_transaction(&self) -> bool {
         true
     }
 }
@@ -96,7 +99,7 @@ impl TransactionSource for PgPool {
         crate::wakeup::Scope::of_database(self.connect_options().get_database())
     }
 
-    fn begins_top_level(&self) -> bool {
+    fn opens_pool_transaction(&self) -> bool {
         true
     }
 }
@@ -120,10 +123,6 @@ impl TransactionSource for &mut PgConnection {
             Some(level) => sqlx::Connection::begin_with(&mut **self, level.begin_statement()).await,
             None => (&mut **self).begin().await,
         }
-    }
-
-    fn begins_top_level(&self) -> bool {
-        !sqlx::Connection::is_in_transaction(&**self)
     }
 }
 
@@ -224,11 +223,11 @@ impl<S: TransactionSource> UnitOfWork<S> {
         let span = self.span();
         async move {
             let scope = self.source.wakeup_scope();
-            let top_level = self.source.begins_top_level();
+            let pooled = self.source.opens_pool_transaction();
             let mut tx = begin(&mut self.source, self.isolation).await?;
             let mut events = Events::new();
             let outcome = handler(&mut tx, &mut events).await;
-            finish(tx, events, outcome, scope, top_level)
+            finish(tx, events, outcome, scope, pooled)
                 .await
                 .map_err(Failure::into_user)
         }
@@ -287,11 +286,11 @@ impl<S: TransactionSource> RetryingUnitOfWork<S> {
             // rust-lang/rust#110338), which would make handlers unusable in
             // `tokio::spawn` or axum.
             let scope = self.inner.source.wakeup_scope();
-            let top_level = self.inner.source.begins_top_level();
+            let pooled = self.inner.source.opens_pool_transaction();
             let mut tx = begin(&mut self.inner.source, self.inner.isolation).await?;
             let mut events = Events::new();
             let outcome = handler.clone()(&mut tx, &mut events).await;
-            let failure = match finish(tx, events, outcome, scope, top_level).await {
+            let failure = match finish(tx, events, outcome, scope, pooled).await {
                 Ok(output) => return Ok(output),
                 Err(failure) => failure,
             };
@@ -346,7 +345,7 @@ async fn finish<T, E>(
     mut events: Events,
     outcome: Result<T, E>,
     scope: Option<crate::wakeup::Scope>,
-    top_level: bool,
+    pooled: bool,
 ) -> Result<T, Failure<E>> {
     let output = match outcome {
         Ok(output) => output,
@@ -359,8 +358,8 @@ async fn finish<T, E>(
     // sent. The insert is the first statement after the handler's: if the
     // handler left the transaction aborted, it fails with 25P02, which says
     // so. With nothing to insert, a statement asks (see `check_committable`):
-    // in the commit's round trip when the transaction is not a savepoint.
-    let checked_with_commit = top_level && events.is_empty();
+    // in the commit's round trip when the transaction is a pool's.
+    let checked_with_commit = pooled && events.is_empty();
     let written = match checked_with_commit {
         true => events.write(&mut tx).await,
         false => events.write_last(&mut tx).await,
@@ -376,7 +375,7 @@ async fn finish<T, E>(
     // the transaction back on the server; nothing to undo here. An aborted or
     // ended transaction is the handler's doing and says so.
     let committed = match checked_with_commit {
-        true => commit_checked_top_level(tx).await,
+        true => commit_checked_pooled(tx).await,
         false => tx.commit().await.map_err(statement_error),
     };
     committed.map_err(Failure::Framework)?;

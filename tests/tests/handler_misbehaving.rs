@@ -271,3 +271,28 @@ async fn a_nested_unit_of_work_with_no_event_commits_only_its_savepoint(pool: Pg
     outer.rollback().await.unwrap();
     assert_eq!(count(&pool, "orders").await, 0);
 }
+
+/// On a connection of its own (no pool to take it back at once), a unit of
+/// work with nothing to insert leaves nothing open on it once it returns.
+#[sqlx::test(migrations = false)]
+async fn a_unit_of_work_on_a_bare_connection_leaves_no_transaction_open(pool: PgPool) {
+    setup(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    transaction(&mut *conn)
+        .run(async |tx, _events| {
+            insert_order(tx, 6, 1).await?;
+            Ok::<_, AppError>(())
+        })
+        .await
+        .unwrap();
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(open, 0, "the bare connection sits in a transaction");
+    assert_eq!(count(&pool, "orders").await, 1);
+    drop(conn);
+}

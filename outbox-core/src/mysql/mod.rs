@@ -139,12 +139,12 @@ pub use unit_of_work::{
 pub async fn commit_checked(
     tx: sqlx::Transaction<'static, sqlx::MySql>,
 ) -> Result<(), crate::Error> {
-    commit_checked_top_level(tx).await
+    commit_checked_pooled(tx).await
 }
 
 /// [`commit_checked`] for a transaction that the caller knows is not a
 /// savepoint (its connection was in no transaction when it began).
-pub(crate) async fn commit_checked_top_level(
+pub(crate) async fn commit_checked_pooled(
     mut tx: sqlx::Transaction<'_, sqlx::MySql>,
 ) -> Result<(), crate::Error> {
     use sqlx::Row;
