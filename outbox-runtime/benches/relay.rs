@@ -42,7 +42,7 @@
 //!
 //! The benchmark works in its own databases `outbox_bench_relay`,
 //! `outbox_bench_relay_large` and `outbox_bench_relay_parked` (dropped and
-//! recreated when used).
+//! recreated when used, and dropped at the end).
 //!
 //! Charts (`charts::dir()`, `target/bench-charts/` unless `BENCH_CHARTS_DIR` is
 //! set): `relay-latency.svg` (the latency distributions beside the broker
@@ -293,7 +293,21 @@ async fn main() {
     );
     key_sweep(&bench, events, rounds, rate, latency_secs).await;
     parked_sweep(&bench, events, rounds).await;
+    // Nothing left behind (the large table's database holds millions of rows).
+    bench.pool.close().await;
+    large.pool.close().await;
+    for name in DATABASES {
+        support::drop_database(name).await;
+    }
 }
+
+/// The databases the bench works in, dropped at its end (and, after a run
+/// that did not end, again when a later run recreates them).
+const DATABASES: [&str; 3] = [
+    "outbox_bench_relay",
+    "outbox_bench_relay_large",
+    "outbox_bench_relay_parked",
+];
 
 /// Draining with dead letters in the table: each round drains the same
 /// number of fresh events in `bench` (no parked row) and in a database

@@ -32,7 +32,8 @@
 //! within a round. Databases: `outbox_bench_mysql`,
 //! `outbox_bench_mysql_large`, `outbox_bench_mysql_parked` and
 //! `outbox_bench_mysql_parked_0007` on MariaDB (`MYSQL_URL`), `outbox_bench_mysql_pg`
-//! on PostgreSQL (`DATABASE_URL`); dropped and recreated.
+//! on PostgreSQL (`DATABASE_URL`); dropped and recreated, and dropped at
+//! the end.
 #![allow(missing_docs)]
 
 mod support;
@@ -209,6 +210,40 @@ async fn main() {
             "  target >= 0.90: met in {} of {rounds} rounds",
             ratios.iter().filter(|r| **r >= 0.90).count()
         );
+    }
+    // Nothing left behind (the large table's database holds millions of rows).
+    small.close().await;
+    large.close().await;
+    pg.close().await;
+    for (pool, ..) in &parked {
+        pool.close().await;
+    }
+    drop_mariadb(&MARIADB_DATABASES).await;
+    support::drop_database("outbox_bench_mysql_pg").await;
+}
+
+/// The bench's databases on MariaDB, dropped at its end (and, after a run
+/// that did not end, again when a later run recreates them).
+const MARIADB_DATABASES: [&str; 4] = [
+    "outbox_bench_mysql",
+    "outbox_bench_mysql_large",
+    "outbox_bench_mysql_parked",
+    "outbox_bench_mysql_parked_0007",
+];
+
+async fn drop_mariadb(names: &[&str]) {
+    let url = txoutbox_testkit::mysql::mysql_url();
+    let server: MySqlConnectOptions = url.parse().expect("MYSQL_URL");
+    let mut admin = server.connect().await.expect("MariaDB at MYSQL_URL");
+    for name in names {
+        // Names are constants of this file: no injection possible.
+        let drop = format!("DROP DATABASE IF EXISTS {name}");
+        if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+            .execute(&mut admin)
+            .await
+        {
+            eprintln!("dropping {name}: {error}");
+        }
     }
 }
 
