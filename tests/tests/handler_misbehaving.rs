@@ -134,6 +134,18 @@ async fn one_connection(pool: &PgPool) -> PgPool {
         .unwrap()
 }
 
+/// How many connections to the test's database sit idle in an open
+/// transaction.
+async fn idle_in_transaction(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// Whether no connection to the test's database sits in an open
 /// transaction once `single`'s connection is back in its pool: what the
 /// next user of that connection would otherwise run in.
@@ -141,14 +153,7 @@ async fn no_transaction_left_open(pool: &PgPool, single: &PgPool) -> bool {
     // With one connection, this waits until the pool has taken it back
     // (and sent what was queued on it).
     let _held = single.acquire().await.unwrap();
-    let open: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    open == 0
+    idle_in_transaction(pool).await == 0
 }
 
 #[sqlx::test(migrations = false)]
@@ -285,14 +290,11 @@ async fn a_unit_of_work_on_a_bare_connection_leaves_no_transaction_open(pool: Pg
         })
         .await
         .unwrap();
-    let open: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(open, 0, "the bare connection sits in a transaction");
+    assert_eq!(
+        idle_in_transaction(&pool).await,
+        0,
+        "the bare connection sits in a transaction"
+    );
     assert_eq!(count(&pool, "orders").await, 1);
     drop(conn);
 }
