@@ -126,9 +126,10 @@ pub use unit_of_work::{
 /// that ran in it, or that code ended it; the commit then did nothing), or
 /// the database's error.
 ///
-/// `tx` is a transaction of a pool ([`MySqlPool::begin`](sqlx::MySqlPool::begin)),
+/// `tx` is a transaction of its own ([`MySqlPool::begin`](sqlx::MySqlPool::begin)),
 /// never a savepoint: on a connection already in a transaction, call
-/// `check_in_transaction`, then `commit`.
+/// `check_in_transaction`, then `commit`. (The `ROLLBACK` sqlx queues for
+/// the dropped `tx` does nothing on MySQL, whenever it is sent.)
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::MySqlPool) -> Result<(), txoutbox_core::Error> {
@@ -139,12 +140,12 @@ pub use unit_of_work::{
 pub async fn commit_checked(
     tx: sqlx::Transaction<'static, sqlx::MySql>,
 ) -> Result<(), crate::Error> {
-    commit_checked_pooled(tx).await
+    commit_checked_top_level(tx).await
 }
 
 /// [`commit_checked`] for a transaction that the caller knows is not a
 /// savepoint (its connection was in no transaction when it began).
-pub(crate) async fn commit_checked_pooled(
+pub(crate) async fn commit_checked_top_level(
     mut tx: sqlx::Transaction<'_, sqlx::MySql>,
 ) -> Result<(), crate::Error> {
     use sqlx::Row;

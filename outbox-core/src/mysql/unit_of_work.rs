@@ -327,7 +327,7 @@ async fn finish<T, E>(
         }
     };
     let committed = match checked_with_commit {
-        true => super::commit_checked_pooled(tx).await,
+        true => super::commit_checked_top_level(tx).await,
         false => tx.commit().await.map_err(Error::Database),
     };
     committed.map_err(Failure::Framework)?;

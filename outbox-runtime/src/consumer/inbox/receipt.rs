@@ -186,24 +186,11 @@ pub(super) async fn store(
     }
     // A handler that swallowed a database error returned `Ok` on an aborted
     // transaction: whichever it was, the processors find it (its savepoint
-    // release fails there) and charge it alone. Checked before the pending
-    // rows' insert, or, without one (the usual case), with the commit.
+    // release fails there) and charge it alone. Checked with the commit
+    // (the usual case: nothing stored pending), else before the pending
+    // rows' insert.
     let handled = !handled_by_type.is_empty();
-    if handled && !later.is_empty() {
-        match tx.check_committable().await {
-            Ok(()) => {}
-            Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
-            Err(_) => return Err(handler_failed(tx).await),
-        }
-    }
-    if !later.is_empty() {
-        // New keys get their `inbox_key` entry (PostgreSQL's insert
-        // trigger, MySQL's insert statements).
-        let inserted = insert(ctx, &mut tx, &later, false).await?.len() as u64;
-        stored.inserted += inserted;
-        stored.pending = inserted;
-    }
-    if handled && later.is_empty() {
+    if later.is_empty() && handled {
         match tx.commit_checked().await {
             Ok(()) => {}
             Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
@@ -211,6 +198,20 @@ pub(super) async fn store(
             Err(_) => return Err(StoreFailed::HandlerFailed),
         }
     } else {
+        if handled {
+            match tx.check_committable().await {
+                Ok(()) => {}
+                Err(txoutbox_core::Error::Database(error)) => return Err(error.into()),
+                Err(_) => return Err(handler_failed(tx).await),
+            }
+        }
+        if !later.is_empty() {
+            // New keys get their `inbox_key` entry (PostgreSQL's insert
+            // trigger, MySQL's insert statements).
+            let inserted = insert(ctx, &mut tx, &later, false).await?.len() as u64;
+            stored.inserted += inserted;
+            stored.pending = inserted;
+        }
         tx.commit().await?;
     }
     ctx.calls.committed();
