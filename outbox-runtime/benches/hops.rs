@@ -6,7 +6,7 @@
 //! ```text
 //! scripts/services.sh up   # PostgreSQL, and the tansu binary the bench starts
 //! cargo bench -p txoutbox-runtime --features test-hooks --bench hops
-//! HOPS_BENCH_CHAINS=1,3,5 HOPS_BENCH_RATES=100,1000 HOPS_BENCH_MODES=dedup,inbox,saga \
+//! HOPS_BENCH_CHAINS=1,3,5 HOPS_BENCH_RATES=100,1000 HOPS_BENCH_MODES=dedup,inbox,saga,bare \
 //!     HOPS_BENCH_SECS=4 HOPS_BENCH_ROUNDS=3 cargo bench ...   # the defaults
 //! HOPS_BENCH_KAFKA_fetch.wait.max.ms=50 cargo bench ...      # any librdkafka setting
 //! HOPS_BENCH_ARRIVALS=periodic cargo bench ...               # evenly spaced sends (default: poisson)
@@ -34,6 +34,18 @@
 //! the chain has three hops and service 2 runs the step as a saga (load and
 //! lock the saga row, send the next message through the saga context).
 //! Every relay and consumer runs with the framework's defaults.
+//!
+//! `bare` mode is the baseline: the same chain written by hand with no
+//! outbox, the way a service without the framework would pass an event on.
+//! Each service is a plain consumer (the consumers' fetch settings, in a
+//! group), commits its effect row in a transaction of its own per record,
+//! records handled concurrently, and then sends the next hop's record itself
+//! with a plain producer (the relay's producer settings) and awaits its
+//! acknowledgement: a dual write, with neither the outbox row, the relay's
+//! claim and mark, nor the dedup row. No hop that commits its effect before
+//! passing the event on does less work, so on the same machine in the same
+//! run it shows what the machine allows a hop at that rate; the summary
+//! gives each framework chain's per-hop p50 and p99 as ratios of bare's.
 //!
 //! Timestamps (wall clock, microseconds; the database server runs on this
 //! host, so its clock is the same): each service takes one when its
@@ -127,6 +139,34 @@ fn stamp(chain: Uuid, hop: usize, event_id: Uuid, start_us: i64) {
             commit_us: None,
         },
     );
+}
+
+/// Sets the commit time of `(chain, hop)`'s stamp, taken when its commit
+/// returned.
+fn committed(chain: Uuid, hop: usize) {
+    let at = now_us();
+    if let Some(stamp) = STAMPS.lock().unwrap().get_mut(&(chain, hop)) {
+        stamp.commit_us = Some(at);
+    }
+}
+
+/// Bare mode's points on a record's way (sent, acknowledged, received),
+/// as the runtime's probe takes them for the framework's modes.
+static BARE_POINTS: Mutex<Vec<probe::Point>> = Mutex::new(Vec::new());
+
+fn bare_point(event_id: Uuid, stage: Stage) {
+    BARE_POINTS.lock().unwrap().push(probe::Point {
+        event_id,
+        stage,
+        at_us: now_us(),
+    });
+}
+
+/// The points of the round so far, the runtime's and bare mode's.
+fn take_points() -> Vec<probe::Point> {
+    let mut points = probe::take();
+    points.append(&mut BARE_POINTS.lock().unwrap());
+    points
 }
 
 trait HopEvent: DomainEvent {
@@ -229,6 +269,8 @@ enum ChainMode {
     Dedup,
     Inbox,
     Saga,
+    /// The hand-written baseline: no outbox, a dual write per hop.
+    Bare,
 }
 
 impl ChainMode {
@@ -237,7 +279,8 @@ impl ChainMode {
             "dedup" => Self::Dedup,
             "inbox" => Self::Inbox,
             "saga" => Self::Saga,
-            other => panic!("HOPS_BENCH_MODES: dedup, inbox or saga, not {other:?}"),
+            "bare" => Self::Bare,
+            other => panic!("HOPS_BENCH_MODES: dedup, inbox, saga or bare, not {other:?}"),
         }
     }
 
@@ -246,6 +289,7 @@ impl ChainMode {
             Self::Dedup => "dedup",
             Self::Inbox => "inbox",
             Self::Saga => "saga",
+            Self::Bare => "bare",
         }
     }
 }
@@ -273,12 +317,113 @@ fn consumer_kafka(broker: &str) -> ClientConfig {
     config
 }
 
-/// One service of a chain: its database, and the relay and consumer it runs.
+/// One service of a chain: its database, and the relay and consumer it
+/// runs (bare mode: its plain producer and consumer).
 struct Service {
     pool: PgPool,
     database: String,
     relay: Option<RelayHandle>,
     consumer: Option<ConsumerHandle>,
+    producer: Option<FutureProducer>,
+    bare: Option<BareConsumer>,
+}
+
+/// Where chains start: service 0's database, and in bare mode the producer
+/// it sends `Hop1` with after its commit.
+#[derive(Clone)]
+struct Origin {
+    pool: PgPool,
+    producer: Option<FutureProducer>,
+}
+
+/// A bare-mode hop's record: the fields of the framework's `Hop` events,
+/// as plain JSON.
+#[derive(Serialize, Deserialize)]
+struct BareEvent {
+    event_id: Uuid,
+    chain: Uuid,
+    note: String,
+}
+
+impl BareEvent {
+    fn new(chain: Uuid) -> Self {
+        Self {
+            event_id: Uuid::now_v7(),
+            chain,
+            note: "x".repeat(100),
+        }
+    }
+}
+
+/// A bare-mode service's consumer task, and how to stop it.
+struct BareConsumer {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BareConsumer {
+    /// Service `hop` of a bare chain: reads `Hop{hop}` and hands each record
+    /// to a task of its own (the pool's connections bound how many commit
+    /// at once), which commits the effect and sends the next hop's record
+    /// with `producer` (none for the chain's last service).
+    fn spawn(pool: PgPool, broker: &str, hop: usize, producer: Option<FutureProducer>) -> Self {
+        let mut config =
+            txoutbox_runtime::consumer::fetch_settings_for_benchmark(&consumer_kafka(broker));
+        let consumer: StreamConsumer = config
+            .set("group.id", unique_group(&format!("bench-hops-bare{hop}")))
+            .create()
+            .unwrap();
+        consumer.subscribe(&[TOPICS[hop - 1]]).unwrap();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    _ = &mut stopped => break,
+                    message = consumer.recv() => message,
+                };
+                let Ok(message) = message else { continue };
+                let event: BareEvent =
+                    serde_json::from_slice(message.payload().unwrap_or_default()).unwrap();
+                bare_point(event.event_id, Stage::Received);
+                let (pool, producer) = (pool.clone(), producer.clone());
+                tokio::spawn(async move {
+                    let start = now_us();
+                    let mut tx = pool.begin().await.unwrap();
+                    effect(&mut tx, event.chain, hop).await.unwrap();
+                    stamp(event.chain, hop, event.event_id, start);
+                    tx.commit().await.unwrap();
+                    committed(event.chain, hop);
+                    if let Some(producer) = producer {
+                        send_bare(&producer, hop + 1, BareEvent::new(event.chain)).await;
+                    }
+                });
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap();
+    }
+}
+
+/// Sends bare mode's record `event` of hop `hop` and awaits its
+/// acknowledgement.
+async fn send_bare(producer: &FutureProducer, hop: usize, event: BareEvent) {
+    let payload = serde_json::to_vec(&event).unwrap();
+    let key = event.chain.to_string();
+    bare_point(event.event_id, Stage::Sent);
+    let delivery = producer
+        .send_result(
+            FutureRecord::to(TOPICS[hop - 1])
+                .key(&key)
+                .payload(&payload),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+    bare_point(event.event_id, Stage::Acked);
 }
 
 /// The services of one configuration.
@@ -302,12 +447,20 @@ impl Chain {
             .execute(&pool)
             .await
             .unwrap();
-            let relay = (index < hops).then(|| {
+            let bare = mode == ChainMode::Bare;
+            let relay = (index < hops && !bare).then(|| {
                 Relay::builder(pool.clone(), kafka(broker))
                     .spawn()
                     .expect("relay starts")
             });
-            let consumer = (index > 0).then(|| {
+            let producer = (index < hops && bare).then(|| {
+                txoutbox_runtime::relay::producer_settings_for_benchmark(&kafka(broker))
+                    .create::<FutureProducer>()
+                    .unwrap()
+            });
+            let bare_consumer = (index > 0 && bare)
+                .then(|| BareConsumer::spawn(pool.clone(), broker, index, producer.clone()));
+            let consumer = (index > 0 && !bare).then(|| {
                 let group = unique_group(&format!("bench-hops{index}"));
                 let builder = Consumer::builder(pool.clone(), consumer_kafka(broker), &group)
                     .create_missing_dlq_topics(true);
@@ -325,6 +478,8 @@ impl Chain {
                 database,
                 relay,
                 consumer,
+                producer,
+                bare: bare_consumer,
             });
         }
         let chain = Self {
@@ -348,7 +503,7 @@ impl Chain {
                 self.mode.name(),
                 self.hops
             );
-            let chain = send_chain(&self.services[0].pool).await;
+            let chain = send_chain(&self.origin()).await;
             let wait = Instant::now() + Duration::from_secs(3);
             while Instant::now() < wait && !self.completed(chain) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -362,6 +517,13 @@ impl Chain {
         STAMPS.lock().unwrap().clear();
     }
 
+    fn origin(&self) -> Origin {
+        Origin {
+            pool: self.services[0].pool.clone(),
+            producer: self.services[0].producer.clone(),
+        }
+    }
+
     fn completed(&self, chain: Uuid) -> bool {
         STAMPS.lock().unwrap().contains_key(&(chain, self.hops))
     }
@@ -370,7 +532,7 @@ impl Chain {
     /// then the stamps and the probe's points are gathered.
     async fn round(&self, rate: usize, secs: f64, broker_pid: Option<u32>) -> Round {
         STAMPS.lock().unwrap().clear();
-        probe::take();
+        take_points();
         let cpu_before = support::CpuTimes::now(broker_pid);
         let total = ((rate as f64) * secs).round().max(1.0) as usize;
         // Writers take the schedule's sends in turn, each at its time (a
@@ -379,12 +541,12 @@ impl Chain {
         let schedule = std::sync::Arc::new(Schedule::new(arrivals(), rate, total));
         let writers: Vec<_> = (0..WRITERS)
             .map(|_| {
-                let pool = self.services[0].pool.clone();
+                let origin = self.origin();
                 let schedule = std::sync::Arc::clone(&schedule);
                 tokio::spawn(async move {
                     let mut chains = Vec::new();
                     while schedule.next().await.is_some() {
-                        chains.push(send_chain(&pool).await);
+                        chains.push(send_chain(&origin).await);
                     }
                     chains
                 })
@@ -423,7 +585,7 @@ impl Chain {
         // marks a moment before reading the points.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let stamps = std::mem::take(&mut *STAMPS.lock().unwrap());
-        let points = probe::take();
+        let points = take_points();
         let mut round = Round::of(self.hops, &chains, &stamps, &points, achieved);
         round.cpu = cpu;
         round.wall_secs = wall_secs;
@@ -438,6 +600,9 @@ impl Chain {
             if let Some(relay) = service.relay {
                 relay.shutdown().await.unwrap();
             }
+            if let Some(bare) = service.bare {
+                bare.stop().await;
+            }
             service.pool.close().await;
             support::drop_database(&service.database).await;
         }
@@ -445,11 +610,23 @@ impl Chain {
 }
 
 /// Service 0's transaction: an effect row and `Hop1`, committed; the stamp
-/// is taken before the commit, as the consumers' are.
-async fn send_chain(pool: &PgPool) -> Uuid {
+/// is taken before the commit, as the consumers' are. Bare mode sends
+/// `Hop1` itself once the commit returned (in the background, so the
+/// writer takes its next send on time).
+async fn send_chain(origin: &Origin) -> Uuid {
     let chain = Uuid::new_v4();
-    let mut tx = pool.begin().await.unwrap();
+    let mut tx = origin.pool.begin().await.unwrap();
     effect(&mut tx, chain, 0).await.unwrap();
+    if let Some(producer) = &origin.producer {
+        // The stamp's event id is the one the next service receives.
+        let first = BareEvent::new(chain);
+        stamp(chain, 0, first.event_id, 0);
+        tx.commit().await.unwrap();
+        committed(chain, 0);
+        let producer = producer.clone();
+        tokio::spawn(async move { send_bare(&producer, 1, first).await });
+        return chain;
+    }
     let mut events = Events::new();
     let first = Hop1::new(chain);
     let event_id = first.event_id;
@@ -457,10 +634,11 @@ async fn send_chain(pool: &PgPool) -> Uuid {
     let after = events.write(&mut tx).await.unwrap();
     stamp(chain, 0, event_id, 0);
     tx.commit().await.unwrap();
-    let committed = now_us();
+    // The commit's time is taken before the relay is woken.
+    let committed_us = now_us();
     after.committed();
     if let Some(stamp) = STAMPS.lock().unwrap().get_mut(&(chain, 0)) {
-        stamp.commit_us = Some(committed);
+        stamp.commit_us = Some(committed_us);
     }
     chain
 }
@@ -934,7 +1112,7 @@ impl Drop for Broker {
 
 #[tokio::main]
 async fn main() {
-    let modes: Vec<ChainMode> = list("HOPS_BENCH_MODES", "dedup,inbox,saga")
+    let modes: Vec<ChainMode> = list("HOPS_BENCH_MODES", "dedup,inbox,saga,bare")
         .iter()
         .map(|m| ChainMode::parse(m))
         .collect();
@@ -1056,6 +1234,65 @@ fn fresh_broker() -> Fresh {
 
 type Measured = (ChainMode, usize, usize, Vec<(Round, Floor)>);
 
+/// The median over rounds of a round's per-hop quantile `q`.
+fn median_per_hop(measured: &[(Round, Floor)], q: f64) -> f64 {
+    let values: Vec<f64> = measured
+        .iter()
+        .map(|(r, _)| at(&r.per_hop, q))
+        .filter(|v| !v.is_nan())
+        .collect();
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    support::spread(&values).1
+}
+
+/// Each framework chain's per-hop p50 and p99 as ratios of the bare chain's
+/// of the same length and rate (medians over rounds), where bare ran.
+fn against_bare(summary: &[Measured]) {
+    let bare = |hops: usize, rate: usize| {
+        summary
+            .iter()
+            .find(|(m, h, r, _)| *m == ChainMode::Bare && *h == hops && *r == rate)
+    };
+    let rows: Vec<String> = summary
+        .iter()
+        .filter(|(mode, ..)| *mode != ChainMode::Bare)
+        .filter_map(|(mode, hops, rate, measured)| {
+            let (.., baseline) = bare(*hops, *rate)?;
+            let cells: Vec<String> = [0.5, 0.99]
+                .into_iter()
+                .flat_map(|q| {
+                    let (framework, by_hand) =
+                        (median_per_hop(measured, q), median_per_hop(baseline, q));
+                    [
+                        format!("{framework:.1}"),
+                        format!("{by_hand:.1}"),
+                        format!("{:.2}x", framework / by_hand),
+                    ]
+                })
+                .collect();
+            Some(format!(
+                "| {} x{hops} | {rate}/s | {} |",
+                mode.name(),
+                cells.join(" | ")
+            ))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    println!(
+        "\n## Against the hand-written hop (bare mode: no outbox, a dual write per hop; \
+         per hop, ms, median over rounds)\n"
+    );
+    println!("| chain | rate | p50 | bare p50 | ratio | p99 | bare p99 | ratio |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!("{row}");
+    }
+}
+
 fn report(summary: &[Measured], rounds: usize) {
     println!("\n## End to end and per hop (ms, min / median / max over {rounds} rounds)\n");
     println!(
@@ -1090,6 +1327,7 @@ fn report(summary: &[Measured], rounds: usize) {
         cells.push(format!("{} of {rounds}", met(0.99, 3.0)));
         println!("| {} |", cells.join(" | "));
     }
+    against_bare(summary);
     println!("\n## Where a hop's time goes (ms, p50 / p99, median over rounds)\n");
     let mut header = vec!["stage".to_owned()];
     for (mode, hops, rate, _) in summary {
