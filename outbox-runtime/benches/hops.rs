@@ -42,10 +42,12 @@
 //! records handled concurrently, and then sends the next hop's record itself
 //! with a plain producer (the relay's producer settings) and awaits its
 //! acknowledgement: a dual write, with neither the outbox row, the relay's
-//! claim and mark, nor the dedup row. No hop that commits its effect before
-//! passing the event on does less work, so on the same machine in the same
-//! run it shows what the machine allows a hop at that rate; the summary
-//! gives each framework chain's per-hop p50 and p99 as ratios of bare's.
+//! claim and mark, nor the dedup row: per record, the least a hop that
+//! commits its effect and then passes the event on can do (it does not
+//! batch, which the framework's consumers and relays do). On the same
+//! machine in the same run it shows what the machine allows such a hop at
+//! that rate; the summary gives each framework chain's per-hop p50 and p99
+//! as ratios of bare's.
 //!
 //! Timestamps (wall clock, microseconds; the database server runs on this
 //! host, so its clock is the same): each service takes one when its
