@@ -143,12 +143,11 @@ fn stamp(chain: Uuid, hop: usize, event_id: Uuid, start_us: i64) {
     );
 }
 
-/// Sets the commit time of `(chain, hop)`'s stamp, taken when its commit
-/// returned.
-fn committed(chain: Uuid, hop: usize) {
-    let at = now_us();
+/// Sets the commit time of `(chain, hop)`'s stamp: `at_us`, taken when its
+/// commit returned.
+fn committed(chain: Uuid, hop: usize, at_us: i64) {
     if let Some(stamp) = STAMPS.lock().unwrap().get_mut(&(chain, hop)) {
-        stamp.commit_us = Some(at);
+        stamp.commit_us = Some(at_us);
     }
 }
 
@@ -394,7 +393,7 @@ impl BareConsumer {
                     effect(&mut tx, event.chain, hop).await.unwrap();
                     stamp(event.chain, hop, event.event_id, start);
                     tx.commit().await.unwrap();
-                    committed(event.chain, hop);
+                    committed(event.chain, hop, now_us());
                     if let Some(producer) = producer {
                         send_bare(&producer, hop + 1, BareEvent::new(event.chain)).await;
                     }
@@ -624,7 +623,7 @@ async fn send_chain(origin: &Origin) -> Uuid {
         let first = BareEvent::new(chain);
         stamp(chain, 0, first.event_id, 0);
         tx.commit().await.unwrap();
-        committed(chain, 0);
+        committed(chain, 0, now_us());
         let producer = producer.clone();
         tokio::spawn(async move { send_bare(&producer, 1, first).await });
         return chain;
@@ -639,9 +638,7 @@ async fn send_chain(origin: &Origin) -> Uuid {
     // The commit's time is taken before the relay is woken.
     let committed_us = now_us();
     after.committed();
-    if let Some(stamp) = STAMPS.lock().unwrap().get_mut(&(chain, 0)) {
-        stamp.commit_us = Some(committed_us);
-    }
+    committed(chain, 0, committed_us);
     chain
 }
 
@@ -679,7 +676,10 @@ const STAGES: [(Until, &str); 8] = [
         "writer's commit (and, consumers: the outbox insert)",
     ),
     (Until::Point(Stage::Claimed), "relay wake-up and claim"),
-    (Until::Point(Stage::Sent), "claim to produce"),
+    (
+        Until::Point(Stage::Sent),
+        "claim to produce (bare: commit to produce)",
+    ),
     (Until::Point(Stage::Acked), "produce to acknowledgement"),
     (
         Until::Point(Stage::Received),

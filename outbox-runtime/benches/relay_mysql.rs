@@ -218,7 +218,9 @@ async fn main() {
     for (pool, ..) in &parked {
         pool.close().await;
     }
-    drop_mariadb(&MARIADB_DATABASES).await;
+    if let Err(error) = txoutbox_testkit::mysql::drop_databases(&MARIADB_DATABASES).await {
+        eprintln!("dropping the bench's MariaDB databases: {error}");
+    }
     support::drop_database("outbox_bench_mysql_pg").await;
 }
 
@@ -230,22 +232,6 @@ const MARIADB_DATABASES: [&str; 4] = [
     "outbox_bench_mysql_parked",
     "outbox_bench_mysql_parked_0007",
 ];
-
-async fn drop_mariadb(names: &[&str]) {
-    let url = txoutbox_testkit::mysql::mysql_url();
-    let server: MySqlConnectOptions = url.parse().expect("MYSQL_URL");
-    let mut admin = server.connect().await.expect("MariaDB at MYSQL_URL");
-    for name in names {
-        // Names are constants of this file: no injection possible.
-        let drop = format!("DROP DATABASE IF EXISTS {name}");
-        if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-            .execute(&mut admin)
-            .await
-        {
-            eprintln!("dropping {name}: {error}");
-        }
-    }
-}
 
 /// Which schema a parked-rows database has.
 fn schema(migrations: Option<usize>) -> String {

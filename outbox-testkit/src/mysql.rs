@@ -76,13 +76,20 @@ impl MySqlScratch {
     /// If the server cannot be reached.
     pub async fn drop(self) {
         self.pool.close().await;
-        let mut admin = self.server.connect().await.unwrap();
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {}",
-            self.name
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+        drop_databases(&[&self.name]).await.unwrap();
     }
+}
+
+/// Drops each of `names` that exists on the server of [`mysql_url`]. The
+/// names are the caller's own (generated or constant): they are not quoted.
+pub async fn drop_databases<S: AsRef<str>>(names: &[S]) -> Result<(), sqlx::Error> {
+    let server: MySqlConnectOptions = mysql_url().parse()?;
+    let mut admin = server.connect().await?;
+    for name in names {
+        let sql = format!("DROP DATABASE IF EXISTS {}", name.as_ref());
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await?;
+    }
+    admin.close().await
 }
