@@ -148,6 +148,32 @@ impl CommitListener {
             }
         }
     }
+
+    /// Whether a commit it listens to was signalled since the previous wait,
+    /// without waiting and without taking it: the next
+    /// [`committed`](Self::committed) returns at once if so.
+    pub fn is_pending(&self) -> bool {
+        // As in `committed`, the senders live forever: no error to see.
+        self.first.has_changed().unwrap_or(false)
+            || self
+                .second
+                .as_ref()
+                .is_some_and(|second| second.has_changed().unwrap_or(false))
+    }
+
+    /// Takes a signalled commit without waiting: `true` if one was
+    /// signalled since the previous wait (which the next
+    /// [`committed`](Self::committed) then no longer sees).
+    pub fn take_pending(&mut self) -> bool {
+        let pending = self.is_pending();
+        if pending {
+            self.first.mark_unchanged();
+            if let Some(second) = &mut self.second {
+                second.mark_unchanged();
+            }
+        }
+        pending
+    }
 }
 
 #[cfg(test)]
@@ -197,8 +223,23 @@ mod tests {
         assert!(woken(&mut unscoped_relay).await);
 
         // Nothing is pending afterwards.
+        assert!(!orders_relay.is_pending());
         assert!(!woken(&mut orders_relay).await);
         assert!(!woken(&mut payments_relay).await);
         assert!(!woken(&mut unscoped_relay).await);
+
+        // A signal can be seen, and taken, without waiting.
+        notify_committed_in(Some(orders));
+        assert!(orders_relay.is_pending());
+        assert!(orders_relay.is_pending(), "seeing it does not take it");
+        assert!(orders_relay.take_pending());
+        assert!(!orders_relay.take_pending(), "taken once");
+        assert!(
+            !woken(&mut orders_relay).await,
+            "a taken signal does not wake"
+        );
+        notify_committed();
+        assert!(orders_relay.take_pending(), "through the unscoped channel");
+        assert!(!woken(&mut orders_relay).await);
     }
 }

@@ -266,6 +266,12 @@ impl Partitions {
         self.delivered_at.get(tp).is_some_and(|at| *at >= since)
     }
 
+    /// Whether a partition is unavailable, or rows held back for one wait
+    /// to be released.
+    pub(crate) fn any_down(&self) -> bool {
+        !self.down.is_empty() || !self.released.is_empty()
+    }
+
     /// Forgets every outage (a new producer starts afresh), releasing the
     /// held-back rows.
     pub(crate) fn reset(&mut self) {

@@ -24,6 +24,12 @@ pub struct RelaySummary {
     /// Scheduled events this relay's scheduler moved into `outbox_event`
     /// when they were due (see `docs/relay.md`, *Scheduled delivery*).
     pub scheduled_moved: u64,
+    /// Claim statements run (each also counted in
+    /// `outbox_relay_claims_total`).
+    pub claims: u64,
+    /// Of those, claims that found nothing (polls, and claims after a
+    /// commit signal whose rows an earlier claim had taken).
+    pub empty_claims: u64,
     /// `true` if the relay stopped within `shutdown_timeout`; `false` if it
     /// had to be aborted (its unmarked rows are published again later).
     pub clean: bool,
@@ -39,6 +45,8 @@ pub(crate) struct Totals {
     pub errors: AtomicU64,
     pub producer_rebuilds: AtomicU64,
     pub scheduled_moved: AtomicU64,
+    pub claims: AtomicU64,
+    pub empty_claims: AtomicU64,
 }
 
 impl Totals {
@@ -60,6 +68,8 @@ impl Totals {
             errors: Self::get(&self.errors),
             producer_rebuilds: Self::get(&self.producer_rebuilds),
             scheduled_moved: Self::get(&self.scheduled_moved),
+            claims: Self::get(&self.claims),
+            empty_claims: Self::get(&self.empty_claims),
             clean,
         }
     }

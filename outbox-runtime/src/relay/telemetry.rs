@@ -11,6 +11,10 @@ pub const PARKED: &str = "outbox_relay_parked_total";
 /// Counter: errors, labelled `kind` (`database`, `broker_unavailable`,
 /// `partition_unavailable`, `rejected`, `topic_refused`, `fatal_producer`).
 pub const ERRORS: &str = "outbox_relay_errors_total";
+/// Counter: claim statements run, labelled `result` (`rows` or `empty`).
+/// Empty claims are the relay's polling cost: with every writer signalling
+/// it (in-process, or `listen_notify`), about one claim per batch.
+pub const CLAIMS: &str = "outbox_relay_claims_total";
 /// Histogram: rows claimed per non-empty batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 /// Histogram: seconds from claim to commit of a non-empty batch.
@@ -50,4 +54,9 @@ pub const SCHEDULED_PENDING: &str = "outbox_relay_scheduled_pending";
 
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn claim(empty: bool) {
+    let result = if empty { "empty" } else { "rows" };
+    metrics::counter!(CLAIMS, "result" => result).increment(1);
 }

@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
+
 use sqlx::PgPool;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio::sync::Notify;
@@ -21,11 +23,18 @@ use super::notify::{CHANNEL, is_enabled};
 pub(crate) struct Wakeups {
     local: CommitListener,
     remote: Option<Arc<Notify>>,
+    /// A commit signal or notification was taken by a wait since the last
+    /// [`take_signalled`](Self::take_signalled).
+    signalled: bool,
 }
 
 impl Wakeups {
     pub(crate) fn new(local: CommitListener, remote: Option<Arc<Notify>>) -> Self {
-        Self { local, remote }
+        Self {
+            local,
+            remote,
+            signalled: false,
+        }
     }
 
     /// Returns at the next commit signal or notification.
@@ -37,6 +46,24 @@ impl Wakeups {
             },
             None => self.local.committed().await,
         }
+        self.signalled = true;
+    }
+
+    /// Whether a commit was signalled (or notified) since the previous
+    /// call: one a wait returned for, or one pending now, which is taken
+    /// (the claim that follows sees its rows).
+    pub(crate) fn take_signalled(&mut self) -> bool {
+        let remote = self
+            .remote
+            .as_ref()
+            .is_some_and(|remote| remote.notified().now_or_never().is_some());
+        let local = self.local.take_pending();
+        std::mem::take(&mut self.signalled) | local | remote
+    }
+
+    /// Whether an in-process commit signal is pending (not taken).
+    pub(crate) fn local_pending(&self) -> bool {
+        self.local.is_pending()
     }
 }
 

@@ -32,6 +32,14 @@ use super::wakeup::Wakeups;
 /// polls stay empty, up to `poll_interval`.
 const IDLE_WAIT_FIRST: Duration = Duration::from_millis(5);
 
+/// How long a claim that found rows no commit signal announced keeps the
+/// relay polling quickly (from [`IDLE_WAIT_FIRST`] after every batch): a
+/// writer that does not signal this relay (another process, without
+/// `listen_notify`) wrote that recently. Otherwise the relay trusts the
+/// signals: it claims when one arrives, and polls only every
+/// `poll_interval` (after a short ramp), as the safety net.
+const UNSIGNALED_WRITER_MEMORY: Duration = Duration::from_secs(10);
+
 /// Consecutive batches that failed as a whole after which the producer is
 /// rebuilt.
 const REBUILD_AFTER_OUTAGES: u32 = 2;
@@ -63,6 +71,38 @@ struct Cadence {
     idle_wait: Duration,
     next_rebalance: Instant,
     next_metrics: Instant,
+    /// Rows may wait that no commit signal will announce (the last claim
+    /// was full, had no room, or sent less than it found; lanes were taken;
+    /// a step failed): the next turn claims, and its rows say nothing about
+    /// unsignalled writers.
+    claim_due: bool,
+    /// When a claim that no signal, and nothing of the above, called for
+    /// last found rows (see [`UNSIGNALED_WRITER_MEMORY`]).
+    unsignaled_rows_at: Option<Instant>,
+}
+
+impl Cadence {
+    /// Whether a writer that does not signal this relay wrote recently.
+    fn unsignaled_writer(&self) -> bool {
+        self.unsignaled_rows_at
+            .is_some_and(|at| at.elapsed() < UNSIGNALED_WRITER_MEMORY)
+    }
+}
+
+/// What one claim did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Claimed {
+    /// Rows the claim statement returned.
+    found: usize,
+    /// Rows taken into the flight (0 if all were held behind rows in
+    /// flight).
+    admitted: usize,
+    /// Rows held back for an unavailable partition were released for this
+    /// claim (no signal announces them).
+    released: bool,
+    /// Rows may be left that no commit signal will announce: the claim was
+    /// skipped for lack of room, returned a full batch, or left rows unsent.
+    rows_may_wait: bool,
 }
 
 /// What settling found.
@@ -72,6 +112,9 @@ struct Progress {
     settled: bool,
     /// The broker answered (a row delivered or refused).
     answered: bool,
+    /// The wait ended for a commit signal, the poll timer, the next
+    /// rebalance or shutdown, not only because something settled: claim.
+    woken: bool,
     /// A batch got nothing through, only for reasons outside the messages,
     /// and nothing else was delivered meanwhile: the broker is unreachable,
     /// so back off instead of polling again.
@@ -83,6 +126,7 @@ impl Progress {
         self.settled |= other.settled;
         self.answered |= other.answered;
         self.outage |= other.outage;
+        self.woken |= other.woken;
     }
 }
 
@@ -136,6 +180,8 @@ impl<B: Backend> Worker<B> {
             idle_wait: IDLE_WAIT_FIRST,
             next_rebalance: Instant::now(),
             next_metrics: Instant::now(),
+            claim_due: true,
+            unsignaled_rows_at: None,
         };
         while !self.cancel.is_cancelled() {
             if let Some(fatal) = self.lanes.take_fatal() {
@@ -168,6 +214,8 @@ impl<B: Backend> Worker<B> {
                 continue;
             }
             // Claim, then publish.
+            let signalled = self.wakeup.take_signalled();
+            let due = std::mem::take(&mut cadence.claim_due);
             let claimed = match self.claim_and_publish().await {
                 Ok(claimed) => claimed,
                 Err(error) => {
@@ -178,8 +226,20 @@ impl<B: Backend> Worker<B> {
                     continue;
                 }
             };
+            // Rows nothing announced: some writer does not signal. (A signal
+            // pending now may be the one of these rows' commit, which the
+            // claim saw before the writer sent it.)
+            if claimed.found > 0
+                && !signalled
+                && !due
+                && !claimed.released
+                && !self.wakeup.local_pending()
+            {
+                cadence.unsignaled_rows_at = Some(Instant::now());
+            }
+            cadence.claim_due = claimed.rows_may_wait;
             // Settle what the broker answered, or wait.
-            self.settle_or_wait(claimed, &mut cadence).await;
+            self.settle_or_wait(claimed.admitted, &mut cadence).await;
         }
         // Graceful shutdown: what is in flight is awaited and marked.
         if let Err(error) = self.settle_all().await {
@@ -195,6 +255,7 @@ impl<B: Backend> Worker<B> {
     async fn rebalance(&mut self, now: Instant, cadence: &mut Cadence) -> Result<bool, RelayError> {
         cadence.next_rebalance = now + self.config.rebalance_interval;
         self.probe_broker_if_failing().await;
+        let owned_before = self.lanes.owned();
         let mut result = self
             .lanes
             .rebalance(&self.database, self.flight.is_empty())
@@ -223,7 +284,12 @@ impl<B: Backend> Worker<B> {
                 .await;
             return Ok(false);
         }
-        metrics::gauge!(metric::LANES_OWNED).set(self.lanes.owned().len() as f64);
+        let owned = self.lanes.owned();
+        if owned.iter().any(|lane| !owned_before.contains(lane)) {
+            // The new lanes' rows were announced to their former owner.
+            cadence.claim_due = true;
+        }
+        metrics::gauge!(metric::LANES_OWNED).set(owned.len() as f64);
         Ok(true)
     }
 
@@ -265,8 +331,18 @@ impl<B: Backend> Worker<B> {
             BatchError::SimulatedCrash => {}
         }
         cadence.failures += 1;
+        cadence.claim_due = true;
         self.pause(error_delay(&self.config, cadence.failures))
             .await;
+    }
+
+    /// Whether the relay polls quickly (from [`IDLE_WAIT_FIRST`] after
+    /// every batch, and claims again after every settle) instead of
+    /// trusting the commit signals: while a writer that does not signal it
+    /// wrote recently, and while a partition is unavailable (its held-back
+    /// rows are released by a claim).
+    fn polls_quickly(&self, cadence: &Cadence) -> bool {
+        cadence.unsignaled_writer() || self.partitions.any_down()
     }
 
     async fn refresh_backlog(&self) {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tracing::{Instrument, Span, field};
 
-use super::{BatchError, Worker};
+use super::{BatchError, Claimed, Worker};
 use crate::probe::{self, Stage};
 use crate::relay::backend::Backend;
 use crate::relay::batch::Enqueued;
@@ -16,27 +16,33 @@ use crate::relay::prediction::TopicMetadata;
 use crate::relay::publish::Outcome;
 use crate::relay::session;
 use crate::relay::store::ClaimedRow;
+use crate::relay::summary::Totals;
+use crate::relay::telemetry as metric;
 
 impl<B: Backend> Worker<B> {
     /// Gets the partitions' state up to date (partition counts, probes due,
     /// rows released from holds), then, if the pipeline has room, claims the
-    /// next batch and publishes it. Returns the rows claimed into the
-    /// pipeline (0 when there was no room, nothing is publishable, or all of
-    /// it was held behind rows in flight).
-    pub(super) async fn claim_and_publish(&mut self) -> Result<usize, BatchError> {
+    /// next batch and publishes it. Returns what the claim found and took
+    /// into the pipeline (nothing when there was no room, nothing is
+    /// publishable, or all of it was held behind rows in flight).
+    pub(super) async fn claim_and_publish(&mut self) -> Result<Claimed, BatchError> {
         self.partitions.refresh_metadata(self.publisher.producer());
         self.update_held_topics();
         self.partitions.request_probes();
-        self.release_held_back().await?;
+        let released = self.release_held_back().await?;
         self.flight.unpause_if_empty();
         if !self.flight.has_room(self.config.batch_size) {
-            return Ok(0);
+            return Ok(Claimed {
+                rows_may_wait: true,
+                ..Claimed::default()
+            });
         }
         let started = Instant::now();
         let rows = self.claim().await?;
         if rows.is_empty() {
-            return Ok(0);
+            return Ok(Claimed::default());
         }
+        let found = rows.len();
         probe::mark_each(Stage::Claimed, rows.iter().map(|row| row.event_id));
         let span = tracing::info_span!(
             "outbox_relay_batch",
@@ -54,10 +60,17 @@ impl<B: Backend> Worker<B> {
             .publish(rows, &held_keys, started, span.clone())
             .instrument(span)
             .await;
+        let left_unsent = batch.outcomes.contains(&Some(Outcome::Held));
         // Rows of held keys are not sent. If that was all of them, claiming
         // again before something settles would find the same rows, so the
         // pipeline pauses claims until a settle.
-        Ok(self.flight.admit(batch, self.config.delivery_timeout))
+        let admitted = self.flight.admit(batch, self.config.delivery_timeout);
+        Ok(Claimed {
+            found,
+            admitted,
+            released,
+            rows_may_wait: left_unsent || found >= self.config.batch_size,
+        })
     }
 
     /// Hands the topics' metadata answers to the held topics (a refused
@@ -81,10 +94,11 @@ impl<B: Backend> Worker<B> {
 
     /// Clears the hold of rows held back for partitions that are available
     /// again, so they are claimed at once.
-    async fn release_held_back(&mut self) -> Result<(), BatchError> {
+    /// Returns whether it released any.
+    async fn release_held_back(&mut self) -> Result<bool, BatchError> {
         let ids = self.partitions.take_released();
         if ids.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let conn = self
             .lanes
@@ -96,7 +110,7 @@ impl<B: Backend> Worker<B> {
             B::release_held(conn, &ids),
         )
         .await?;
-        Ok(())
+        Ok(true)
     }
 
     /// Claims the next batch of the owned lanes, leaving out the rows in
@@ -123,6 +137,11 @@ impl<B: Backend> Worker<B> {
             ),
         )
         .await?;
+        Totals::add(&self.totals.claims, 1);
+        if rows.is_empty() {
+            Totals::add(&self.totals.empty_claims, 1);
+        }
+        metric::claim(rows.is_empty());
         Ok(rows)
     }
 

@@ -247,6 +247,7 @@ impl<B: Backend> Worker<B> {
                 && unavailable > 0
                 && !others_delivered
                 && !rebuilt,
+            woken: false,
         })
     }
 
@@ -298,6 +299,7 @@ impl<B: Backend> Worker<B> {
             settled: true,
             answered: !delivered.is_empty() || !retries.is_empty() || topic_refused > 0,
             outage: false,
+            woken: false,
         })
     }
 

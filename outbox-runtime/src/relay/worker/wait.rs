@@ -15,13 +15,17 @@ impl<B: Backend> Worker<B> {
     /// again at once under a backlog until two batches are in flight,
     /// otherwise waits and settles, backing off if the broker is out of
     /// reach.
+    ///
+    /// Polls (claims no commit signal asked for) find the rows of writers
+    /// that do not signal this relay. While one wrote recently (see
+    /// [`polls_quickly`](Self::polls_quickly)), every batch restarts the
+    /// polls from [`IDLE_WAIT_FIRST`] and a settle is followed by a claim.
+    /// Otherwise the relay claims when a signal arrives, and the polls
+    /// stretch to `poll_interval`: a hop through in-process writers costs
+    /// one claim, not three.
     pub(super) async fn settle_or_wait(&mut self, claimed: usize, cadence: &mut Cadence) {
         if self.flight.is_empty() {
-            cadence.idle_wait = (cadence.idle_wait * 2).min(self.config.poll_interval);
-            let until_rebalance = cadence
-                .next_rebalance
-                .saturating_duration_since(Instant::now());
-            self.idle(cadence.idle_wait.min(until_rebalance)).await;
+            self.idle_for_poll(cadence).await;
             return;
         }
         // Only late rows in flight: poll as when idle (commits of other
@@ -30,7 +34,9 @@ impl<B: Backend> Worker<B> {
             cadence.idle_wait = (cadence.idle_wait * 2).min(self.config.poll_interval);
             Some(cadence.idle_wait)
         } else {
-            cadence.idle_wait = IDLE_WAIT_FIRST;
+            if self.polls_quickly(cadence) {
+                cadence.idle_wait = IDLE_WAIT_FIRST;
+            }
             None
         };
         if claimed >= self.config.batch_size && self.flight.batch_count() < 2 {
@@ -45,6 +51,15 @@ impl<B: Backend> Worker<B> {
                 if progress.answered {
                     cadence.failures = 0;
                     self.lanes.set_broker_failing(false);
+                }
+                // Settled, nothing left in flight, and nothing says rows
+                // wait: no claim until a signal or the poll.
+                if !progress.woken
+                    && self.flight.is_empty()
+                    && !cadence.claim_due
+                    && !self.polls_quickly(cadence)
+                {
+                    self.idle_for_poll(cadence).await;
                 }
             }
             Err(error) => {
@@ -68,6 +83,7 @@ impl<B: Backend> Worker<B> {
             return;
         }
         cadence.failures += 1;
+        cadence.claim_due = true;
         if cadence.failures >= REBUILD_AFTER_OUTAGES {
             match self.publisher.rebuild() {
                 Ok(()) => {
@@ -122,13 +138,9 @@ impl<B: Backend> Worker<B> {
             if renew {
                 self.lanes.renew().await?;
             }
-            let progress = self.process_flight().await?;
-            if woken
-                || progress.settled
-                || progress.outage
-                || self.flight.is_empty()
-                || Instant::now() >= until
-            {
+            let mut progress = self.process_flight().await?;
+            progress.woken = woken || Instant::now() >= until;
+            if progress.woken || progress.settled || progress.outage || self.flight.is_empty() {
                 return Ok(progress);
             }
         }
@@ -151,6 +163,16 @@ impl<B: Backend> Worker<B> {
                 }
             }
         }
+    }
+
+    /// Idles until a commit signal or the next poll (the poll wait doubled,
+    /// up to `poll_interval`; never past the next rebalance).
+    async fn idle_for_poll(&mut self, cadence: &mut Cadence) {
+        cadence.idle_wait = (cadence.idle_wait * 2).min(self.config.poll_interval);
+        let until_rebalance = cadence
+            .next_rebalance
+            .saturating_duration_since(Instant::now());
+        self.idle(cadence.idle_wait.min(until_rebalance)).await;
     }
 
     /// Waits for a commit signal, the timeout or shutdown, whichever is first.
