@@ -534,6 +534,7 @@ impl Chain {
     async fn round(&self, rate: usize, secs: f64, broker_pid: Option<u32>) -> Round {
         STAMPS.lock().unwrap().clear();
         take_points();
+        let claims_before = self.relay_claims();
         let cpu_before = support::CpuTimes::now(broker_pid);
         let total = ((rate as f64) * secs).round().max(1.0) as usize;
         // Writers take the schedule's sends in turn, each at its time (a
@@ -590,7 +591,23 @@ impl Chain {
         let mut round = Round::of(self.hops, &chains, &stamps, &points, achieved);
         round.cpu = cpu;
         round.wall_secs = wall_secs;
+        round.claims = (self.mode != ChainMode::Bare).then(|| {
+            let (claims, empty) = self.relay_claims();
+            (claims - claims_before.0, empty - claims_before.1)
+        });
         round
+    }
+
+    /// Claim statements run by the chain's relays so far, and how many of
+    /// them found nothing.
+    fn relay_claims(&self) -> (u64, u64) {
+        self.services
+            .iter()
+            .filter_map(|service| service.relay.as_ref())
+            .map(RelayHandle::summary)
+            .fold((0, 0), |(claims, empty), summary| {
+                (claims + summary.claims, empty + summary.empty_claims)
+            })
     }
 
     async fn stop(self) {
@@ -708,6 +725,9 @@ struct Round {
     cpu: support::CpuTimes,
     /// That interval's wall time, seconds.
     wall_secs: f64,
+    /// Claims the relays ran over the round, and how many found nothing
+    /// (`None` in bare mode, which has no relay).
+    claims: Option<(u64, u64)>,
 }
 
 impl Round {
@@ -733,6 +753,7 @@ impl Round {
             marked: Vec::new(),
             cpu: support::CpuTimes::default(),
             wall_secs: 0.0,
+            claims: None,
         };
         for chain in chains {
             let stamp = |hop: usize| stamps[&(*chain, hop)];
@@ -1404,4 +1425,22 @@ fn report(summary: &[Measured], rounds: usize) {
         }
         println!("| {} |", cells.join(" | "));
     }
+    let mut cells = vec!["relay claims per hop (of them empty)".to_owned()];
+    for (_, _, _, measured) in summary {
+        let per_hop = |pick: fn((u64, u64)) -> u64| {
+            let values: Vec<f64> = measured
+                .iter()
+                .filter_map(|(r, _)| {
+                    r.claims
+                        .map(|c| pick(c) as f64 / r.per_hop.len().max(1) as f64)
+                })
+                .collect();
+            (!values.is_empty()).then(|| median(values))
+        };
+        cells.push(match (per_hop(|c| c.0), per_hop(|c| c.1)) {
+            (Some(claims), Some(empty)) => format!("{claims:.2} ({empty:.2})"),
+            _ => "-".to_owned(),
+        });
+    }
+    println!("| {} |", cells.join(" | "));
 }

@@ -1,7 +1,9 @@
 //! A consumer-side handler that reacts with events of its own
 //! (`events: &mut Events`): they reach `outbox_event` in the consumer's
 //! transaction, exactly once per handled event, never for a failed or
-//! duplicate one, and the relay of the process is woken after the commit.
+//! duplicate one, and the relay of the process is woken after the commit:
+//! after every commit that stored some, however the transactions of
+//! concurrent processors interleave.
 #![allow(missing_docs)]
 
 mod consumer_support;
@@ -13,6 +15,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use txoutbox_core::Backoff;
 use txoutbox_core::{DomainEvent, Events};
 use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
+use txoutbox_runtime::relay::Relay;
 
 test_event!(ReactPaid, "consumer-test.react.paid", "ReactPaid");
 test_event!(ReactInbox, "consumer-test.react.inbox", "ReactInbox");
@@ -81,6 +84,11 @@ async fn recorded_events_are_stored_once_with_the_effect(pool: PgPool) {
         .await
         .unwrap();
     inbox_mode_stores_recorded_events_with_the_processed_mark(&pool).await;
+    sqlx::raw_sql("TRUNCATE effect, outbox_event")
+        .execute(&pool)
+        .await
+        .unwrap();
+    every_commit_that_stored_recorded_events_wakes_the_relay(&pool).await;
 }
 
 async fn dedup_mode_stores_recorded_events_once_and_wakes_the_relay(pool: &PgPool) {
@@ -181,4 +189,69 @@ async fn inbox_mode_stores_recorded_events_with_the_processed_mark(pool: &PgPool
         "the parked row's event rolled back"
     );
     assert_eq!(count(pool, "SELECT count(*) FROM effect").await, 3);
+}
+
+/// Four processors handle rows of distinct keys in transactions of their
+/// own, committing in any order; each commit that stored answers wakes the
+/// relay, which otherwise would not look for a minute (its polls and
+/// rebalances are that far apart): every answer is published within
+/// seconds of its commit.
+async fn every_commit_that_stored_recorded_events_wakes_the_relay(pool: &PgPool) {
+    create_topic(ReactInbox::TOPIC, 1).await;
+    create_topic(Answered::TOPIC, 1).await;
+    let group = unique_group("react-wake");
+    start_group_at(&group, ReactInbox::TOPIC, 1, true).await;
+    let relay = Relay::builder(pool.clone(), kafka_config())
+        .poll_interval(Duration::from_secs(60))
+        .rebalance_interval(Duration::from_secs(120))
+        .spawn()
+        .unwrap();
+    let running = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_react_inbox)
+        .mode(Mode::Inbox)
+        .handle_on_receipt(false)
+        .processors(4)
+        .processor_batch_size(1)
+        .processor_poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+        .spawn();
+    let producer = producer();
+    const BURSTS: i64 = 4;
+    const PER_BURST: i64 = 10;
+    for burst in 0..BURSTS {
+        for n in 1..=PER_BURST {
+            produce_event(&producer, &ReactInbox::new(burst * PER_BURST + n)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let total = BURSTS * PER_BURST;
+    eventually("every row processed", Duration::from_secs(25), || async {
+        let processed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM inbox_event WHERE processed AND consumer_group = $1",
+        )
+        .bind(&group)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        processed == total
+    })
+    .await;
+    eventually(
+        "every answer published (the relay woken by each commit)",
+        Duration::from_secs(10),
+        || async {
+            count(
+                pool,
+                "SELECT count(*) FROM outbox_event
+                 WHERE event_type = 'Answered' AND published_at IS NOT NULL",
+            )
+            .await
+                == total
+        },
+    )
+    .await;
+    running.shutdown().await.unwrap();
+    let summary = relay.shutdown().await.unwrap();
+    assert_eq!(summary.published, total as u64);
 }

@@ -1,7 +1,8 @@
 //! The relay records the metrics `docs/relay.md` documents, with the right
 //! values: published and parked totals, errors by kind (`rejected`,
-//! `broker_unavailable`, `database`), the batch size and duration histograms,
-//! the backlog and oldest-age gauges and the lanes owned.
+//! `broker_unavailable`, `database`), the claims by what they found, the
+//! batch size and duration histograms, the backlog and oldest-age gauges and
+//! the lanes owned.
 //!
 //! The recorder is global to the process, so this binary holds one test.
 #![allow(missing_docs)]
@@ -183,6 +184,16 @@ async fn the_documented_metrics_are_recorded_with_their_values(pool: PgPool) {
     assert!(
         sizes.iter().all(|&s| (1.0..=500.0).contains(&s)),
         "{sizes:?}"
+    );
+    // Every claim statement counted, by what it found.
+    let claims_with_rows = recorded.counter(&format!("{}{{result=rows}}", m::CLAIMS));
+    let empty_claims = recorded.counter(&format!("{}{{result=empty}}", m::CLAIMS));
+    assert_eq!(claims_with_rows + empty_claims, summary.claims);
+    assert_eq!(empty_claims, summary.empty_claims);
+    assert!(
+        claims_with_rows >= summary.batches && claims_with_rows as f64 <= claimed,
+        "{claims_with_rows} claims found rows, {} batches, {claimed} rows claimed",
+        summary.batches
     );
     let durations = recorded.values(m::BATCH_DURATION);
     assert_eq!(durations.len() as u64, summary.batches);

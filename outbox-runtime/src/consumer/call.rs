@@ -2,7 +2,6 @@
 //! handler timeout, a panic caught, then the events it recorded written in
 //! its transaction; and what is left to do after that transaction commits.
 
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -18,9 +17,6 @@ use crate::lifecycle::catch;
 /// The handler calls of one consumer (its receive loop and its processors).
 pub(crate) struct Calls {
     handler_timeout: Duration,
-    /// What the events handlers wrote and not committed yet leave to do
-    /// after the commit (see [`Calls::committed`]).
-    after_commit: Mutex<AfterCommit>,
     /// The consumer's database, whose relays its commits wake.
     wakeup_scope: Option<Scope>,
     counts: Counts,
@@ -48,29 +44,21 @@ impl Calls {
     ) -> Self {
         Self {
             handler_timeout,
-            after_commit: Mutex::default(),
             wakeup_scope,
             counts,
         }
     }
 
-    /// After a commit of a handler's transaction: wakes the relays of this
-    /// process on the consumer's database if handlers recorded events. Best effort (processors share the
-    /// pending wake-up, so one commit may take another's); the relay polls
-    /// anyway.
-    pub(crate) fn committed(&self) {
-        let pending = std::mem::take(&mut *self.pending_after_commit());
-        if pending.rows() > 0 {
+    /// After the commit of a transaction whose handlers' calls returned
+    /// `after` (their [`AfterCommit`]s together): wakes the relays of this
+    /// process on the consumer's database if they recorded events. Each
+    /// transaction signals its own commit: a relay that trusts the signals
+    /// (see `docs/relay.md`, adaptive polling) must not find rows no signal
+    /// announced.
+    pub(crate) fn committed(&self, after: AfterCommit) {
+        if after.rows() > 0 {
             wakeup::notify_committed_in(self.wakeup_scope);
         }
-    }
-
-    fn pending_after_commit(&self) -> std::sync::MutexGuard<'_, AfterCommit> {
-        // Nothing panics while holding the lock; a poisoned one is still a
-        // number of rows.
-        self.after_commit
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The failure of `handler`'s call when the transaction it had turned
@@ -106,8 +94,9 @@ impl Calls {
 
     /// Runs the handler inside the producer's trace (from `traceparent`), at
     /// most for the handler timeout, then writes the events it recorded in
-    /// the same transaction ([`Events::write`]). Callers call
-    /// [`Calls::committed`] after committing `tx`.
+    /// the same transaction ([`Events::write`]). Returns what is left to do
+    /// once `tx` commits: callers gather it per transaction (of the calls
+    /// whose work stayed in it) and pass it to [`Calls::committed`].
     ///
     /// A handler that returns `Ok` on a transaction it left aborted is found
     /// out by the framework's next statement on it: the insert of its events
@@ -118,7 +107,7 @@ impl Calls {
         mut tx: TxRef<'_>,
         event: super::handler::Decoded,
         meta: &EventMeta,
-    ) -> Result<(), HandlerFailure> {
+    ) -> Result<AfterCommit, HandlerFailure> {
         // A traced event is handled inside its trace: an info span that is
         // the child of the publish span (feature `opentelemetry`); the others
         // get a debug span, as a trace is not started per message.
@@ -181,14 +170,7 @@ impl Calls {
                 timed_out: false,
             };
             match tx.write_events(&mut events).await {
-                Ok(after_commit) => {
-                    // Most handlers record nothing: no lock for them.
-                    if after_commit.rows() > 0 {
-                        let mut pending = self.pending_after_commit();
-                        *pending = pending.and(after_commit);
-                    }
-                    Ok(())
-                }
+                Ok(after_commit) => Ok(after_commit),
                 Err(error) => Err(failed(match error {
                     unusable @ (txoutbox_core::Error::TransactionAborted
                     | txoutbox_core::Error::TransactionEnded) => HandlerError::new(format!(

@@ -31,6 +31,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rdkafka::message::OwnedMessage;
+use txoutbox_core::AfterCommit;
 use uuid::Uuid;
 
 use super::database::TxFailure;
@@ -185,6 +186,7 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
             let mut fresh: HashSet<Uuid> =
                 tx.mark_processed_all(&ctx.settings.group_id, &ids).await?;
             let mut handled = 0u64;
+            let mut after_commit = AfterCommit::default();
             for (i, w) in work.iter_mut().enumerate() {
                 // `remove`: an id twice in one batch runs its handler once.
                 if !fresh.remove(&w.envelope.meta.event_id) {
@@ -207,17 +209,20 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
                     }
                 }
                 let event = w.event();
-                if let Err(failure) = ctx
+                match ctx
                     .calls
                     .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
                     .await
                 {
-                    let timed_out = if failure.timed_out {
-                        vec![(i, failure.error.to_string())]
-                    } else {
-                        Vec::new()
-                    };
-                    return Ok::<_, sqlx::Error>(Fast::HandlerFailed { timed_out });
+                    Ok(after) => after_commit = after_commit.and(after),
+                    Err(failure) => {
+                        let timed_out = if failure.timed_out {
+                            vec![(i, failure.error.to_string())]
+                        } else {
+                            Vec::new()
+                        };
+                        return Ok::<_, sqlx::Error>(Fast::HandlerFailed { timed_out });
+                    }
                 }
                 handled += 1;
             }
@@ -238,7 +243,7 @@ async fn fast_path(ctx: &Shared, work: &mut [Work]) -> Fast {
             } else {
                 tx.commit().await?;
             }
-            ctx.calls.committed();
+            ctx.calls.committed(after_commit);
             probe::mark_each(
                 Stage::Committed,
                 work.iter().map(|w| w.envelope.meta.event_id),
@@ -304,6 +309,7 @@ async fn careful(
                 *first = (*first).min(*i);
             }
             let mut handled = 0u64;
+            let mut after_commit = AfterCommit::default();
             for (i, w) in work.iter_mut().enumerate() {
                 let partition = w.partition();
                 if blocked.get(&partition).is_some_and(|&first| first <= i) {
@@ -323,8 +329,9 @@ async fn careful(
                     .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
                     .await;
                 let failure = match called {
-                    Ok(()) => match tx.release_savepoint().await {
+                    Ok(after) => match tx.release_savepoint().await {
                         Ok(()) => {
+                            after_commit = after_commit.and(after);
                             pass.finished.push(i);
                             handled += 1;
                             continue;
@@ -364,7 +371,7 @@ async fn careful(
                 pass.failed.push((i, failure.to_string()));
             }
             tx.commit().await?;
-            ctx.calls.committed();
+            ctx.calls.committed(after_commit);
             ctx.counts
                 .handled(handled, pass.finished.len() as u64 - handled);
             Ok::<_, Stop>(pass)
@@ -431,7 +438,8 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
                 return Ok(false);
             }
             let event = w.event();
-            ctx.calls
+            let after_commit = ctx
+                .calls
                 .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
                 .await
                 .map_err(|failure| Step::Handler(failure.error))?;
@@ -445,7 +453,7 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
                     )),
                 });
             }
-            ctx.calls.committed();
+            ctx.calls.committed(after_commit);
             Ok(true)
         }
         .await;

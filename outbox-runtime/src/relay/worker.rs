@@ -40,6 +40,12 @@ const IDLE_WAIT_FIRST: Duration = Duration::from_millis(5);
 /// `poll_interval` (after a short ramp), as the safety net.
 const UNSIGNALED_WRITER_MEMORY: Duration = Duration::from_secs(10);
 
+/// How long after a claim found rows no signal announced a signal may
+/// still come for them: a claim can see a commit before its writer, a
+/// moment later, signals it. Rows with no signal within this time were
+/// written by a writer that does not signal.
+const SIGNAL_GRACE: Duration = Duration::from_millis(50);
+
 /// Consecutive batches that failed as a whole after which the producer is
 /// rebuilt.
 const REBUILD_AFTER_OUTAGES: u32 = 2;
@@ -77,15 +83,42 @@ struct Cadence {
     /// unsignalled writers.
     claim_due: bool,
     /// When a claim that no signal, and nothing of the above, called for
-    /// last found rows (see [`UNSIGNALED_WRITER_MEMORY`]).
+    /// found rows, while no signal has come for them yet (see
+    /// [`SIGNAL_GRACE`]).
+    unannounced_rows_at: Option<Instant>,
+    /// When such rows were last found and no signal came for them (see
+    /// [`UNSIGNALED_WRITER_MEMORY`]).
     unsignaled_rows_at: Option<Instant>,
 }
 
 impl Cadence {
-    /// Whether a writer that does not signal this relay wrote recently.
-    fn unsignaled_writer(&self) -> bool {
-        self.unsignaled_rows_at
-            .is_some_and(|at| at.elapsed() < UNSIGNALED_WRITER_MEMORY)
+    /// A signal arrived: rows found unannounced within [`SIGNAL_GRACE`]
+    /// before were most likely its commit's.
+    fn signal_arrived(&mut self) {
+        if self
+            .unannounced_rows_at
+            .is_some_and(|at| at.elapsed() <= SIGNAL_GRACE)
+        {
+            self.unannounced_rows_at = None;
+        }
+    }
+
+    /// Whether a writer that does not signal this relay wrote recently, or
+    /// may have (rows found unannounced, within the grace for their
+    /// signal); `signal_pending`: a signal arrived that the loop has not
+    /// taken yet.
+    fn unsignaled_writer(&mut self, signal_pending: bool) -> bool {
+        if let Some(at) = self.unannounced_rows_at
+            && !signal_pending
+            && at.elapsed() > SIGNAL_GRACE
+        {
+            self.unsignaled_rows_at = Some(at);
+            self.unannounced_rows_at = None;
+        }
+        self.unannounced_rows_at.is_some()
+            || self
+                .unsignaled_rows_at
+                .is_some_and(|at| at.elapsed() < UNSIGNALED_WRITER_MEMORY)
     }
 }
 
@@ -181,6 +214,7 @@ impl<B: Backend> Worker<B> {
             next_rebalance: Instant::now(),
             next_metrics: Instant::now(),
             claim_due: true,
+            unannounced_rows_at: None,
             unsignaled_rows_at: None,
         };
         while !self.cancel.is_cancelled() {
@@ -215,6 +249,9 @@ impl<B: Backend> Worker<B> {
             }
             // Claim, then publish.
             let signalled = self.wakeup.take_signalled();
+            if signalled {
+                cadence.signal_arrived();
+            }
             let due = std::mem::take(&mut cadence.claim_due);
             let claimed = match self.claim_and_publish().await {
                 Ok(claimed) => claimed,
@@ -226,16 +263,16 @@ impl<B: Backend> Worker<B> {
                     continue;
                 }
             };
-            // Rows nothing announced: some writer does not signal. (A signal
-            // pending now may be the one of these rows' commit, which the
-            // claim saw before the writer sent it.)
+            // Rows nothing announced: some writer may not signal. (Or the
+            // claim saw a commit before its writer signalled it: a signal
+            // within `SIGNAL_GRACE` clears them.)
             if claimed.found > 0
                 && !signalled
                 && !due
                 && !claimed.released
                 && !self.wakeup.local_pending()
             {
-                cadence.unsignaled_rows_at = Some(Instant::now());
+                cadence.unannounced_rows_at.get_or_insert_with(Instant::now);
             }
             cadence.claim_due = claimed.rows_may_wait;
             // Settle what the broker answered, or wait.
@@ -341,8 +378,8 @@ impl<B: Backend> Worker<B> {
     /// trusting the commit signals: while a writer that does not signal it
     /// wrote recently, and while a partition is unavailable (its held-back
     /// rows are released by a claim).
-    fn polls_quickly(&self, cadence: &Cadence) -> bool {
-        cadence.unsignaled_writer() || self.partitions.any_down()
+    fn polls_quickly(&self, cadence: &mut Cadence) -> bool {
+        cadence.unsignaled_writer(self.wakeup.local_pending()) || self.partitions.any_down()
     }
 
     async fn refresh_backlog(&self) {

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use txoutbox_core::AfterCommit;
 use uuid::Uuid;
 
 use super::claim::{claim, read};
@@ -60,6 +61,8 @@ struct Outcomes {
     failed: Vec<(Uuid, String, Option<std::time::Duration>)>,
     /// Rows no handler can take: (event id, reason, error).
     parked: Vec<(Uuid, DeadLetterReason, String)>,
+    /// What the processed rows' calls leave to do after the commit.
+    after_commit: AfterCommit,
 }
 
 /// Why a pass stopped early.
@@ -195,7 +198,7 @@ pub(super) async fn claim_and_handle(
     };
     record(ctx, &mut tx, &settled).await?;
     tx.commit().await?;
-    ctx.calls.committed();
+    ctx.calls.committed(outcomes.after_commit);
     recovery.charged.clear();
     for id in &outcomes.processed {
         recovery.transient.remove(id);
@@ -308,8 +311,8 @@ async fn pass(
             error,
         };
         let called = match called {
-            Ok(()) if careful => match tx.release(ROW_SAVEPOINT).await {
-                Ok(()) => Ok(()),
+            Ok(after) if careful => match tx.release(ROW_SAVEPOINT).await {
+                Ok(()) => Ok(after),
                 // Refused: the handler left the transaction aborted, which
                 // its savepoint's rollback mends ...
                 Err(TxFailure::Unusable(unusable @ txoutbox_core::Error::TransactionAborted)) => {
@@ -322,7 +325,7 @@ async fn pass(
                 }
                 Err(TxFailure::Database(error)) => return Err(Stop::Outage(error)),
             },
-            Ok(()) => Ok(()),
+            Ok(after) => Ok(after),
             Err(failure) if !careful => {
                 let timed_out = failure
                     .timed_out
@@ -332,7 +335,8 @@ async fn pass(
             Err(failure) => Err(failure.error),
         };
         match called {
-            Ok(()) => {
+            Ok(after) => {
+                outcomes.after_commit = outcomes.after_commit.and(after);
                 outcomes.processed.push(claim.event_id);
                 *outcomes.by_type.entry(meta.event_type.clone()).or_default() += 1;
             }

@@ -31,6 +31,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use txoutbox_core::AfterCommit;
 use uuid::Uuid;
 
 use super::rows::{LockedStore, OrderKey, PartitionLock};
@@ -136,6 +137,7 @@ pub(super) async fn store(
     let mut stored = Stored::default();
     let mut later: Vec<&Envelope> = rows.iter().collect();
     let mut handled_by_type: HashMap<String, u64> = HashMap::new();
+    let mut after_commit = AfterCommit::default();
     if let Some(unhindered) = unhindered {
         let plan = match inserted_now.is_some() || waiting_keys.is_empty() {
             true => unhindered,
@@ -169,13 +171,9 @@ pub(super) async fn store(
                         Err(_) => return Err(StoreFailed::HandlingLost),
                     }
                 }
-                if ctx
-                    .calls
-                    .call(&*handler, tx.lend(), event, &row.meta)
-                    .await
-                    .is_err()
-                {
-                    return Err(handler_failed(tx).await);
+                match ctx.calls.call(&*handler, tx.lend(), event, &row.meta).await {
+                    Ok(after) => after_commit = after_commit.and(after),
+                    Err(_) => return Err(handler_failed(tx).await),
                 }
                 *handled_by_type
                     .entry(row.meta.event_type.clone())
@@ -214,7 +212,7 @@ pub(super) async fn store(
         }
         tx.commit().await?;
     }
-    ctx.calls.committed();
+    ctx.calls.committed(after_commit);
     // Stored pending (for the processors), or handled on receipt.
     crate::probe::mark_each(
         crate::probe::Stage::Stored,
