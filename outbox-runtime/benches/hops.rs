@@ -24,7 +24,8 @@
 //! Every round also reports the CPU time it cost, from `/proc`: this
 //! process (the services), every PostgreSQL process, the broker, and the
 //! machine as a whole, per hop and as cores busy, so a configuration the
-//! machine cannot carry shows as such.
+//! machine cannot carry shows as such; and the claims the chain's relays
+//! ran per hop, and how many of them found nothing (polls).
 //!
 //! A chain of `N` hops is `N + 1` services, each with a database of its own
 //! (scratch databases, dropped at the end): service 0 commits an order-like
@@ -628,14 +629,16 @@ impl Chain {
 }
 
 /// Service 0's transaction: an effect row and `Hop1`, committed; the stamp
-/// is taken before the commit, as the consumers' are. Bare mode sends
+/// is taken before the commit, as the consumers' are. The framework's chain
+/// writes through `txoutbox_core::transaction(&pool)`, as `#[outbox_handler]`
+/// does, whose commit wakes the relays of its database only. Bare mode sends
 /// `Hop1` itself once the commit returned (in the background, so the
 /// writer takes its next send on time).
 async fn send_chain(origin: &Origin) -> Uuid {
     let chain = Uuid::new_v4();
-    let mut tx = origin.pool.begin().await.unwrap();
-    effect(&mut tx, chain, 0).await.unwrap();
     if let Some(producer) = &origin.producer {
+        let mut tx = origin.pool.begin().await.unwrap();
+        effect(&mut tx, chain, 0).await.unwrap();
         // The stamp's event id is the one the next service receives.
         let first = BareEvent::new(chain);
         stamp(chain, 0, first.event_id, 0);
@@ -645,17 +648,19 @@ async fn send_chain(origin: &Origin) -> Uuid {
         tokio::spawn(async move { send_bare(&producer, 1, first).await });
         return chain;
     }
-    let mut events = Events::new();
-    let first = Hop1::new(chain);
-    let event_id = first.event_id;
-    events.record(first);
-    let after = events.write(&mut tx).await.unwrap();
-    stamp(chain, 0, event_id, 0);
-    tx.commit().await.unwrap();
-    // The commit's time is taken before the relay is woken.
-    let committed_us = now_us();
-    after.committed();
-    committed(chain, 0, committed_us);
+    txoutbox_core::transaction(&origin.pool)
+        .run(async |tx, events| {
+            effect(tx, chain, 0).await?;
+            let first = Hop1::new(chain);
+            stamp(chain, 0, first.event_id, 0);
+            events.record(first);
+            Ok::<_, txoutbox_core::Error>(())
+        })
+        .await
+        .unwrap();
+    // Taken after the relay was woken (the commit returns, then it signals):
+    // "writer's commit" includes the signal, a few microseconds.
+    committed(chain, 0, now_us());
     chain
 }
 
