@@ -54,6 +54,7 @@ pub(crate) fn framework_constants() -> BTreeSet<&'static str> {
         relay::PUBLISHED,
         relay::PARKED,
         relay::ERRORS,
+        relay::CLAIMS,
         relay::BATCH_SIZE,
         relay::BATCH_DURATION,
         relay::LANES_OWNED,
