@@ -37,11 +37,12 @@ async fn write(pool: &PgPool, topic: &str, key: &str, signal: bool) -> i64 {
     id
 }
 
-/// Milliseconds from each published row's commit to its publication, sorted.
+/// Milliseconds from each published row's commit to its publication, in
+/// write (id) order.
 async fn delays_ms(pool: &PgPool, ids: &[i64]) -> Vec<f64> {
     sqlx::query_scalar(
         "SELECT EXTRACT(EPOCH FROM published_at - created_at)::float8 * 1000
-         FROM outbox_event WHERE id = ANY($1) AND published_at IS NOT NULL ORDER BY 1",
+         FROM outbox_event WHERE id = ANY($1) AND published_at IS NOT NULL ORDER BY id",
     )
     .bind(ids)
     .fetch_all(pool)
@@ -49,8 +50,26 @@ async fn delays_ms(pool: &PgPool, ids: &[i64]) -> Vec<f64> {
     .unwrap()
 }
 
-fn median(sorted: &[f64]) -> f64 {
-    sorted[sorted.len() / 2]
+/// Writes `ROWS` rows over four keys, one every `every` (each signalled if
+/// `signal`), waits until all are published and returns their delays (see
+/// [`delays_ms`]).
+async fn write_and_publish(pool: &PgPool, topic: &str, signal: bool, every: Duration) -> Vec<f64> {
+    let mut ids = Vec::new();
+    for n in 0..ROWS {
+        ids.push(write(pool, topic, &format!("k{}", n % 4), signal).await);
+        tokio::time::sleep(every).await;
+    }
+    eventually("every row published", Duration::from_secs(30), || async {
+        delays_ms(pool, &ids).await.len() == ROWS
+    })
+    .await;
+    delays_ms(pool, &ids).await
+}
+
+/// The median and the maximum of `values`.
+fn median_and_max(mut values: Vec<f64>) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (values[values.len() / 2], values[values.len() - 1])
 }
 
 const ROWS: usize = 40;
@@ -79,27 +98,14 @@ async fn signalled_writes_cost_one_claim_each_and_unsignalled_ones_bring_quick_p
     // Signalled writes: a claim each, at once; few polls besides.
     let before = relay.summary();
     let started = Instant::now();
-    let mut signalled = Vec::new();
-    for n in 0..ROWS {
-        signalled.push(write(&pool, &topic, &format!("k{}", n % 4), true).await);
-        tokio::time::sleep(EVERY).await;
-    }
-    eventually(
-        "every signalled row published",
-        Duration::from_secs(30),
-        || async { delays_ms(&pool, &signalled).await.len() == ROWS },
-    )
-    .await;
+    let (p50, max) = median_and_max(write_and_publish(&pool, &topic, true, EVERY).await);
     let elapsed = started.elapsed();
     let after = relay.summary();
     let claims = after.claims - before.claims;
     let empty = after.empty_claims - before.empty_claims;
-    let delays = delays_ms(&pool, &signalled).await;
     eprintln!(
         "signalled: {ROWS} rows in {elapsed:?}: {claims} claims, {empty} empty; \
-         commit to publish p50 {:.1} ms, max {:.1} ms",
-        median(&delays),
-        delays[ROWS - 1],
+         commit to publish p50 {p50:.1} ms, max {max:.1} ms",
     );
     assert_eq!(after.published - before.published, ROWS as u64);
     assert!(
@@ -114,26 +120,15 @@ async fn signalled_writes_cost_one_claim_each_and_unsignalled_ones_bring_quick_p
         "{empty} empty claims for {ROWS} signalled rows"
     );
     assert!(
-        median(&delays) < 150.0,
-        "signalled rows are claimed at once, not at the next poll: p50 {:.1} ms",
-        median(&delays)
+        p50 < 150.0,
+        "signalled rows are claimed at once, not at the next poll: p50 {p50:.1} ms"
     );
 
     // Unsignalled writes (as another process's, without `listen_notify`):
     // the first is found by a poll, within the poll interval; then the
     // relay polls quickly again while they keep coming.
     let before = relay.summary();
-    let mut unsignalled = Vec::new();
-    for n in 0..ROWS {
-        unsignalled.push(write(&pool, &topic, &format!("k{}", n % 4), false).await);
-        tokio::time::sleep(EVERY * 2).await;
-    }
-    eventually(
-        "every unsignalled row published",
-        Duration::from_secs(30),
-        || async { delays_ms(&pool, &unsignalled).await.len() == ROWS },
-    )
-    .await;
+    let delays = write_and_publish(&pool, &topic, false, EVERY * 2).await;
     let after = relay.summary();
     let (claims, empty) = (
         after.claims - before.claims,
@@ -141,22 +136,11 @@ async fn signalled_writes_cost_one_claim_each_and_unsignalled_ones_bring_quick_p
     );
     // In write order: the first is found by a slow poll, the others by
     // quick ones.
-    let mut by_row: Vec<(i64, f64)> = sqlx::query_as(
-        "SELECT id, EXTRACT(EPOCH FROM published_at - created_at)::float8 * 1000
-         FROM outbox_event WHERE id = ANY($1) ORDER BY id",
-    )
-    .bind(&unsignalled)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let first_delay = by_row[0].1;
-    let mut later: Vec<f64> = by_row.drain(5..).map(|(_, ms)| ms).collect();
-    later.sort_by(f64::total_cmp);
+    let first_delay = delays[0];
+    let (later_p50, later_max) = median_and_max(delays[5..].to_vec());
     eprintln!(
-        "unsignalled: {ROWS} rows: {claims} claims, {empty} empty; first found after {first_delay:.1} ms, \
-         later ones p50 {:.1} ms, max {:.1} ms",
-        median(&later),
-        later[later.len() - 1],
+        "unsignalled: {ROWS} rows: {claims} claims, {empty} empty; first found after \
+         {first_delay:.1} ms, later ones p50 {later_p50:.1} ms, max {later_max:.1} ms",
     );
     assert!(
         first_delay < 1_000.0,
@@ -165,9 +149,8 @@ async fn signalled_writes_cost_one_claim_each_and_unsignalled_ones_bring_quick_p
     // Quick polls (5 ms doubling after each batch) find a row written 100
     // ms after the last within ~50 ms; 500 ms polls would take ~250 ms.
     assert!(
-        median(&later) < 150.0,
-        "quick polls again: p50 {:.1} ms",
-        median(&later)
+        later_p50 < 150.0,
+        "quick polls again: p50 {later_p50:.1} ms"
     );
 
     let summary = relay.shutdown().await.unwrap();
