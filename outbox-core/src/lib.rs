@@ -66,7 +66,7 @@ pub use events::{Events, ScheduledRecord, WithHeaders};
 pub use insert::{cancel_scheduled, insert_events};
 pub use record::{MAX_PARTITION_KEY_BYTES, OutboxRecord};
 pub use retry::{Backoff, is_transient_error};
-pub use sink::AfterCommit;
+pub use sink::{AfterCommit, CommitTarget};
 pub use unit_of_work::{
     IsolationLevel, RetryingUnitOfWork, TransactionSource, UnitOfWork, transaction,
 };

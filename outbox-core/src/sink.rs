@@ -24,8 +24,8 @@ impl Events {
     /// [`Error::Database`].
     ///
     /// Returns what to do once the transaction commits: call
-    /// [`AfterCommit::committed`] then, so that a relay in this process
-    /// publishes at once instead of at its next poll.
+    /// [`AfterCommit::committed_on`] with the pool then, so that a relay in
+    /// this process publishes at once instead of at its next poll.
     ///
     /// ```no_run
     /// # #[derive(serde::Serialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
@@ -44,7 +44,7 @@ impl Events {
     /// let after_commit = events.write(&mut tx).await?;
     /// assert_eq!(after_commit.rows(), 1);
     /// tx.commit().await?;
-    /// after_commit.committed();
+    /// after_commit.committed_on(&pool);
     /// # Ok(()) }
     /// ```
     pub async fn write(&mut self, conn: &mut PgConnection) -> Result<AfterCommit, Error> {
@@ -79,7 +79,7 @@ impl Events {
 /// [`committed`](AfterCommit::committed) only after a successful commit:
 /// after a rollback there is nothing to publish, so drop the value.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-#[must_use = "call `committed()` after the transaction commits, so that a relay in this process publishes the events at once"]
+#[must_use = "call `committed_on(&pool)` after the transaction commits, so that a relay in this process publishes the events at once"]
 pub struct AfterCommit {
     rows: u64,
 }
@@ -112,11 +112,42 @@ impl AfterCommit {
         }
     }
 
-    /// The transaction committed: wakes the relay of this process if rows
+    /// The transaction committed: wakes the relays of this process if rows
     /// were written (a scheduled event is moved by the relay's scheduler
     /// when due, whether or not it is woken).
+    ///
+    /// This names no database, so it wakes every relay of the process, those
+    /// of other databases too (they find nothing and wait again). Prefer
+    /// [`committed_on`](Self::committed_on) where the pool is at hand.
     pub fn committed(self) {
         self.committed_in(None);
+    }
+
+    /// The transaction committed to `database` (the pool it ran on): wakes
+    /// the relays of this process that publish from that database, if rows
+    /// were written. A process with several services, each with a database
+    /// of its own, then wakes only the one relay that has work.
+    ///
+    /// `database` is a `PgPool`; with the `mysql` feature a `MySqlPool`; with
+    /// `sea-orm` a `DatabaseConnection`. The database is known by its name in
+    /// the pool's settings; a pool whose settings name none wakes every
+    /// relay, as [`committed`](Self::committed) does.
+    ///
+    /// ```no_run
+    /// # #[derive(serde::Serialize, schemars::JsonSchema, txoutbox_core::DomainEvent)]
+    /// # #[event(topic = "orders", aggregate = "Order")]
+    /// # struct OrderCreated { event_id: uuid::Uuid, #[partition_key] order_id: i64 }
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), txoutbox_core::Error> {
+    /// let mut events = txoutbox_core::Events::new();
+    /// events.record(OrderCreated { event_id: uuid::Uuid::now_v7(), order_id: 7 });
+    /// let mut tx = pool.begin().await?;
+    /// let after_commit = events.write(&mut tx).await?;
+    /// tx.commit().await?;
+    /// after_commit.committed_on(&pool);
+    /// # Ok(()) }
+    /// ```
+    pub fn committed_on(self, database: &impl CommitTarget) {
+        self.committed_in(database.wakeup_scope());
     }
 
     /// As [`committed`](Self::committed), naming the database the
@@ -124,6 +155,61 @@ impl AfterCommit {
     pub(crate) fn committed_in(self, scope: Option<wakeup::Scope>) {
         if self.rows > 0 {
             wakeup::notify_committed_in(scope);
+        }
+    }
+}
+
+/// A database a transaction commits to, as
+/// [`AfterCommit::committed_on`] names it: `PgPool`; with the `mysql`
+/// feature `MySqlPool`; with `sea-orm` SeaORM's `DatabaseConnection`.
+///
+/// Sealed: the wake-up knows these pools' settings only.
+pub trait CommitTarget: sealed::Sealed {
+    /// The scope of this database's relays; `None` if its settings name no
+    /// database.
+    #[doc(hidden)]
+    fn wakeup_scope(&self) -> Option<wakeup::Scope>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<T: Sealed + ?Sized> Sealed for &T {}
+    impl Sealed for sqlx::PgPool {}
+    #[cfg(feature = "mysql")]
+    impl Sealed for sqlx::MySqlPool {}
+    #[cfg(feature = "sea-orm")]
+    impl Sealed for ::sea_orm::DatabaseConnection {}
+}
+
+impl<T: CommitTarget + ?Sized> CommitTarget for &T {
+    fn wakeup_scope(&self) -> Option<wakeup::Scope> {
+        (**self).wakeup_scope()
+    }
+}
+
+impl CommitTarget for sqlx::PgPool {
+    fn wakeup_scope(&self) -> Option<wakeup::Scope> {
+        wakeup::Scope::of_database(self.connect_options().get_database())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl CommitTarget for sqlx::MySqlPool {
+    fn wakeup_scope(&self) -> Option<wakeup::Scope> {
+        wakeup::Scope::of_database(self.connect_options().get_database())
+    }
+}
+
+#[cfg(feature = "sea-orm")]
+impl CommitTarget for ::sea_orm::DatabaseConnection {
+    fn wakeup_scope(&self) -> Option<wakeup::Scope> {
+        match &self.inner {
+            ::sea_orm::DatabaseConnectionType::SqlxPostgresPoolConnection(_) => {
+                self.get_postgres_connection_pool().wakeup_scope()
+            }
+            // Another backend (a mock in a user's tests, a disconnected
+            // value): no pool settings to read; wake every relay.
+            _ => None,
         }
     }
 }

@@ -151,7 +151,7 @@ async fn framework_step(pool: &PgPool, reply: Reply) {
         .unwrap();
     let after_commit = events.write(&mut tx).await.unwrap();
     tx.commit().await.unwrap();
-    after_commit.committed();
+    after_commit.committed_on(pool);
 }
 
 /// The same step written by hand with sqlx: the same reads and writes.

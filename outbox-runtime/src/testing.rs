@@ -80,15 +80,15 @@ pub async fn handle<H: EventHandler>(
     let mut tx = crate::txn::begin(pool).await?;
     let after_commit = handle_in(&mut tx, handler, event).await?;
     tx.commit().await?;
-    after_commit.committed();
+    after_commit.committed_on(pool);
     Ok(())
 }
 
 /// Runs `event` through `handler` in `tx`, which the caller holds open:
 /// calls [`EventHandler::handle`] with [`meta_of`]`(&event)`, then inserts
 /// the events and commands the handler recorded into `outbox_event`, in
-/// `tx`. Call [`AfterCommit::committed`] on the result once `tx` has
-/// committed, to wake the relay. Open `tx` at `READ COMMITTED` to run as
+/// `tx`. Call [`AfterCommit::committed_on`] on the result with the pool
+/// once `tx` has committed, to wake the relay. Open `tx` at `READ COMMITTED` to run as
 /// the consumer does (`pool.begin_with("BEGIN ISOLATION LEVEL READ
 /// COMMITTED")`).
 pub async fn handle_in<H: EventHandler>(

@@ -134,7 +134,7 @@ async fn headers_of_your_own_are_stored_published_replayed_and_seen_by_handlers(
     let mut tx = pool.begin().await.unwrap();
     let after_commit = events.write(&mut tx).await.unwrap();
     tx.commit().await.unwrap();
-    after_commit.committed();
+    after_commit.committed_on(&pool);
 
     // Stored: an object of strings, NULL without headers.
     let stored: Vec<(Uuid, Option<serde_json::Value>)> = sqlx::query_as(

@@ -658,7 +658,7 @@ async fn a_step_ahead_of_its_start_is_applied_once_the_start_commits(pool: PgPoo
     // Handled meanwhile (within a fetch of the live consumer), not applied.
     tokio::time::sleep(Duration::from_millis(300)).await;
     starting.commit().await.unwrap();
-    after_commit.committed();
+    after_commit.committed_on(&pool);
     eventually("the step applied", Duration::from_secs(30), || async {
         late_row(&pool, saga_id).await == Some(("running".into(), 2, 7))
     })

@@ -71,7 +71,7 @@ use crate::{AfterCommit, Events};
 /// [`Events::write`](crate::Events::write) on a MySQL transaction: the
 /// deferred failure of a [`record`](Events::record) call, if any, then the
 /// guarded insert of everything recorded ([`insert_events`]). Call
-/// [`AfterCommit::committed`] after the commit. The consumer's handlers use
+/// [`AfterCommit::committed_on`] with the pool after the commit. The consumer's handlers use
 /// it; a transaction of your own can too.
 ///
 /// ```no_run
@@ -79,7 +79,7 @@ use crate::{AfterCommit, Events};
 /// let mut tx = pool.begin().await?;
 /// let after_commit = txoutbox_core::mysql::write_events(&mut tx, &mut events).await?;
 /// tx.commit().await?;
-/// after_commit.committed();
+/// after_commit.committed_on(&pool);
 /// # Ok(()) }
 /// ```
 pub async fn write_events(

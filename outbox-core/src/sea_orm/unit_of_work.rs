@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::{insert_events, is_transient, statement_error};
 use crate::unit_of_work::Failure;
-use crate::{AfterCommit, Error, Events, IsolationLevel, retry};
+use crate::{AfterCommit, CommitTarget, Error, Events, IsolationLevel, retry};
 
 /// Anything a SeaORM unit of work can open a transaction on: a
 /// `DatabaseConnection` (owned or borrowed) or a `&DatabaseTransaction`.
@@ -25,6 +25,14 @@ pub trait SeaTransactionSource: Send + Sync {
         &self,
         isolation: Option<IsolationLevel>,
     ) -> impl Future<Output = Result<DatabaseTransaction, DbErr>> + Send;
+
+    /// The database the transactions go to, so that a commit wakes only
+    /// that database's relays in this process; `None` (the default, e.g. a
+    /// transaction given as the source) wakes them all.
+    #[doc(hidden)]
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        None
+    }
 }
 
 impl SeaTransactionSource for DatabaseConnection {
@@ -34,6 +42,10 @@ impl SeaTransactionSource for DatabaseConnection {
     ) -> impl Future<Output = Result<DatabaseTransaction, DbErr>> + Send {
         begin_on(self, isolation)
     }
+
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        CommitTarget::wakeup_scope(self)
+    }
 }
 
 impl SeaTransactionSource for &DatabaseConnection {
@@ -42,6 +54,10 @@ impl SeaTransactionSource for &DatabaseConnection {
         isolation: Option<IsolationLevel>,
     ) -> impl Future<Output = Result<DatabaseTransaction, DbErr>> + Send {
         begin_on(*self, isolation)
+    }
+
+    fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
+        CommitTarget::wakeup_scope(*self)
     }
 }
 
@@ -162,10 +178,11 @@ impl<S: SeaTransactionSource> SeaUnitOfWork<S> {
     {
         let span = self.span();
         async move {
+            let scope = self.source.wakeup_scope();
             let txn = begin(&self.source, self.isolation).await?;
             let mut events = Events::new();
             let outcome = handler(&txn, &mut events).await;
-            finish(txn, events, outcome)
+            finish(txn, events, outcome, scope)
                 .await
                 .map_err(Failure::into_user)
         }
@@ -216,10 +233,11 @@ impl<S: SeaTransactionSource> RetryingSeaUnitOfWork<S> {
     {
         let mut retried = 0;
         loop {
+            let scope = self.inner.source.wakeup_scope();
             let txn = begin(&self.inner.source, self.inner.isolation).await?;
             let mut events = Events::new();
             let outcome = handler.clone()(&txn, &mut events).await;
-            let failure = match finish(txn, events, outcome).await {
+            let failure = match finish(txn, events, outcome, scope).await {
                 Ok(output) => return Ok(output),
                 Err(failure) => failure,
             };
@@ -249,7 +267,8 @@ async fn begin<S: SeaTransactionSource>(
 }
 
 /// Ends one attempt after the handler ran: on its success inserts the
-/// events, commits and wakes the relay; otherwise rolls back.
+/// events, commits and wakes the relays of `scope`'s database; otherwise
+/// rolls back.
 ///
 /// A panic in the handler never reaches this: it unwinds through the
 /// caller, where dropping the `DatabaseTransaction` starts its rollback
@@ -258,6 +277,7 @@ async fn finish<T, E>(
     txn: DatabaseTransaction,
     mut events: Events,
     outcome: Result<T, E>,
+    scope: Option<crate::wakeup::Scope>,
 ) -> Result<T, Failure<E>> {
     let output = match outcome {
         Ok(output) => output,
@@ -278,7 +298,7 @@ async fn finish<T, E>(
     txn.commit()
         .await
         .map_err(|error| Failure::Framework(statement_error(error)))?;
-    AfterCommit::for_rows(rows).committed();
+    AfterCommit::for_rows(rows).committed_in(scope);
     Ok(output)
 }
 
