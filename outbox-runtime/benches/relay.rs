@@ -25,6 +25,14 @@
 //! Latency under load (alone, `RELAY_BENCH_ONLY=latency`): commit-to-publish
 //! and the broker floor at each rate of `RELAY_BENCH_RATES` [1000,5000,10000].
 //!
+//! Every latency run (the main one and each rate of the sweep) also prints
+//! where commit-to-publish went, per event, from the relay's probe points
+//! (`txoutbox_runtime::probe`): commit to claim, claim to produce, produce
+//! to acknowledgement, acknowledgement to the mark's commit; p50 / p99 / max
+//! of each, and its median among the slowest 1 % of events (what the tail is
+//! made of). Beside them, over the same seconds, how late a thread that
+//! sleeps 1 ms wakes up: the machine's scheduling delay.
+//!
 //! Hot keys (after the figures above, or alone with `RELAY_BENCH_ONLY=keys`):
 //! each round drains the same backlog over each of `RELAY_BENCH_KEYS`
 //! [1000,10,1] keys, reads every topic back and checks each key's order;
@@ -64,6 +72,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
+use txoutbox_runtime::probe::{self, Point, Stage};
 use txoutbox_runtime::relay::{Relay, RelayHandle};
 use txoutbox_testkit::broker::{new_topic, unique_group};
 use uuid::Uuid;
@@ -71,8 +80,9 @@ use uuid::Uuid;
 const KEYS: i64 = 10_000;
 const PARTITIONS: i32 = 8;
 
-/// When a commit returned: monotonic, and wall clock.
-type CommitTime = (Instant, SystemTime);
+/// When a commit returned (monotonic, and wall clock), and how long the
+/// writer's `INSERT` with its commit took.
+type CommitTime = (Instant, SystemTime, Duration);
 
 struct Latency {
     rate: f64,
@@ -83,7 +93,53 @@ struct Latency {
     /// Every event's commit-to-publish and commit-to-consumer latency.
     publish: Vec<Duration>,
     consumer: Vec<Duration>,
+    /// Where each event's commit-to-publish went, from the relay's probe
+    /// points.
+    stages: Stages,
 }
+
+/// The stages of commit-to-publish, per event, in milliseconds: from the
+/// commit's return to the relay's claim, to the produce, to the broker's
+/// acknowledgement, to the mark's commit. And, over the same seconds, how
+/// late a thread that sleeps 1 ms wakes up: the machine's own scheduling
+/// delay, which every stage above pays too.
+struct Stages {
+    per_event: Vec<Timed>,
+    oversleep: Vec<f64>,
+}
+
+/// One event's stages, with when it was committed (microseconds since the
+/// epoch) and how long its writer's `INSERT` and commit took (ms).
+struct Timed {
+    stages: [f64; STAGE_NAMES.len()],
+    committed_us: i64,
+    writer_ms: f64,
+}
+
+impl Timed {
+    fn total(&self) -> f64 {
+        self.stages.iter().sum()
+    }
+}
+
+const STAGE_NAMES: [&str; 6] = [
+    "commit to the claim's start (wake-up; the relay's loop busy)",
+    "the claim statement",
+    "claim to produce",
+    "produce to acknowledgement (the broker)",
+    "acknowledgement to the mark's start (the batch's other acknowledgements; the loop busy)",
+    "the mark statement (with its commit)",
+];
+
+/// The probe points that end each of [`STAGE_NAMES`].
+const STAGE_ENDS: [Stage; 6] = [
+    Stage::ClaimSent,
+    Stage::Claimed,
+    Stage::Sent,
+    Stage::Acked,
+    Stage::MarkSent,
+    Stage::Marked,
+];
 
 struct Bench {
     pool: PgPool,
@@ -254,6 +310,7 @@ async fn main() {
         ms(latency.publish_p50) - ms(floor_p50),
         ms(latency.publish_p99) - ms(floor_p99)
     );
+    latency.stages.print(latency.rate);
 
     let caption = format!(
         "commit {}, {events} events per drain, batch {batch}, {PARTITIONS} partitions, {KEYS} keys; \
@@ -458,6 +515,134 @@ async fn key_sweep(bench: &Bench, events: usize, rounds: usize, rate: usize, lat
     );
 }
 
+impl Stages {
+    /// Each published event's stages, from its commit time and the relay's
+    /// probe points (an event the relay claimed or sent more than once, after
+    /// a failed batch, is timed from its last claim).
+    fn of(
+        published: &[(i64, f64, Uuid)],
+        committed: &[Option<CommitTime>],
+        points: &[Point],
+        oversleep: Vec<f64>,
+    ) -> Self {
+        let mut at: HashMap<Uuid, [Option<i64>; STAGE_ENDS.len()]> = HashMap::new();
+        for point in points {
+            if let Some(index) = STAGE_ENDS.iter().position(|stage| *stage == point.stage) {
+                at.entry(point.event_id).or_default()[index] = Some(point.at_us);
+            }
+        }
+        let per_event = published
+            .iter()
+            .filter_map(|(seq, _, event_id)| {
+                let (_, wall, writer) = committed[*seq as usize]?;
+                let committed_us = wall.duration_since(UNIX_EPOCH).ok()?.as_micros() as i64;
+                let points = at.get(event_id)?;
+                let mut stages = [0.0; STAGE_NAMES.len()];
+                let mut previous = committed_us;
+                for (stage, point) in stages.iter_mut().zip(points) {
+                    let point = (*point)?;
+                    *stage = (point - previous).max(0) as f64 / 1e3;
+                    previous = point.max(previous);
+                }
+                Some(Timed {
+                    stages,
+                    committed_us,
+                    writer_ms: writer.as_secs_f64() * 1e3,
+                })
+            })
+            .collect();
+        Self {
+            per_event,
+            oversleep,
+        }
+    }
+
+    /// A table of each stage's p50 / p99 / max, and its median among the
+    /// events whose commit to mark was in the slowest 1 %: which stage the
+    /// tail is made of.
+    fn print(&self, rate: f64) {
+        if self.per_event.is_empty() {
+            println!("(no probe points: no stage breakdown)");
+            return;
+        }
+        let mut by_total: Vec<&Timed> = self.per_event.iter().collect();
+        by_total.sort_by(|a, b| a.total().total_cmp(&b.total()));
+        let tail = &by_total[(by_total.len() * 99 / 100).min(by_total.len() - 1)..];
+        let quantiles = |mut values: Vec<f64>| {
+            values.sort_by(f64::total_cmp);
+            let at = |q: f64| values[((values.len() as f64 * q) as usize).min(values.len() - 1)];
+            (at(0.5), at(0.99), values[values.len() - 1])
+        };
+        // Whether the tail is spread over the run or made of a few moments:
+        // the 100 ms windows its commits fall in.
+        let mut windows: Vec<i64> = tail.iter().map(|t| t.committed_us / 100_000).collect();
+        windows.sort_unstable();
+        windows.dedup();
+        println!(
+            "where commit-to-publish goes at {rate:.0}/s ({} events; the slowest 1 %, {} events, \
+             committed within {} windows of 100 ms), ms:",
+            by_total.len(),
+            tail.len(),
+            windows.len()
+        );
+        println!("| stage | p50 | p99 | max | median in the slowest 1 % |");
+        println!("| --- | --- | --- | --- | --- |");
+        let row = |name: &str, value: &dyn Fn(&Timed) -> f64| {
+            let (p50, p99, max) = quantiles(by_total.iter().map(|t| value(t)).collect());
+            let (in_tail, _, _) = quantiles(tail.iter().map(|t| value(t)).collect());
+            println!("| {name} | {p50:.1} | {p99:.1} | {max:.1} | {in_tail:.1} |");
+        };
+        for (index, name) in STAGE_NAMES.iter().enumerate() {
+            row(name, &|t| t.stages[index]);
+        }
+        row("commit to the mark's commit", &|t| t.total());
+        row(
+            "beside them: the writer's INSERT and its commit (synchronous_commit on)",
+            &|t| t.writer_ms,
+        );
+        if !self.oversleep.is_empty() {
+            let (p50, p99, max) = quantiles(self.oversleep.clone());
+            println!(
+                "| beside them: a 1 ms sleep wakes late by ({} samples) | {p50:.1} | {p99:.1} | {max:.1} | - |",
+                self.oversleep.len()
+            );
+        }
+    }
+}
+
+/// A thread that sleeps 1 ms in a loop and notes how late it wakes: when
+/// the machine's cores are all busy, every thread waits this long for one,
+/// the relay's included.
+struct Oversleep {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<f64>>,
+}
+
+impl Oversleep {
+    fn start() -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut late = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = Instant::now();
+                    std::thread::sleep(Duration::from_millis(1));
+                    let slept = started.elapsed().as_secs_f64() * 1e3;
+                    late.push((slept - 1.0).max(0.0));
+                }
+                late
+            })
+        };
+        Self { stop, thread }
+    }
+
+    fn stop(self) -> Vec<f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 /// The value at quantile `q` of sorted `values`.
 fn pick(values: &[Duration], q: f64) -> Duration {
     values[((values.len() as f64 * q) as usize).min(values.len() - 1)]
@@ -519,19 +704,24 @@ async fn latency_sweep(bench: &Bench, secs: usize) {
         .map(|r| r.trim().parse().expect("RELAY_BENCH_RATES: numbers"))
         .collect();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!("| target rate | achieved | commit-to-publish p50 / p99 | broker floor p50 / p99 |");
-    println!("| --- | --- | --- | --- |");
+    let mut rows = Vec::new();
     for rate in rates {
         let latency = bench.latency(rate, secs).await;
         let floor = bench.broker_floor(rate, secs).await;
-        println!(
+        latency.stages.print(latency.rate);
+        rows.push(format!(
             "| {rate}/s | {:.0}/s | {:.1} / {:.1} ms | {:.1} / {:.1} ms |",
             latency.rate,
             ms(latency.publish_p50),
             ms(latency.publish_p99),
             ms(pick(&floor, 0.50)),
             ms(pick(&floor, 0.99)),
-        );
+        ));
+    }
+    println!("| target rate | achieved | commit-to-publish p50 / p99 | broker floor p50 / p99 |");
+    println!("| --- | --- | --- | --- |");
+    for row in rows {
+        println!("{row}");
     }
 }
 
@@ -822,6 +1012,9 @@ impl Bench {
             .spawn()
             .unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await; // consumer and relay settled
+        probe::enable();
+        probe::take();
+        let oversleep = Oversleep::start();
 
         const WRITERS: usize = 4;
         let started = Instant::now();
@@ -837,6 +1030,7 @@ impl Bench {
                     for seq in (w..total).step_by(WRITERS) {
                         tick.tick().await;
                         let id = Uuid::now_v7();
+                        let writing = Instant::now();
                         sqlx::query(
                             "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id,
                                  event_type, payload, topic, partition_key)
@@ -849,7 +1043,8 @@ impl Bench {
                         .execute(&pool)
                         .await
                         .unwrap();
-                        committed.lock().unwrap()[seq] = Some((Instant::now(), SystemTime::now()));
+                        committed.lock().unwrap()[seq] =
+                            Some((Instant::now(), SystemTime::now(), writing.elapsed()));
                         txoutbox_core::__private::wakeup::notify_committed();
                     }
                 })
@@ -860,11 +1055,14 @@ impl Bench {
         }
         let achieved = total as f64 / started.elapsed().as_secs_f64();
         let arrivals = consumer.await.unwrap();
+        let oversleep = oversleep.stop();
         relay.shutdown().await.unwrap();
+        let points = probe::take();
+        probe::disable();
         // Commit to broker acknowledgement: published_at is set right after
         // the acknowledgements of the row's batch came in.
-        let published: Vec<(i64, f64)> = sqlx::query_as(
-            "SELECT (payload->>'seq')::bigint, EXTRACT(EPOCH FROM published_at)::float8
+        let published: Vec<(i64, f64, Uuid)> = sqlx::query_as(
+            "SELECT (payload->>'seq')::bigint, EXTRACT(EPOCH FROM published_at)::float8, event_id
              FROM outbox_event WHERE topic = $1",
         )
         .bind(&topic)
@@ -882,9 +1080,10 @@ impl Bench {
         latencies.sort();
         let at =
             |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+        let stages = Stages::of(&published, &committed, &points, oversleep);
         let mut to_publish: Vec<Duration> = published
             .iter()
-            .map(|(seq, published_at)| {
+            .map(|(seq, published_at, _)| {
                 let committed_at = committed[*seq as usize].unwrap().1;
                 let committed_at = committed_at
                     .duration_since(UNIX_EPOCH)
@@ -905,6 +1104,7 @@ impl Bench {
             consumer_p99: at(0.99),
             publish: to_publish,
             consumer: latencies,
+            stages,
         }
     }
 

@@ -11,12 +11,18 @@ use uuid::Uuid;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Stage {
+    /// The relay's claim that returned the row was sent (taken when it
+    /// returned, with the time it was sent).
+    ClaimSent,
     /// The relay's claim returned the row.
     Claimed,
     /// The relay handed the row to the producer.
     Sent,
     /// The broker acknowledged the record (delivery report received).
     Acked,
+    /// The relay's mark of the row's batch was sent (taken when it
+    /// returned, with the time it was sent).
+    MarkSent,
     /// The relay's mark of the row's batch committed.
     Marked,
     /// The consumer took the record from its fetch queue (routed).
@@ -50,7 +56,7 @@ mod points {
         pub at_us: i64,
     }
 
-    static ENABLED: AtomicBool = AtomicBool::new(false);
+    pub(super) static ENABLED: AtomicBool = AtomicBool::new(false);
     static POINTS: Mutex<Vec<Point>> = Mutex::new(Vec::new());
 
     /// Starts recording marks (process-wide).
@@ -58,18 +64,33 @@ mod points {
         ENABLED.store(true, Ordering::Relaxed);
     }
 
+    /// Stops recording marks (process-wide); those recorded stay until taken.
+    pub fn disable() {
+        ENABLED.store(false, Ordering::Relaxed);
+    }
+
     /// The marks recorded since the previous call, in the order taken.
     pub fn take() -> Vec<Point> {
         std::mem::take(&mut *POINTS.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(crate) fn now_us() -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64)
     }
 
     pub(crate) fn mark_each(stage: Stage, ids: impl IntoIterator<Item = Uuid>) {
         if !ENABLED.load(Ordering::Relaxed) {
             return;
         }
-        let at_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as i64);
+        mark_each_at(stage, ids, now_us());
+    }
+
+    pub(crate) fn mark_each_at(stage: Stage, ids: impl IntoIterator<Item = Uuid>, at_us: i64) {
+        if !ENABLED.load(Ordering::Relaxed) {
+            return;
+        }
         let mut points = POINTS.lock().unwrap_or_else(|e| e.into_inner());
         points.extend(ids.into_iter().map(|event_id| Point {
             event_id,
@@ -80,7 +101,7 @@ mod points {
 }
 
 #[cfg(feature = "test-hooks")]
-pub use points::{Point, enable, take};
+pub use points::{Point, disable, enable, take};
 
 /// Marks `ids` as having reached `stage` now.
 #[inline]
@@ -89,6 +110,26 @@ pub(crate) fn mark_each(stage: Stage, ids: impl IntoIterator<Item = Uuid>) {
     points::mark_each(stage, ids);
     #[cfg(not(feature = "test-hooks"))]
     let _ = (stage, ids);
+}
+
+/// When a stage that [`mark_each_at`] will record starts: the wall clock in
+/// microseconds while recording, 0 otherwise (and without the feature).
+#[inline]
+pub(crate) fn started() -> i64 {
+    #[cfg(feature = "test-hooks")]
+    if points::ENABLED.load(std::sync::atomic::Ordering::Relaxed) {
+        return points::now_us();
+    }
+    0
+}
+
+/// Marks `ids` as having reached `stage` at `at_us` (from [`started`]).
+#[inline]
+pub(crate) fn mark_each_at(stage: Stage, ids: impl IntoIterator<Item = Uuid>, at_us: i64) {
+    #[cfg(feature = "test-hooks")]
+    points::mark_each_at(stage, ids, at_us);
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = (stage, ids, at_us);
 }
 
 /// Marks one event.

@@ -38,11 +38,17 @@ impl<B: Backend> Worker<B> {
             });
         }
         let started = Instant::now();
+        let claim_sent = probe::started();
         let rows = self.claim().await?;
         if rows.is_empty() {
             return Ok(Claimed::default());
         }
         let found = rows.len();
+        probe::mark_each_at(
+            Stage::ClaimSent,
+            rows.iter().map(|row| row.event_id),
+            claim_sent,
+        );
         probe::mark_each(Stage::Claimed, rows.iter().map(|row| row.event_id));
         let span = tracing::info_span!(
             "outbox_relay_batch",

@@ -184,14 +184,16 @@ impl<B: Backend> Worker<B> {
                 Outcome::Straggling => straggling += 1,
             }
         }
+        let mark_sent = crate::probe::started();
         let parked = self.record(&delivered, &retries).await?;
-        crate::probe::mark_each(
-            crate::probe::Stage::Marked,
+        let marked = || {
             rows.iter()
                 .zip(&outcomes)
                 .filter(|(_, outcome)| **outcome == Outcome::Delivered)
-                .map(|(row, _)| row.event_id),
-        );
+                .map(|(row, _)| row.event_id)
+        };
+        crate::probe::mark_each_at(crate::probe::Stage::MarkSent, marked(), mark_sent);
+        crate::probe::mark_each(crate::probe::Stage::Marked, marked());
 
         span.record("published", delivered.len());
         span.record("held", held);
