@@ -106,6 +106,10 @@ struct Latency {
 struct Stages {
     per_event: Vec<Timed>,
     oversleep: Vec<f64>,
+    /// The relay's claims that returned rows and its marks: how many, and
+    /// their statements' time in all (ms).
+    claims: (usize, f64),
+    marks: (usize, f64),
 }
 
 /// One event's stages, with when it was committed (microseconds since the
@@ -122,23 +126,26 @@ impl Timed {
     }
 }
 
-const STAGE_NAMES: [&str; 6] = [
+const STAGE_NAMES: [&str; 7] = [
     "commit to the claim's start (wake-up; the relay's loop busy)",
     "the claim statement",
     "claim to produce",
     "produce to acknowledgement (the broker)",
-    "acknowledgement to the mark's start (the batch's other acknowledgements; the loop busy)",
+    "acknowledgement to the batch's last acknowledgement",
+    "the batch's last acknowledgement to the mark's start (the relay's loop busy)",
     "the mark statement (with its commit)",
 ];
 
-/// The probe points that end each of [`STAGE_NAMES`].
-const STAGE_ENDS: [Stage; 6] = [
-    Stage::ClaimSent,
-    Stage::Claimed,
-    Stage::Sent,
-    Stage::Acked,
-    Stage::MarkSent,
-    Stage::Marked,
+/// The probe points that end each of [`STAGE_NAMES`] (`None`: the batch's
+/// last acknowledgement, the latest `Acked` of the events marked together).
+const STAGE_ENDS: [Option<Stage>; 7] = [
+    Some(Stage::ClaimSent),
+    Some(Stage::Claimed),
+    Some(Stage::Sent),
+    Some(Stage::Acked),
+    None,
+    Some(Stage::MarkSent),
+    Some(Stage::Marked),
 ];
 
 struct Bench {
@@ -527,9 +534,29 @@ impl Stages {
     ) -> Self {
         let mut at: HashMap<Uuid, [Option<i64>; STAGE_ENDS.len()]> = HashMap::new();
         for point in points {
-            if let Some(index) = STAGE_ENDS.iter().position(|stage| *stage == point.stage) {
+            if let Some(index) = STAGE_ENDS.iter().position(|end| *end == Some(point.stage)) {
                 at.entry(point.event_id).or_default()[index] = Some(point.at_us);
             }
+        }
+        // A batch is the events marked by one statement (one `MarkSent`
+        // time); its last acknowledgement is when it could be marked.
+        let acked = STAGE_ENDS
+            .iter()
+            .position(|end| *end == Some(Stage::Acked))
+            .unwrap();
+        let mark_sent = STAGE_ENDS
+            .iter()
+            .position(|end| *end == Some(Stage::MarkSent))
+            .unwrap();
+        let mut last_ack: HashMap<i64, i64> = HashMap::new();
+        for points in at.values() {
+            if let (Some(acked), Some(mark_sent)) = (points[acked], points[mark_sent]) {
+                let last = last_ack.entry(mark_sent).or_insert(acked);
+                *last = (*last).max(acked);
+            }
+        }
+        for points in at.values_mut() {
+            points[acked + 1] = points[mark_sent].and_then(|sent| last_ack.get(&sent).copied());
         }
         let per_event = published
             .iter()
@@ -551,9 +578,27 @@ impl Stages {
                 })
             })
             .collect();
+        // One statement per distinct start time: its rows share it.
+        let statements = |sent: Stage, done: Stage| {
+            let mut spans: HashMap<i64, i64> = HashMap::new();
+            for times in at.values() {
+                let index = |stage| {
+                    STAGE_ENDS
+                        .iter()
+                        .position(|end| *end == Some(stage))
+                        .unwrap()
+                };
+                if let (Some(from), Some(to)) = (times[index(sent)], times[index(done)]) {
+                    spans.insert(from, to - from);
+                }
+            }
+            (spans.len(), spans.values().sum::<i64>() as f64 / 1e3)
+        };
         Self {
             per_event,
             oversleep,
+            claims: statements(Stage::ClaimSent, Stage::Claimed),
+            marks: statements(Stage::MarkSent, Stage::Marked),
         }
     }
 
@@ -595,7 +640,15 @@ impl Stages {
         for (index, name) in STAGE_NAMES.iter().enumerate() {
             row(name, &|t| t.stages[index]);
         }
-        row("commit to the mark's commit", &|t| t.total());
+        let acked = STAGE_ENDS
+            .iter()
+            .position(|end| *end == Some(Stage::Acked))
+            .unwrap();
+        row(
+            "commit to the broker's acknowledgement (the stages above it)",
+            &|t| t.stages[..=acked].iter().sum(),
+        );
+        row("commit to the mark's commit (published_at)", &|t| t.total());
         row(
             "beside them: the writer's INSERT and its commit (synchronous_commit on)",
             &|t| t.writer_ms,
@@ -607,6 +660,33 @@ impl Stages {
                 self.oversleep.len()
             );
         }
+        let run_ms = {
+            let first = self
+                .per_event
+                .iter()
+                .map(|t| t.committed_us)
+                .min()
+                .unwrap_or(0);
+            let last = self
+                .per_event
+                .iter()
+                .map(|t| t.committed_us)
+                .max()
+                .unwrap_or(0);
+            ((last - first) as f64 / 1e3).max(1.0)
+        };
+        println!(
+            "the relay's loop over the run's {:.1} s: {} claims that found rows, {:.0} ms in the \
+             statement ({:.0} % of the run); {} marks, {:.0} ms ({:.0} %); {:.1} events per claim",
+            run_ms / 1e3,
+            self.claims.0,
+            self.claims.1,
+            100.0 * self.claims.1 / run_ms,
+            self.marks.0,
+            self.marks.1,
+            100.0 * self.marks.1 / run_ms,
+            by_total.len() as f64 / self.claims.0.max(1) as f64,
+        );
     }
 }
 
@@ -1108,13 +1188,18 @@ impl Bench {
         }
     }
 
-    /// The broker's share of the latency: the same producer configuration
-    /// sending one message per tick at `rate`/s over the latency run's keys,
-    /// each timed from `send` to its acknowledgement. The relay cannot
-    /// publish faster than this. Every message's latency, sorted.
+    /// The broker's share of the latency: the relay's producer settings
+    /// (`linger.ms` 0 among them, unless `RELAY_BENCH_KAFKA_linger.ms` says
+    /// otherwise) sending one message per tick at `rate`/s over the latency
+    /// run's keys, with the headers the relay sends, each timed from `send`
+    /// to its acknowledgement. The relay cannot publish faster than this.
+    /// Every message's latency, sorted.
     async fn broker_floor(&self, rate: usize, secs: usize) -> Vec<Duration> {
         let topic = self.topic("floor").await;
-        let producer: FutureProducer = idempotent(&self.brokers).create().unwrap();
+        let producer: FutureProducer =
+            txoutbox_runtime::relay::producer_settings_for_benchmark(&kafka(&self.brokers))
+                .create()
+                .unwrap();
         // Warm up as the relay is in the latency run: metadata fetched,
         // producer id assigned, connections open.
         for seq in 0..PARTITIONS {
@@ -1143,10 +1228,37 @@ impl Bench {
         for seq in 0..total {
             tick.tick().await;
             let key = format!("order-{}", seq % 100);
-            let value = serde_json::json!({"event_id": Uuid::now_v7(), "seq": seq}).to_string();
+            let id = Uuid::now_v7().to_string();
+            let value = serde_json::json!({"event_id": id, "seq": seq}).to_string();
+            let headers = OwnedHeaders::new()
+                .insert(Header {
+                    key: "event_id",
+                    value: Some(id.as_str()),
+                })
+                .insert(Header {
+                    key: "event_type",
+                    value: Some("OrderCreated"),
+                })
+                .insert(Header {
+                    key: "aggregate_type",
+                    value: Some("Order"),
+                })
+                .insert(Header {
+                    key: "aggregate_id",
+                    value: Some(key.as_str()),
+                })
+                .insert(Header {
+                    key: "content-type",
+                    value: Some("application/json"),
+                });
             let sent = Instant::now();
             let delivery = producer
-                .send_result(FutureRecord::to(&topic).key(&key).payload(&value))
+                .send_result(
+                    FutureRecord::to(&topic)
+                        .key(&key)
+                        .payload(&value)
+                        .headers(headers),
+                )
                 .map_err(|(e, _)| e)
                 .unwrap();
             acks.push(tokio::spawn(async move {
