@@ -31,7 +31,10 @@
 //! to acknowledgement, acknowledgement to the mark's commit; p50 / p99 / max
 //! of each, and its median among the slowest 1 % of events (what the tail is
 //! made of). Beside them, over the same seconds, how late a thread that
-//! sleeps 1 ms wakes up: the machine's scheduling delay.
+//! sleeps 1 ms wakes up: the machine's scheduling delay. The broker floor
+//! beside it sends with the relay's producer settings and headers, one
+//! record per tick, or `RELAY_BENCH_FLOOR_BURST` [1] records at once every
+//! as many ticks (as the relay hands librdkafka a claim's rows).
 //!
 //! Hot keys (after the figures above, or alone with `RELAY_BENCH_ONLY=keys`):
 //! each round drains the same backlog over each of `RELAY_BENCH_KEYS`
@@ -1225,8 +1228,15 @@ impl Bench {
         let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let mut acks = Vec::with_capacity(total);
+        // `RELAY_BENCH_FLOOR_BURST=n` sends n records at once every n ticks
+        // (the same rate), as the relay hands librdkafka a claim's rows.
+        let burst = support::env_usize("RELAY_BENCH_FLOOR_BURST", 1).max(1);
         for seq in 0..total {
-            tick.tick().await;
+            if seq % burst == 0 {
+                for _ in 0..burst {
+                    tick.tick().await;
+                }
+            }
             let key = format!("order-{}", seq % 100);
             let id = Uuid::now_v7().to_string();
             let value = serde_json::json!({"event_id": id, "seq": seq}).to_string();
