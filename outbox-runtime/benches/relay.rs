@@ -34,7 +34,8 @@
 //! sleeps 1 ms wakes up: the machine's scheduling delay. The broker floor
 //! beside it sends with the relay's producer settings and headers, one
 //! record per tick, or `RELAY_BENCH_FLOOR_BURST` [1] records at once every
-//! as many ticks (as the relay hands librdkafka a claim's rows).
+//! as many ticks (as the relay hands librdkafka a claim's rows); with
+//! `RELAY_BENCH_FLOOR_PARTITIONS=explicit` each record names its partition.
 //!
 //! Hot keys (after the figures above, or alone with `RELAY_BENCH_ONLY=keys`):
 //! each round drains the same backlog over each of `RELAY_BENCH_KEYS`
@@ -1231,6 +1232,10 @@ impl Bench {
         // `RELAY_BENCH_FLOOR_BURST=n` sends n records at once every n ticks
         // (the same rate), as the relay hands librdkafka a claim's rows.
         let burst = support::env_usize("RELAY_BENCH_FLOOR_BURST", 1).max(1);
+        // `RELAY_BENCH_FLOOR_PARTITIONS=explicit` names each record's
+        // partition, as the relay does (it predicts librdkafka's own).
+        let explicit_partitions =
+            std::env::var("RELAY_BENCH_FLOOR_PARTITIONS").is_ok_and(|v| v == "explicit");
         for seq in 0..total {
             if seq % burst == 0 {
                 for _ in 0..burst {
@@ -1262,15 +1267,14 @@ impl Bench {
                     value: Some("application/json"),
                 });
             let sent = Instant::now();
-            let delivery = producer
-                .send_result(
-                    FutureRecord::to(&topic)
-                        .key(&key)
-                        .payload(&value)
-                        .headers(headers),
-                )
-                .map_err(|(e, _)| e)
-                .unwrap();
+            let mut record = FutureRecord::to(&topic)
+                .key(&key)
+                .payload(&value)
+                .headers(headers);
+            if explicit_partitions {
+                record = record.partition((seq % 100) as i32 % PARTITIONS);
+            }
+            let delivery = producer.send_result(record).map_err(|(e, _)| e).unwrap();
             acks.push(tokio::spawn(async move {
                 delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
                 sent.elapsed()
