@@ -36,6 +36,8 @@
 //! record per tick, or `RELAY_BENCH_FLOOR_BURST` [1] records at once every
 //! as many ticks (as the relay hands librdkafka a claim's rows); with
 //! `RELAY_BENCH_FLOOR_PARTITIONS=explicit` each record names its partition.
+//! In the sweep, `RELAY_BENCH_FLOOR_ALONGSIDE=1` measures the floor during
+//! the relay's run (another topic, same rate) instead of after it.
 //!
 //! Hot keys (after the figures above, or alone with `RELAY_BENCH_ONLY=keys`):
 //! each round drains the same backlog over each of `RELAY_BENCH_KEYS`
@@ -789,9 +791,22 @@ async fn latency_sweep(bench: &Bench, secs: usize) {
         .collect();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut rows = Vec::new();
+    // `RELAY_BENCH_FLOOR_ALONGSIDE=1` measures the floor during the relay's
+    // run (another topic, the same rate: twice the broker's load) rather
+    // than after it: both then see the same machine.
+    let alongside = std::env::var("RELAY_BENCH_FLOOR_ALONGSIDE").is_ok_and(|v| v == "1");
     for rate in rates {
-        let latency = bench.latency(rate, secs).await;
-        let floor = bench.broker_floor(rate, secs).await;
+        let (latency, floor) = if alongside {
+            let floor = async {
+                // Starts as the relay's writers do (after its 2 s settle).
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                bench.broker_floor(rate, secs).await
+            };
+            tokio::join!(bench.latency(rate, secs), floor)
+        } else {
+            let latency = bench.latency(rate, secs).await;
+            (latency, bench.broker_floor(rate, secs).await)
+        };
         latency.stages.print(latency.rate);
         rows.push(format!(
             "| {rate}/s | {:.0}/s | {:.1} / {:.1} ms | {:.1} / {:.1} ms |",
