@@ -1014,27 +1014,7 @@ impl Bench {
         let started = Instant::now();
         let mut pending = Vec::with_capacity(n);
         for (id, key, value) in &messages {
-            let headers = OwnedHeaders::new()
-                .insert(Header {
-                    key: "event_id",
-                    value: Some(id.as_str()),
-                })
-                .insert(Header {
-                    key: "event_type",
-                    value: Some("OrderCreated"),
-                })
-                .insert(Header {
-                    key: "aggregate_type",
-                    value: Some("Order"),
-                })
-                .insert(Header {
-                    key: "aggregate_id",
-                    value: Some(key.as_str()),
-                })
-                .insert(Header {
-                    key: "content-type",
-                    value: Some("application/json"),
-                });
+            let headers = relay_headers(id, key);
             let mut record = FutureRecord::to(&topic)
                 .key(key)
                 .payload(value)
@@ -1260,27 +1240,7 @@ impl Bench {
             let key = format!("order-{}", seq % 100);
             let id = Uuid::now_v7().to_string();
             let value = serde_json::json!({"event_id": id, "seq": seq}).to_string();
-            let headers = OwnedHeaders::new()
-                .insert(Header {
-                    key: "event_id",
-                    value: Some(id.as_str()),
-                })
-                .insert(Header {
-                    key: "event_type",
-                    value: Some("OrderCreated"),
-                })
-                .insert(Header {
-                    key: "aggregate_type",
-                    value: Some("Order"),
-                })
-                .insert(Header {
-                    key: "aggregate_id",
-                    value: Some(key.as_str()),
-                })
-                .insert(Header {
-                    key: "content-type",
-                    value: Some("application/json"),
-                });
+            let headers = relay_headers(&id, &key);
             let sent = Instant::now();
             let mut record = FutureRecord::to(&topic)
                 .key(&key)
@@ -1359,6 +1319,32 @@ impl Bench {
             started.elapsed().as_secs_f64()
         );
     }
+}
+
+/// The headers the relay sends with a row (event id and type, aggregate,
+/// content type), for the plain producers that stand beside it.
+fn relay_headers(event_id: &str, aggregate_id: &str) -> OwnedHeaders {
+    OwnedHeaders::new()
+        .insert(Header {
+            key: "event_id",
+            value: Some(event_id),
+        })
+        .insert(Header {
+            key: "event_type",
+            value: Some("OrderCreated"),
+        })
+        .insert(Header {
+            key: "aggregate_type",
+            value: Some("Order"),
+        })
+        .insert(Header {
+            key: "aggregate_id",
+            value: Some(aggregate_id),
+        })
+        .insert(Header {
+            key: "content-type",
+            value: Some("application/json"),
+        })
 }
 
 fn idempotent(brokers: &str) -> ClientConfig {
