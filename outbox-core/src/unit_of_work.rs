@@ -79,7 +79,7 @@ impl TransactionSource for &PgPool {
     }
 
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
-        crate::wakeup::Scope::of_database(self.connect_options().get_database())
+        crate::CommitTarget::wakeup_scope(self)
     }
 
     fn opens_pool_transaction(&self) -> bool {
@@ -96,7 +96,7 @@ impl TransactionSource for PgPool {
     }
 
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
-        crate::wakeup::Scope::of_database(self.connect_options().get_database())
+        crate::CommitTarget::wakeup_scope(self)
     }
 
     fn opens_pool_transaction(&self) -> bool {

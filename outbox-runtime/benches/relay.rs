@@ -561,8 +561,9 @@ impl Stages {
                 *last = (*last).max(acked);
             }
         }
+        let batch_acked = STAGE_ENDS.iter().position(Option::is_none).unwrap();
         for points in at.values_mut() {
-            points[acked + 1] = points[mark_sent].and_then(|sent| last_ack.get(&sent).copied());
+            points[batch_acked] = points[mark_sent].and_then(|sent| last_ack.get(&sent).copied());
         }
         let per_event = published
             .iter()

@@ -56,7 +56,7 @@ mod points {
         pub at_us: i64,
     }
 
-    pub(super) static ENABLED: AtomicBool = AtomicBool::new(false);
+    static ENABLED: AtomicBool = AtomicBool::new(false);
     static POINTS: Mutex<Vec<Point>> = Mutex::new(Vec::new());
 
     /// Starts recording marks (process-wide).
@@ -74,10 +74,17 @@ mod points {
         std::mem::take(&mut *POINTS.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    pub(crate) fn now_us() -> i64 {
+    fn now_us() -> i64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as i64)
+    }
+
+    pub(crate) fn started() -> i64 {
+        match ENABLED.load(Ordering::Relaxed) {
+            true => now_us(),
+            false => 0,
+        }
     }
 
     pub(crate) fn mark_each(stage: Stage, ids: impl IntoIterator<Item = Uuid>) {
@@ -88,7 +95,8 @@ mod points {
     }
 
     pub(crate) fn mark_each_at(stage: Stage, ids: impl IntoIterator<Item = Uuid>, at_us: i64) {
-        if !ENABLED.load(Ordering::Relaxed) {
+        // 0: the stage started while recording was off.
+        if at_us == 0 || !ENABLED.load(Ordering::Relaxed) {
             return;
         }
         let mut points = POINTS.lock().unwrap_or_else(|e| e.into_inner());
@@ -117,9 +125,8 @@ pub(crate) fn mark_each(stage: Stage, ids: impl IntoIterator<Item = Uuid>) {
 #[inline]
 pub(crate) fn started() -> i64 {
     #[cfg(feature = "test-hooks")]
-    if points::ENABLED.load(std::sync::atomic::Ordering::Relaxed) {
-        return points::now_us();
-    }
+    return points::started();
+    #[cfg(not(feature = "test-hooks"))]
     0
 }
 

@@ -49,7 +49,7 @@ impl MySqlTransactionSource for &MySqlPool {
     }
 
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
-        crate::wakeup::Scope::of_database(self.connect_options().get_database())
+        crate::CommitTarget::wakeup_scope(self)
     }
 
     fn begins_top_level(&self) -> bool {
@@ -66,7 +66,7 @@ impl MySqlTransactionSource for MySqlPool {
     }
 
     fn wakeup_scope(&self) -> Option<crate::wakeup::Scope> {
-        crate::wakeup::Scope::of_database(self.connect_options().get_database())
+        crate::CommitTarget::wakeup_scope(self)
     }
 
     fn begins_top_level(&self) -> bool {
