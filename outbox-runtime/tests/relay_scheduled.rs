@@ -401,7 +401,9 @@ async fn two_relays_move_and_publish_each_scheduled_message_once(pool: PgPool) {
     }
     assert!(
         ids.iter().all(|id| seen.get(id) == Some(&1)),
-        "each once on the topic"
+        "each once on the topic: {} of {n} missing, {} more than once",
+        ids.iter().filter(|id| !seen.contains_key(id)).count(),
+        seen.values().filter(|&&count| count > 1).count()
     );
     assert_eq!(received.len(), n as usize);
 }
