@@ -37,7 +37,13 @@
 //! as many ticks (as the relay hands librdkafka a claim's rows); with
 //! `RELAY_BENCH_FLOOR_PARTITIONS=explicit` each record names its partition.
 //! In the sweep, `RELAY_BENCH_FLOOR_ALONGSIDE=1` measures the floor during
-//! the relay's run (another topic, same rate) instead of after it.
+//! the relay's run (another topic, same rate) instead of after it. Both print
+//! their p99 in each second of the run (does the tail grow as the topic
+//! does?), and the relay's the 100 ms windows of its slowest 1 % with the
+//! worst writer's commit and scheduling delay in each (is the whole machine
+//! slow then?). `RELAY_BENCH_TOPICS` [1] spreads the keys of a latency run
+//! and of its floor over that many topics; `RELAY_BENCH_METRICS_INTERVAL_SECS`
+//! [10] is the relay's `metrics_interval` (its backlog query).
 //!
 //! Hot keys (after the figures above, or alone with `RELAY_BENCH_ONLY=keys`):
 //! each round drains the same backlog over each of `RELAY_BENCH_KEYS`
@@ -66,7 +72,7 @@
 mod charts;
 mod support;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -111,7 +117,9 @@ struct Latency {
 /// delay, which every stage above pays too.
 struct Stages {
     per_event: Vec<Timed>,
-    oversleep: Vec<f64>,
+    /// How late each 1 ms sleep woke (ms), with when it woke (microseconds
+    /// since the epoch).
+    oversleep: Vec<(i64, f64)>,
     /// The relay's claims that returned rows and its marks: how many, and
     /// their statements' time in all (ms).
     claims: (usize, f64),
@@ -536,7 +544,7 @@ impl Stages {
         published: &[(i64, f64, Uuid)],
         committed: &[Option<CommitTime>],
         points: &[Point],
-        oversleep: Vec<f64>,
+        oversleep: Vec<(i64, f64)>,
     ) -> Self {
         let mut at: HashMap<Uuid, [Option<i64>; STAGE_ENDS.len()]> = HashMap::new();
         for point in points {
@@ -661,7 +669,7 @@ impl Stages {
             &|t| t.writer_ms,
         );
         if !self.oversleep.is_empty() {
-            let (p50, p99, max) = quantiles(self.oversleep.clone());
+            let (p50, p99, max) = quantiles(self.oversleep.iter().map(|(_, late)| *late).collect());
             println!(
                 "| beside them: a 1 ms sleep wakes late by ({} samples) | {p50:.1} | {p99:.1} | {max:.1} | - |",
                 self.oversleep.len()
@@ -694,6 +702,89 @@ impl Stages {
             100.0 * self.marks.1 / run_ms,
             by_total.len() as f64 / self.claims.0.max(1) as f64,
         );
+        self.print_tail_windows(tail);
+    }
+
+    /// The 100 ms windows the slowest 1 % were committed in, each with the
+    /// worst writer's commit and the worst late wake-up of a 1 ms sleep
+    /// within it, against the median window's: whether those moments are
+    /// slow for the whole machine (every process waits) or for the broker
+    /// alone.
+    fn print_tail_windows(&self, tail: &[&Timed]) {
+        const WINDOW_US: i64 = 100_000;
+        let Some(first) = self.per_event.iter().map(|t| t.committed_us).min() else {
+            return;
+        };
+        let window = |us: i64| (us - first).div_euclid(WINDOW_US);
+        let mut worst_commit: BTreeMap<i64, f64> = BTreeMap::new();
+        for timed in &self.per_event {
+            let worst = worst_commit.entry(window(timed.committed_us)).or_default();
+            *worst = worst.max(timed.writer_ms);
+        }
+        let mut worst_late: BTreeMap<i64, f64> = BTreeMap::new();
+        for (woke, late) in &self.oversleep {
+            if worst_commit.contains_key(&window(*woke)) {
+                let worst = worst_late.entry(window(*woke)).or_default();
+                *worst = worst.max(*late);
+            }
+        }
+        let mut in_tail: BTreeMap<i64, usize> = BTreeMap::new();
+        for timed in tail {
+            *in_tail.entry(window(timed.committed_us)).or_default() += 1;
+        }
+        let listed: Vec<String> = in_tail
+            .iter()
+            .map(|(at, events)| {
+                format!(
+                    "{:.1} s ({events}, {:.1}, {:.1})",
+                    *at as f64 * WINDOW_US as f64 / 1e6,
+                    worst_commit.get(at).copied().unwrap_or(0.0),
+                    worst_late.get(at).copied().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        println!(
+            "the slowest 1 %'s windows, from the first commit (its events there, the worst \
+             writer's commit ms, the worst late wake-up of a 1 ms sleep ms): {}",
+            listed.join(", ")
+        );
+        // Commit to acknowledgement, p99 per second of the run: whether the
+        // tail grows as the run goes on (the broker holding more records).
+        let acked = STAGE_ENDS
+            .iter()
+            .position(|end| *end == Some(Stage::Acked))
+            .unwrap();
+        let mut by_second: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+        for timed in &self.per_event {
+            by_second
+                .entry((timed.committed_us - first).div_euclid(1_000_000))
+                .or_default()
+                .push(timed.stages[..=acked].iter().sum());
+        }
+        let per_second: Vec<String> = by_second
+            .into_values()
+            .map(|mut values| {
+                values.sort_by(f64::total_cmp);
+                format!(
+                    "{:.1}",
+                    values[(values.len() * 99 / 100).min(values.len() - 1)]
+                )
+            })
+            .collect();
+        println!(
+            "commit to acknowledgement, p99 in each second of the run, ms: {}",
+            per_second.join(", ")
+        );
+        println!(
+            "the median window of the run: the worst writer's commit {:.1} ms, the worst late \
+             wake-up {:.1} ms",
+            median(worst_commit.values().copied().collect()),
+            if worst_late.is_empty() {
+                0.0
+            } else {
+                median(worst_late.values().copied().collect())
+            },
+        );
     }
 }
 
@@ -702,7 +793,7 @@ impl Stages {
 /// the relay's included.
 struct Oversleep {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<f64>>,
+    thread: std::thread::JoinHandle<Vec<(i64, f64)>>,
 }
 
 impl Oversleep {
@@ -716,7 +807,10 @@ impl Oversleep {
                     let started = Instant::now();
                     std::thread::sleep(Duration::from_millis(1));
                     let slept = started.elapsed().as_secs_f64() * 1e3;
-                    late.push((slept - 1.0).max(0.0));
+                    let woke = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |since| since.as_micros() as i64);
+                    late.push((woke, (slept - 1.0).max(0.0)));
                 }
                 late
             })
@@ -724,10 +818,27 @@ impl Oversleep {
         Self { stop, thread }
     }
 
-    fn stop(self) -> Vec<f64> {
+    fn stop(self) -> Vec<(i64, f64)> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.join().unwrap()
     }
+}
+
+/// The p99 of each second's values, `values` in the order they were sent
+/// at `rate` per second: whether a run's tail grows as it goes on.
+fn print_p99_per_second(what: &str, values: &[Duration], rate: usize) {
+    let per_second: Vec<String> = values
+        .chunks(rate.max(1))
+        .map(|second| {
+            let mut second = second.to_vec();
+            second.sort();
+            format!("{:.1}", pick(&second, 0.99).as_secs_f64() * 1e3)
+        })
+        .collect();
+    println!(
+        "{what}, p99 in each second of the run, ms: {}",
+        per_second.join(", ")
+    );
 }
 
 /// The value at quantile `q` of sorted `values`.
@@ -846,6 +957,17 @@ fn kafka(brokers: &str) -> ClientConfig {
 impl Bench {
     async fn topic(&self, name: &str) -> String {
         new_topic(&self.brokers, &format!("bench-{name}"), PARTITIONS).await
+    }
+
+    /// `RELAY_BENCH_TOPICS` [1] new topics for a latency run or its floor,
+    /// key `k` on topic `k % n`: the same records, and the same rate, kept
+    /// in smaller topics (tansu's memory storage slows as a topic grows).
+    async fn latency_topics(&self, name: &str) -> Vec<String> {
+        let mut topics = Vec::new();
+        for _ in 0..support::env_usize("RELAY_BENCH_TOPICS", 1).max(1) {
+            topics.push(self.topic(name).await);
+        }
+        topics
     }
 
     /// Empties the outbox but for the already-published history rows and
@@ -1076,7 +1198,7 @@ impl Bench {
     /// [`latency`](Self::latency) over `keys` keys.
     async fn latency_keys(&self, rate: usize, secs: usize, keys: usize) -> Latency {
         self.truncate().await;
-        let topic = self.topic("latency").await;
+        let topics = self.latency_topics("latency").await;
         let total = rate * secs;
         // When each commit returned: a monotonic instant (for the consumer
         // side) and the wall clock (to compare with published_at, which the
@@ -1084,11 +1206,15 @@ impl Bench {
         let committed: Arc<Mutex<Vec<Option<CommitTime>>>> =
             Arc::new(Mutex::new(vec![None; total]));
         let consumer = {
-            let (brokers, topic) = (self.brokers.clone(), topic.clone());
-            tokio::task::spawn_blocking(move || consume_arrivals(&brokers, &topic, total))
+            let (brokers, topics) = (self.brokers.clone(), topics.clone());
+            tokio::task::spawn_blocking(move || consume_arrivals(&brokers, &topics, total))
         };
         let relay = Relay::builder(self.pool.clone(), kafka(&self.brokers))
             .batch_size(self.batch)
+            .metrics_interval(Duration::from_secs(support::env_usize(
+                "RELAY_BENCH_METRICS_INTERVAL_SECS",
+                10,
+            ) as u64))
             .spawn()
             .unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await; // consumer and relay settled
@@ -1100,8 +1226,8 @@ impl Bench {
         let started = Instant::now();
         let writers: Vec<_> = (0..WRITERS)
             .map(|w| {
-                let (pool, topic, committed) =
-                    (self.pool.clone(), topic.clone(), Arc::clone(&committed));
+                let (pool, topics, committed) =
+                    (self.pool.clone(), topics.clone(), Arc::clone(&committed));
                 tokio::spawn(async move {
                     let per_writer = rate / WRITERS;
                     let mut tick =
@@ -1119,7 +1245,7 @@ impl Bench {
                         .bind(id)
                         .bind(format!("order-{}", seq % keys))
                         .bind(serde_json::json!({"event_id": id, "seq": seq}))
-                        .bind(&topic)
+                        .bind(&topics[seq % keys % topics.len()])
                         .execute(&pool)
                         .await
                         .unwrap();
@@ -1143,9 +1269,9 @@ impl Bench {
         // the acknowledgements of the row's batch came in.
         let published: Vec<(i64, f64, Uuid)> = sqlx::query_as(
             "SELECT (payload->>'seq')::bigint, EXTRACT(EPOCH FROM published_at)::float8, event_id
-             FROM outbox_event WHERE topic = $1",
+             FROM outbox_event WHERE topic = ANY($1)",
         )
-        .bind(&topic)
+        .bind(&topics)
         .fetch_all(&self.pool)
         .await
         .unwrap();
@@ -1195,32 +1321,34 @@ impl Bench {
     /// to its acknowledgement. The relay cannot publish faster than this.
     /// Every message's latency, sorted.
     async fn broker_floor(&self, rate: usize, secs: usize) -> Vec<Duration> {
-        let topic = self.topic("floor").await;
+        let topics = self.latency_topics("floor").await;
         let producer: FutureProducer =
             txoutbox_runtime::relay::producer_settings_for_benchmark(&kafka(&self.brokers))
                 .create()
                 .unwrap();
         // Warm up as the relay is in the latency run: metadata fetched,
         // producer id assigned, connections open.
-        for seq in 0..PARTITIONS {
-            producer
-                .send(
-                    FutureRecord::to(&topic)
-                        .key("warm-up")
-                        .payload(r#"{"seq":0}"#)
-                        .partition(seq),
-                    Duration::from_secs(10),
-                )
-                .await
-                .map_err(|(e, _)| e)
-                .unwrap();
+        for topic in &topics {
+            for seq in 0..PARTITIONS {
+                producer
+                    .send(
+                        FutureRecord::to(topic)
+                            .key("warm-up")
+                            .payload(r#"{"seq":0}"#)
+                            .partition(seq),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .map_err(|(e, _)| e)
+                    .unwrap();
+            }
         }
         let total = rate * secs;
         // The same reader as in the latency run, so the broker serves the
         // same fetches while it acknowledges.
         let consumer = {
-            let (brokers, topic) = (self.brokers.clone(), topic.clone());
-            tokio::task::spawn_blocking(move || consume_arrivals(&brokers, &topic, total))
+            let (brokers, topics) = (self.brokers.clone(), topics.clone());
+            tokio::task::spawn_blocking(move || consume_arrivals(&brokers, &topics, total))
         };
         let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -1243,7 +1371,7 @@ impl Bench {
             let value = serde_json::json!({"event_id": id, "seq": seq}).to_string();
             let headers = relay_headers(&id, &key);
             let sent = Instant::now();
-            let mut record = FutureRecord::to(&topic)
+            let mut record = FutureRecord::to(&topics[seq % 100 % topics.len()])
                 .key(&key)
                 .payload(&value)
                 .headers(headers);
@@ -1265,6 +1393,7 @@ impl Bench {
             total,
             "the reader got everything"
         );
+        print_p99_per_second("the floor's send to acknowledgement", &latencies, rate);
         latencies.sort();
         latencies
     }
@@ -1402,7 +1531,7 @@ fn read_back(brokers: &str, topic: &str, total: usize) -> Vec<(String, i64)> {
 }
 
 /// Reads the topic until `total` records arrived; returns (seq, arrival) pairs.
-fn consume_arrivals(brokers: &str, topic: &str, total: usize) -> Vec<(usize, Instant)> {
+fn consume_arrivals(brokers: &str, topics: &[String], total: usize) -> Vec<(usize, Instant)> {
     let consumer: BaseConsumer = kafka(brokers)
         .set("group.id", unique_group("bench"))
         .set("enable.auto.commit", "false")
@@ -1415,10 +1544,12 @@ fn consume_arrivals(brokers: &str, topic: &str, total: usize) -> Vec<(usize, Ins
         .create()
         .unwrap();
     let mut assignment = TopicPartitionList::new();
-    for partition in 0..PARTITIONS {
-        assignment
-            .add_partition_offset(topic, partition, Offset::Beginning)
-            .unwrap();
+    for topic in topics {
+        for partition in 0..PARTITIONS {
+            assignment
+                .add_partition_offset(topic, partition, Offset::Beginning)
+                .unwrap();
+        }
     }
     consumer.assign(&assignment).unwrap();
     let mut arrivals = HashMap::new();

@@ -103,11 +103,11 @@ impl Cadence {
         }
     }
 
-    /// Whether a writer that does not signal this relay wrote recently, or
-    /// may have (rows found unannounced, within the grace for their
-    /// signal); `signal_pending`: a signal arrived that the loop has not
-    /// taken yet.
-    fn unsignaled_writer(&mut self, signal_pending: bool) -> bool {
+    /// Rows found unannounced whose grace for a signal has passed were
+    /// written by a writer that does not signal this relay: remembered as
+    /// such. `signal_pending`: a signal arrived that the loop has not taken
+    /// yet (it may be theirs).
+    fn expire_unannounced(&mut self, signal_pending: bool) {
         if let Some(at) = self.unannounced_rows_at
             && !signal_pending
             && at.elapsed() > SIGNAL_GRACE
@@ -115,6 +115,12 @@ impl Cadence {
             self.unsignaled_rows_at = Some(at);
             self.unannounced_rows_at = None;
         }
+    }
+
+    /// Whether a writer that does not signal this relay wrote recently, or
+    /// may have (rows found unannounced, still within the grace for their
+    /// signal). Call [`expire_unannounced`](Self::expire_unannounced) first.
+    fn unsignaled_writer(&self) -> bool {
         self.unannounced_rows_at.is_some()
             || self
                 .unsignaled_rows_at
@@ -379,7 +385,8 @@ impl<B: Backend> Worker<B> {
     /// wrote recently, and while a partition is unavailable (its held-back
     /// rows are released by a claim).
     fn polls_quickly(&self, cadence: &mut Cadence) -> bool {
-        cadence.unsignaled_writer(self.wakeup.local_pending()) || self.partitions.any_down()
+        cadence.expire_unannounced(self.wakeup.local_pending());
+        cadence.unsignaled_writer() || self.partitions.any_down()
     }
 
     async fn refresh_backlog(&self) {
