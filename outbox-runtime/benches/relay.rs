@@ -43,7 +43,10 @@
 //! worst writer's commit and scheduling delay in each (is the whole machine
 //! slow then?). `RELAY_BENCH_TOPICS` [1] spreads the keys of a latency run
 //! and of its floor over that many topics; `RELAY_BENCH_METRICS_INTERVAL_SECS`
-//! [10] is the relay's `metrics_interval` (its backlog query).
+//! [10] is the relay's `metrics_interval` (its backlog query);
+//! `RELAY_BENCH_READER=0` (with `RELAY_BENCH_ONLY=latency` only) attaches no
+//! reader to the relay's and the floor's topics, so the broker serves no
+//! fetches while it acknowledges (commit to consumer is then not measured).
 //!
 //! Hot keys (after the figures above, or alone with `RELAY_BENCH_ONLY=keys`):
 //! each round drains the same backlog over each of `RELAY_BENCH_KEYS`
@@ -202,11 +205,16 @@ async fn main() {
             "v4 (random)"
         }
     );
+    let only_latency = std::env::var("RELAY_BENCH_ONLY").is_ok_and(|only| only == "latency");
+    assert!(
+        reader_attached() || only_latency,
+        "RELAY_BENCH_READER=0 is for RELAY_BENCH_ONLY=latency: the other sections time the consumer"
+    );
     if std::env::var("RELAY_BENCH_ONLY").is_ok_and(|only| only == "keys") {
         key_sweep(&bench, events, rounds, rate, latency_secs).await;
         return;
     }
-    if std::env::var("RELAY_BENCH_ONLY").is_ok_and(|only| only == "latency") {
+    if only_latency {
         latency_sweep(&bench, latency_secs).await;
         return;
     }
@@ -907,6 +915,9 @@ async fn latency_sweep(bench: &Bench, secs: usize) {
     // run (another topic, the same rate: twice the broker's load) rather
     // than after it: both then see the same machine.
     let alongside = std::env::var("RELAY_BENCH_FLOOR_ALONGSIDE").is_ok_and(|v| v == "1");
+    if !reader_attached() {
+        println!("no reader on the relay's and the floor's topics (RELAY_BENCH_READER=0)");
+    }
     for rate in rates {
         let (latency, floor) = if alongside {
             let floor = async {
@@ -934,6 +945,12 @@ async fn latency_sweep(bench: &Bench, secs: usize) {
     for row in rows {
         println!("{row}");
     }
+}
+
+/// Whether the latency runs and their floors read their topics back
+/// (`RELAY_BENCH_READER`, default yes).
+fn reader_attached() -> bool {
+    std::env::var("RELAY_BENCH_READER").map_or(true, |v| v != "0")
 }
 
 /// Whether event ids are time-ordered (v7, default) or random (v4).
@@ -1205,10 +1222,10 @@ impl Bench {
         // server on this same host takes from the same clock).
         let committed: Arc<Mutex<Vec<Option<CommitTime>>>> =
             Arc::new(Mutex::new(vec![None; total]));
-        let consumer = {
+        let consumer = reader_attached().then(|| {
             let (brokers, topics) = (self.brokers.clone(), topics.clone());
             tokio::task::spawn_blocking(move || consume_arrivals(&brokers, &topics, total))
-        };
+        });
         let relay = Relay::builder(self.pool.clone(), kafka(&self.brokers))
             .batch_size(self.batch)
             .metrics_interval(Duration::from_secs(support::env_usize(
@@ -1260,7 +1277,32 @@ impl Bench {
             writer.await.unwrap();
         }
         let achieved = total as f64 / started.elapsed().as_secs_f64();
-        let arrivals = consumer.await.unwrap();
+        let arrivals = match consumer {
+            Some(consumer) => consumer.await.unwrap(),
+            None => {
+                // No reader to wait for: wait until every row is published.
+                let deadline = Instant::now() + Duration::from_secs(600);
+                loop {
+                    let unpublished: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM outbox_event
+                         WHERE topic = ANY($1) AND published_at IS NULL",
+                    )
+                    .bind(&topics)
+                    .fetch_one(&self.pool)
+                    .await
+                    .unwrap();
+                    assert!(
+                        Instant::now() < deadline,
+                        "{unpublished} rows never published"
+                    );
+                    if unpublished == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Vec::new()
+            }
+        };
         let oversleep = oversleep.stop();
         relay.shutdown().await.unwrap();
         let points = probe::take();
@@ -1282,10 +1324,16 @@ impl Bench {
                 Some(arrived.saturating_duration_since(committed[*seq]?.0))
             })
             .collect();
-        assert_eq!(latencies.len(), total, "every event arrived");
+        if reader_attached() {
+            assert_eq!(latencies.len(), total, "every event arrived");
+        }
         latencies.sort();
-        let at =
-            |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+        let at = |q: f64| {
+            if latencies.is_empty() {
+                return Duration::ZERO;
+            }
+            latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)]
+        };
         let stages = Stages::of(&published, &committed, &points, oversleep);
         let mut to_publish: Vec<Duration> = published
             .iter()
@@ -1346,10 +1394,10 @@ impl Bench {
         let total = rate * secs;
         // The same reader as in the latency run, so the broker serves the
         // same fetches while it acknowledges.
-        let consumer = {
+        let consumer = reader_attached().then(|| {
             let (brokers, topics) = (self.brokers.clone(), topics.clone());
             tokio::task::spawn_blocking(move || consume_arrivals(&brokers, &topics, total))
-        };
+        });
         let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let mut acks = Vec::with_capacity(total);
@@ -1388,11 +1436,13 @@ impl Bench {
         for ack in acks {
             latencies.push(ack.await.unwrap());
         }
-        assert_eq!(
-            consumer.await.unwrap().len(),
-            total,
-            "the reader got everything"
-        );
+        if let Some(consumer) = consumer {
+            assert_eq!(
+                consumer.await.unwrap().len(),
+                total,
+                "the reader got everything"
+            );
+        }
         print_p99_per_second("the floor's send to acknowledgement", &latencies, rate);
         latencies.sort();
         latencies
