@@ -141,6 +141,11 @@ impl Timed {
     fn total(&self) -> f64 {
         self.stages.iter().sum()
     }
+
+    /// Commit to the broker's acknowledgement: the stages up to `Acked`.
+    fn to_acknowledgement(&self) -> f64 {
+        self.stages[..=stage_index(Stage::Acked)].iter().sum()
+    }
 }
 
 const STAGE_NAMES: [&str; 7] = [
@@ -164,6 +169,14 @@ const STAGE_ENDS: [Option<Stage>; 7] = [
     Some(Stage::MarkSent),
     Some(Stage::Marked),
 ];
+
+/// Where `stage` ends in [`STAGE_ENDS`].
+fn stage_index(stage: Stage) -> usize {
+    STAGE_ENDS
+        .iter()
+        .position(|end| *end == Some(stage))
+        .expect("every recorded stage ends one of STAGE_NAMES")
+}
 
 struct Bench {
     pool: PgPool,
@@ -562,14 +575,8 @@ impl Stages {
         }
         // A batch is the events marked by one statement (one `MarkSent`
         // time); its last acknowledgement is when it could be marked.
-        let acked = STAGE_ENDS
-            .iter()
-            .position(|end| *end == Some(Stage::Acked))
-            .unwrap();
-        let mark_sent = STAGE_ENDS
-            .iter()
-            .position(|end| *end == Some(Stage::MarkSent))
-            .unwrap();
+        let acked = stage_index(Stage::Acked);
+        let mark_sent = stage_index(Stage::MarkSent);
         let mut last_ack: HashMap<i64, i64> = HashMap::new();
         for points in at.values() {
             if let (Some(acked), Some(mark_sent)) = (points[acked], points[mark_sent]) {
@@ -605,13 +612,8 @@ impl Stages {
         let statements = |sent: Stage, done: Stage| {
             let mut spans: HashMap<i64, i64> = HashMap::new();
             for times in at.values() {
-                let index = |stage| {
-                    STAGE_ENDS
-                        .iter()
-                        .position(|end| *end == Some(stage))
-                        .unwrap()
-                };
-                if let (Some(from), Some(to)) = (times[index(sent)], times[index(done)]) {
+                if let (Some(from), Some(to)) = (times[stage_index(sent)], times[stage_index(done)])
+                {
                     spans.insert(from, to - from);
                 }
             }
@@ -663,13 +665,9 @@ impl Stages {
         for (index, name) in STAGE_NAMES.iter().enumerate() {
             row(name, &|t| t.stages[index]);
         }
-        let acked = STAGE_ENDS
-            .iter()
-            .position(|end| *end == Some(Stage::Acked))
-            .unwrap();
         row(
             "commit to the broker's acknowledgement (the stages above it)",
-            &|t| t.stages[..=acked].iter().sum(),
+            &Timed::to_acknowledgement,
         );
         row("commit to the mark's commit (published_at)", &|t| t.total());
         row(
@@ -683,13 +681,14 @@ impl Stages {
                 self.oversleep.len()
             );
         }
+        // The run's first commit (microseconds since the epoch).
+        let first = self
+            .per_event
+            .iter()
+            .map(|t| t.committed_us)
+            .min()
+            .unwrap_or(0);
         let run_ms = {
-            let first = self
-                .per_event
-                .iter()
-                .map(|t| t.committed_us)
-                .min()
-                .unwrap_or(0);
             let last = self
                 .per_event
                 .iter()
@@ -710,19 +709,30 @@ impl Stages {
             100.0 * self.marks.1 / run_ms,
             by_total.len() as f64 / self.claims.0.max(1) as f64,
         );
-        self.print_tail_windows(tail);
+        self.print_tail_windows(tail, first);
+        self.print_p99_per_second(first);
+    }
+
+    /// Commit to acknowledgement, p99 in each second of the run (by commit
+    /// time, from `first`): whether the tail grows as the run goes on.
+    fn print_p99_per_second(&self, first: i64) {
+        let mut by_second: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+        for timed in &self.per_event {
+            by_second
+                .entry((timed.committed_us - first).div_euclid(1_000_000))
+                .or_default()
+                .push(timed.to_acknowledgement());
+        }
+        print_p99_per_second("commit to acknowledgement", by_second.into_values());
     }
 
     /// The 100 ms windows the slowest 1 % were committed in, each with the
     /// worst writer's commit and the worst late wake-up of a 1 ms sleep
     /// within it, against the median window's: whether those moments are
     /// slow for the whole machine (every process waits) or for the broker
-    /// alone.
-    fn print_tail_windows(&self, tail: &[&Timed]) {
+    /// alone. `first`: the run's first commit.
+    fn print_tail_windows(&self, tail: &[&Timed], first: i64) {
         const WINDOW_US: i64 = 100_000;
-        let Some(first) = self.per_event.iter().map(|t| t.committed_us).min() else {
-            return;
-        };
         let window = |us: i64| (us - first).div_euclid(WINDOW_US);
         let mut worst_commit: BTreeMap<i64, f64> = BTreeMap::new();
         for timed in &self.per_event {
@@ -755,33 +765,6 @@ impl Stages {
             "the slowest 1 %'s windows, from the first commit (its events there, the worst \
              writer's commit ms, the worst late wake-up of a 1 ms sleep ms): {}",
             listed.join(", ")
-        );
-        // Commit to acknowledgement, p99 per second of the run: whether the
-        // tail grows as the run goes on (the broker holding more records).
-        let acked = STAGE_ENDS
-            .iter()
-            .position(|end| *end == Some(Stage::Acked))
-            .unwrap();
-        let mut by_second: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
-        for timed in &self.per_event {
-            by_second
-                .entry((timed.committed_us - first).div_euclid(1_000_000))
-                .or_default()
-                .push(timed.stages[..=acked].iter().sum());
-        }
-        let per_second: Vec<String> = by_second
-            .into_values()
-            .map(|mut values| {
-                values.sort_by(f64::total_cmp);
-                format!(
-                    "{:.1}",
-                    values[(values.len() * 99 / 100).min(values.len() - 1)]
-                )
-            })
-            .collect();
-        println!(
-            "commit to acknowledgement, p99 in each second of the run, ms: {}",
-            per_second.join(", ")
         );
         println!(
             "the median window of the run: the worst writer's commit {:.1} ms, the worst late \
@@ -832,15 +815,18 @@ impl Oversleep {
     }
 }
 
-/// The p99 of each second's values, `values` in the order they were sent
-/// at `rate` per second: whether a run's tail grows as it goes on.
-fn print_p99_per_second(what: &str, values: &[Duration], rate: usize) {
-    let per_second: Vec<String> = values
-        .chunks(rate.max(1))
-        .map(|second| {
-            let mut second = second.to_vec();
-            second.sort();
-            format!("{:.1}", pick(&second, 0.99).as_secs_f64() * 1e3)
+/// The p99 of each second's values (ms), the seconds in order: whether a
+/// run's tail grows as it goes on.
+fn print_p99_per_second(what: &str, seconds: impl IntoIterator<Item = Vec<f64>>) {
+    let per_second: Vec<String> = seconds
+        .into_iter()
+        .filter(|values| !values.is_empty())
+        .map(|mut values| {
+            values.sort_by(f64::total_cmp);
+            format!(
+                "{:.1}",
+                values[(values.len() * 99 / 100).min(values.len() - 1)]
+            )
         })
         .collect();
     println!(
@@ -1222,7 +1208,8 @@ impl Bench {
         // server on this same host takes from the same clock).
         let committed: Arc<Mutex<Vec<Option<CommitTime>>>> =
             Arc::new(Mutex::new(vec![None; total]));
-        let consumer = reader_attached().then(|| {
+        let reader = reader_attached();
+        let consumer = reader.then(|| {
             let (brokers, topics) = (self.brokers.clone(), topics.clone());
             tokio::task::spawn_blocking(move || consume_arrivals(&brokers, &topics, total))
         });
@@ -1324,7 +1311,7 @@ impl Bench {
                 Some(arrived.saturating_duration_since(committed[*seq]?.0))
             })
             .collect();
-        if reader_attached() {
+        if reader {
             assert_eq!(latencies.len(), total, "every event arrived");
         }
         latencies.sort();
@@ -1443,7 +1430,16 @@ impl Bench {
                 "the reader got everything"
             );
         }
-        print_p99_per_second("the floor's send to acknowledgement", &latencies, rate);
+        // Sent one per tick: each `rate` of them is a second of the run.
+        print_p99_per_second(
+            "the floor's send to acknowledgement",
+            latencies.chunks(rate.max(1)).map(|second| {
+                second
+                    .iter()
+                    .map(|latency| latency.as_secs_f64() * 1e3)
+                    .collect()
+            }),
+        );
         latencies.sort();
         latencies
     }
