@@ -12,14 +12,18 @@
 //! HOPS_BENCH_ARRIVALS=periodic cargo bench ...               # evenly spaced sends (default: poisson)
 //! HOPS_BENCH_FRESH=configuration cargo bench ...             # one broker per configuration (default: per round)
 //! HOPS_BENCH_OWN_BROKER=0 KAFKA_BROKERS_TEST=kafka:9092 cargo bench ...  # a broker of yours
+//! HOPS_BENCH_FLOOR_SECS=2 cargo bench ...                    # a shorter floor (default: as long as a round)
+//! HOPS_BENCH_FLOOR_BROKER=shared cargo bench ...             # the floor on the round's broker (default: its own)
 //! ```
 //!
 //! By default every round runs against a fresh tansu of its own (memory
 //! storage, a free port; `TANSU_BIN` or where `scripts/services.sh` installs
 //! it) and fresh services, because tansu slows down as records, groups and
 //! topics pile up in its memory: at 1,000/s its floor doubled from one
-//! round to the next. `HOPS_BENCH_FRESH=configuration` keeps one broker and
-//! one set of services for all rounds and rates of a configuration.
+//! round to the next. The round's floor gets a fresh broker of its own
+//! too, stopped before the round's starts. `HOPS_BENCH_FRESH=configuration`
+//! keeps one broker and one set of services for all rounds and rates of a
+//! configuration, the floor measured on it before each round.
 //!
 //! Every round also reports the CPU time it cost, from `/proc`: this
 //! process (the services), every PostgreSQL process, the broker, and the
@@ -65,9 +69,14 @@
 //! The broker floor, measured in every round at the same rate: a plain
 //! producer with the relay's producer settings and a plain consumer with the
 //! consumers' fetch settings, records sent as the chains are (same rate,
-//! same arrival process) over 100 keys, each
+//! same arrival process, as many seconds as the round) over 100 keys, each
 //! timed from `send` to its acknowledgement and to its arrival at the
-//! consumer. A hop cannot be faster than send-to-arrival.
+//! consumer. A hop cannot be faster than send-to-arrival. The floor lasts
+//! as long as the round because tansu serves a reader at the end of a
+//! topic more slowly the longer the topic grows (BENCHMARKS.md, "The tail
+//! grows with the topic"): the floor's topic then ends as long as each of
+//! the chain's topics. Until stop 47 it ran at most 2 s
+//! (`HOPS_BENCH_FLOOR_SECS=2` gives that back).
 //!
 //! Each configuration (mode, hops) runs `HOPS_BENCH_ROUNDS` rounds at each
 //! rate; the summary gives min / median / max over rounds of each
@@ -1157,10 +1166,15 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(4.0);
+    let floor_secs: f64 = std::env::var("HOPS_BENCH_FLOOR_SECS")
+        .ok()
+        .map(|s| s.parse().expect("HOPS_BENCH_FLOOR_SECS: seconds"))
+        .unwrap_or(secs);
     let rounds = support::env_usize("HOPS_BENCH_ROUNDS", 3).max(1);
     probe::enable();
     println!(
-        "commit {}; {rounds} rounds of {secs} s per rate; {PARTITIONS} partitions per topic; {:?} arrivals",
+        "commit {}; {rounds} rounds of {secs} s per rate, each after a floor of {floor_secs} s; \
+         {PARTITIONS} partitions per topic; {:?} arrivals",
         txoutbox_testkit::measured_commit(),
         arrivals()
     );
@@ -1173,6 +1187,7 @@ async fn main() {
         }
     }
     let fresh = fresh_broker();
+    let floor_broker = floor_broker();
     let mut summary = Vec::new();
     for (mode, hops) in configurations {
         // One broker and one set of services for the configuration, or a
@@ -1181,13 +1196,25 @@ async fn main() {
         for &rate in &rates {
             let mut measured = Vec::new();
             for round in 0..rounds {
+                // The floor first, on a fresh broker of its own when the
+                // round gets one too (see `FloorBroker`).
+                let floor = match floor_broker {
+                    FloorBroker::Own => {
+                        let broker = Broker::start().await;
+                        broker_floor(&broker.address, rate, floor_secs).await
+                    }
+                    FloorBroker::Shared => {
+                        if kept.is_none() {
+                            kept = Some(start_configuration(mode, hops).await);
+                        }
+                        let (broker, _) = kept.as_ref().expect("started above");
+                        broker_floor(&broker.address, rate, floor_secs).await
+                    }
+                };
                 if kept.is_none() {
-                    let broker = Broker::start().await;
-                    let chain = Chain::start(mode, hops, &broker.address).await;
-                    kept = Some((broker, chain));
+                    kept = Some(start_configuration(mode, hops).await);
                 }
                 let (broker, chain) = kept.as_ref().expect("started above");
-                let floor = broker_floor(&broker.address, rate, secs.min(2.0)).await;
                 let hop_round = chain
                     .round(rate, secs, broker.own.as_ref().map(std::process::Child::id))
                     .await;
@@ -1226,6 +1253,38 @@ async fn main() {
         stop(kept.take()).await;
     }
     report(&summary, rounds);
+}
+
+/// A fresh broker and the configuration's services on it.
+async fn start_configuration(mode: ChainMode, hops: usize) -> (Broker, Chain) {
+    let broker = Broker::start().await;
+    let chain = Chain::start(mode, hops, &broker.address).await;
+    (broker, chain)
+}
+
+/// Where a round's floor is measured: `HOPS_BENCH_FLOOR_BROKER`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum FloorBroker {
+    /// On a fresh broker of its own, stopped before the round's broker
+    /// starts (the default, when every round gets a fresh broker): the
+    /// floor's broker and the round's start equally new, neither holds the
+    /// other's records, and the floor is not measured beside the idle
+    /// services' held fetches.
+    Own,
+    /// On the round's broker, before the round (as until stop 47; always
+    /// with `HOPS_BENCH_FRESH=configuration` or a broker of yours).
+    Shared,
+}
+
+fn floor_broker() -> FloorBroker {
+    let own_broker = std::env::var("HOPS_BENCH_OWN_BROKER").map_or(true, |v| v != "0");
+    match std::env::var("HOPS_BENCH_FLOOR_BROKER").as_deref() {
+        Err(_) | Ok("own") if own_broker && fresh_broker() == Fresh::EveryRound => FloorBroker::Own,
+        Err(_) | Ok("shared") => FloorBroker::Shared,
+        Ok(other) => panic!(
+            "HOPS_BENCH_FLOOR_BROKER: own (with a fresh broker every round) or shared, not {other:?}"
+        ),
+    }
 }
 
 /// Stops a configuration's services, then its broker.
