@@ -75,7 +75,7 @@
 //! as long as the round because tansu serves a reader at the end of a
 //! topic more slowly the longer the topic grows (BENCHMARKS.md, "The tail
 //! grows with the topic"): the floor's topic then ends as long as each of
-//! the chain's topics. Until stop 47 it ran at most 2 s
+//! the chain's topics. Before commit `f82a007` it ran at most 2 s
 //! (`HOPS_BENCH_FLOOR_SECS=2` gives that back).
 //!
 //! Each configuration (mode, hops) runs `HOPS_BENCH_ROUNDS` rounds at each
@@ -1271,7 +1271,7 @@ enum FloorBroker {
     /// other's records, and the floor is not measured beside the idle
     /// services' held fetches.
     Own,
-    /// On the round's broker, before the round (as until stop 47; always
+    /// On the round's broker, before the round (as before commit `f82a007`; always
     /// with `HOPS_BENCH_FRESH=configuration` or a broker of yours).
     Shared,
 }
