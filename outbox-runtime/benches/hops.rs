@@ -1115,8 +1115,7 @@ struct Broker {
 
 impl Broker {
     async fn start() -> Self {
-        let own = std::env::var("HOPS_BENCH_OWN_BROKER").map_or(true, |v| v != "0");
-        let broker = if own {
+        let broker = if own_broker() {
             let port = free_port();
             let address = format!("127.0.0.1:{port}");
             let child = spawn_tansu(port, &address);
@@ -1187,7 +1186,7 @@ async fn main() {
         }
     }
     let fresh = fresh_broker();
-    let floor_broker = floor_broker();
+    let floor_broker = floor_broker(fresh);
     let mut summary = Vec::new();
     for (mode, hops) in configurations {
         // One broker and one set of services for the configuration, or a
@@ -1276,15 +1275,21 @@ enum FloorBroker {
     Shared,
 }
 
-fn floor_broker() -> FloorBroker {
-    let own_broker = std::env::var("HOPS_BENCH_OWN_BROKER").map_or(true, |v| v != "0");
+fn floor_broker(fresh: Fresh) -> FloorBroker {
     match std::env::var("HOPS_BENCH_FLOOR_BROKER").as_deref() {
-        Err(_) | Ok("own") if own_broker && fresh_broker() == Fresh::EveryRound => FloorBroker::Own,
+        Err(_) | Ok("own") if own_broker() && fresh == Fresh::EveryRound => FloorBroker::Own,
         Err(_) | Ok("shared") => FloorBroker::Shared,
         Ok(other) => panic!(
-            "HOPS_BENCH_FLOOR_BROKER: own (with a fresh broker every round) or shared, not {other:?}"
+            "HOPS_BENCH_FLOOR_BROKER: own or shared, not {other:?} (own needs a broker of the \
+             bench's own for every round: unset HOPS_BENCH_FRESH and HOPS_BENCH_OWN_BROKER)"
         ),
     }
+}
+
+/// Whether the bench starts its brokers (tansu) itself, or uses
+/// `KAFKA_BROKERS_TEST` (`HOPS_BENCH_OWN_BROKER=0`).
+fn own_broker() -> bool {
+    std::env::var("HOPS_BENCH_OWN_BROKER").map_or(true, |v| v != "0")
 }
 
 /// Stops a configuration's services, then its broker.

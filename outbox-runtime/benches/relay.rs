@@ -681,22 +681,16 @@ impl Stages {
                 self.oversleep.len()
             );
         }
-        // The run's first commit (microseconds since the epoch).
-        let first = self
+        // The run's first and last commits (microseconds since the epoch).
+        let (first, last) = self
             .per_event
             .iter()
             .map(|t| t.committed_us)
-            .min()
-            .unwrap_or(0);
-        let run_ms = {
-            let last = self
-                .per_event
-                .iter()
-                .map(|t| t.committed_us)
-                .max()
-                .unwrap_or(0);
-            ((last - first) as f64 / 1e3).max(1.0)
-        };
+            .fold(None, |span: Option<(i64, i64)>, at| {
+                Some(span.map_or((at, at), |(first, last)| (first.min(at), last.max(at))))
+            })
+            .unwrap_or((0, 0));
+        let run_ms = ((last - first) as f64 / 1e3).max(1.0);
         println!(
             "the relay's loop over the run's {:.1} s: {} claims that found rows, {:.0} ms in the \
              statement ({:.0} % of the run); {} marks, {:.0} ms ({:.0} %); {:.1} events per claim",
@@ -823,10 +817,7 @@ fn print_p99_per_second(what: &str, seconds: impl IntoIterator<Item = Vec<f64>>)
         .filter(|values| !values.is_empty())
         .map(|mut values| {
             values.sort_by(f64::total_cmp);
-            format!(
-                "{:.1}",
-                values[(values.len() * 99 / 100).min(values.len() - 1)]
-            )
+            format!("{:.1}", pick(&values, 0.99))
         })
         .collect();
     println!(
@@ -836,7 +827,7 @@ fn print_p99_per_second(what: &str, seconds: impl IntoIterator<Item = Vec<f64>>)
 }
 
 /// The value at quantile `q` of sorted `values`.
-fn pick(values: &[Duration], q: f64) -> Duration {
+fn pick<T: Copy>(values: &[T], q: f64) -> T {
     values[((values.len() as f64 * q) as usize).min(values.len() - 1)]
 }
 
@@ -1319,7 +1310,7 @@ impl Bench {
             if latencies.is_empty() {
                 return Duration::ZERO;
             }
-            latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)]
+            pick(&latencies, q)
         };
         let stages = Stages::of(&published, &committed, &points, oversleep);
         let mut to_publish: Vec<Duration> = published
