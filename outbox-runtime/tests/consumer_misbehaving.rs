@@ -14,7 +14,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::{PgPool, Postgres, Transaction};
 use txoutbox_core::DomainEvent;
-use txoutbox_runtime::consumer::{Consumer, Mode, event_handler};
+use txoutbox_runtime::consumer::{Consumer, ConsumerBuilder, Mode, event_handler};
 use uuid::Uuid;
 
 test_event!(Swallowed, "consumer-test.misbehaving.swallow", "Swallowed");
@@ -29,6 +29,22 @@ test_event!(
     HangingInbox,
     "consumer-test.misbehaving.hanging-inbox",
     "HangingInbox"
+);
+test_event!(Slow, "consumer-test.misbehaving.slow", "Slow");
+test_event!(
+    SlowInbox,
+    "consumer-test.misbehaving.slow-inbox",
+    "SlowInbox"
+);
+test_event!(
+    SlowShutdown,
+    "consumer-test.misbehaving.slow-shutdown",
+    "SlowShutdown"
+);
+test_event!(
+    SlowRebalance,
+    "consumer-test.misbehaving.slow-rebalance",
+    "SlowRebalance"
 );
 test_event!(
     Undeliverable,
@@ -648,4 +664,377 @@ async fn a_dead_letter_the_broker_refuses_is_parked_and_nothing_waits(pool: PgPo
         .await
         .unwrap();
     assert_eq!(status.consumer_dead_letters.unpublished, 1);
+}
+
+/// How long the slow handler takes for the culprit: well within the handler
+/// timeout, so the call succeeds, late.
+const SLOW: Duration = Duration::from_millis(2_500);
+
+/// How long the culprit's handler takes in the shutdown test: long enough
+/// for the healthy event to be handled and the shutdown to start meanwhile,
+/// however loaded the machine.
+const SLOW_AT_SHUTDOWN: Duration = Duration::from_secs(6);
+
+/// Takes `slow` for the culprit, then records; records the others at once.
+async fn slow_or_record(
+    tx: &mut Transaction<'_, Postgres>,
+    event_id: Uuid,
+    amount: i64,
+    slow: Duration,
+) -> Result<(), sqlx::Error> {
+    if amount == CULPRIT {
+        tokio::time::sleep(slow).await;
+    }
+    insert_effect(tx, event_id, amount).await
+}
+
+#[event_handler]
+async fn on_slow(tx: &mut Transaction<'_, Postgres>, event: Slow) -> Result<(), sqlx::Error> {
+    slow_or_record(tx, event.event_id, event.amount, SLOW).await
+}
+
+#[event_handler]
+async fn on_slow_inbox(
+    tx: &mut Transaction<'_, Postgres>,
+    event: SlowInbox,
+) -> Result<(), sqlx::Error> {
+    slow_or_record(tx, event.event_id, event.amount, SLOW).await
+}
+
+#[event_handler]
+async fn on_slow_shutdown(
+    tx: &mut Transaction<'_, Postgres>,
+    event: SlowShutdown,
+) -> Result<(), sqlx::Error> {
+    slow_or_record(tx, event.event_id, event.amount, SLOW_AT_SHUTDOWN).await
+}
+
+#[event_handler]
+async fn on_slow_rebalance(
+    tx: &mut Transaction<'_, Postgres>,
+    event: SlowRebalance,
+) -> Result<(), sqlx::Error> {
+    slow_or_record(tx, event.event_id, event.amount, SLOW).await
+}
+
+/// How many effects each of `ids` has.
+async fn effect_counts(pool: &PgPool, ids: &[Uuid]) -> Vec<i64> {
+    let mut counts = Vec::new();
+    for id in ids {
+        counts.push(
+            sqlx::query_scalar("SELECT count(*) FROM effect WHERE event_id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap(),
+        );
+    }
+    counts
+}
+
+/// What [`one_slow_partition`] saw.
+struct SlowPartition {
+    /// The longest a healthy event of partition 1 took from its produce to
+    /// its effect, while partition 0's handler was slow.
+    worst_healthy: Duration,
+    /// Partition 0's committed offset while its slow event was in flight.
+    committed_while_slow: i64,
+    /// The slow event's offset.
+    culprit_offset: i64,
+}
+
+/// A consumer of a two-partition topic whose handler takes [`SLOW`] for one
+/// event of partition 0, followed there by another event; while it runs,
+/// healthy events go to partition 1. Checks that partition 0's events took
+/// effect in offset order, every event exactly once, and that the group's
+/// offsets reach the end of both partitions; reports what the healthy
+/// events waited.
+async fn one_slow_partition<E: DomainEvent>(
+    pool: &PgPool,
+    consumer: ConsumerBuilder,
+    group: &str,
+    make: impl Fn(i64) -> (E, Uuid),
+) -> SlowPartition {
+    let start = high_watermarks(E::TOPIC, 2).await;
+    let running = consumer.build().unwrap().spawn();
+    let producer = producer();
+    let (warm_up, warm_up_id) = make(1);
+    produce_to(&producer, &warm_up, 1).await;
+    eventually(
+        "the warm-up event handled",
+        Duration::from_secs(30),
+        || async { effect_counts(pool, &[warm_up_id]).await == [1] },
+    )
+    .await;
+    let (culprit, culprit_id) = make(CULPRIT);
+    let (behind, behind_id) = make(2); // partition 0, after the culprit: waits for it
+    produce_to(&producer, &culprit, 0).await;
+    produce_to(&producer, &behind, 0).await;
+    let mut healthy = Vec::new();
+    let mut produced_at = Vec::new();
+    for i in 0..8 {
+        let (event, id) = make(1_000 + i);
+        produced_at.push(chrono::Utc::now());
+        produce_to(&producer, &event, 1).await;
+        healthy.push(id);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // The culprit's handler is still running (1.2 s of its 2.5 s went by):
+    // nothing of partition 0 may be committed past it.
+    let committed_while_slow = committed(group, E::TOPIC, 2).await[0];
+    eventually(
+        "the event behind the culprit handled",
+        Duration::from_secs(30),
+        || async { effect_counts(pool, &[behind_id]).await == [1] },
+    )
+    .await;
+    let end = vec![start[0] + 2, start[1] + 9];
+    eventually("the offsets committed", Duration::from_secs(15), || async {
+        committed(group, E::TOPIC, 2).await == end
+    })
+    .await;
+    assert!(running.is_running());
+    running.shutdown().await.unwrap();
+    let mut all = vec![warm_up_id, culprit_id, behind_id];
+    all.extend(&healthy);
+    assert_eq!(effect_counts(pool, &all).await, vec![1; all.len()]);
+    let times = effect_times(pool, &[culprit_id, behind_id]).await;
+    assert!(
+        times[0] < times[1],
+        "partition 0 out of order: the event behind the slow one took effect first"
+    );
+    let worst_healthy = effect_times(pool, &healthy)
+        .await
+        .iter()
+        .zip(&produced_at)
+        .map(|(at, produced)| (at.unwrap() - *produced).to_std().unwrap_or_default())
+        .max()
+        .unwrap();
+    SlowPartition {
+        worst_healthy,
+        committed_while_slow,
+        culprit_offset: start[0],
+    }
+}
+
+/// A slow handler (not hung: it returns within the handler timeout) holds
+/// its own partition only: batches of different partitions run at once,
+/// each in its own transaction. One batch at a time, as before, the
+/// healthy partition waits for the slow call; the contrast shows the
+/// scenario tells the two apart.
+#[sqlx::test(migrations = false)]
+async fn dedup_a_slow_handler_holds_only_its_own_partition(pool: PgPool) {
+    prepare(&pool).await;
+    create_topic(Slow::TOPIC, 2).await;
+    let make = |amount| {
+        let event = Slow::new(amount);
+        let id = event.event_id;
+        (event, id)
+    };
+    let mut worst = Vec::new();
+    for concurrent in [1, 4] {
+        let group = unique_group("slow");
+        start_group_at(&group, Slow::TOPIC, 2, true).await;
+        let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
+            .handler(on_slow)
+            .concurrent_batches(concurrent);
+        let seen = one_slow_partition(&pool, consumer, &group, make).await;
+        assert!(
+            seen.committed_while_slow <= seen.culprit_offset,
+            "partition 0 committed at {} past its slow event at {}",
+            seen.committed_while_slow,
+            seen.culprit_offset
+        );
+        worst.push(seen.worst_healthy);
+    }
+    println!(
+        "[slow] dedup: worst delay of partition 1 while partition 0's handler took {SLOW:?}: \
+         {:?} one batch at a time, {:?} with 4 batches at once",
+        worst[0], worst[1]
+    );
+    assert!(
+        worst[0] >= Duration::from_secs(1),
+        "one batch at a time, the healthy partition waited only {:?}: the scenario does not hold it",
+        worst[0]
+    );
+    assert!(
+        worst[1] < Duration::from_secs(1),
+        "a healthy partition waited {:?} behind another partition's slow handler",
+        worst[1]
+    );
+}
+
+/// The same in inbox mode, whose store handles on receipt: a slow handler
+/// holds the store of its own partition only.
+#[sqlx::test(migrations = false)]
+async fn inbox_a_slow_handler_on_receipt_holds_only_its_own_partition(pool: PgPool) {
+    prepare(&pool).await;
+    create_topic(SlowInbox::TOPIC, 2).await;
+    let group = unique_group("slow-inbox");
+    start_group_at(&group, SlowInbox::TOPIC, 2, true).await;
+    let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
+        .handler(on_slow_inbox)
+        .mode(Mode::Inbox);
+    let seen = one_slow_partition(&pool, consumer, &group, |amount| {
+        let event = SlowInbox::new(amount);
+        let id = event.event_id;
+        (event, id)
+    })
+    .await;
+    println!(
+        "[slow] inbox: worst delay of partition 1 while partition 0's handler took {SLOW:?}: {:?}",
+        seen.worst_healthy
+    );
+    assert!(seen.committed_while_slow <= seen.culprit_offset);
+    assert!(
+        seen.worst_healthy < Duration::from_secs(1),
+        "a healthy partition waited {:?} behind another partition's slow handler",
+        seen.worst_healthy
+    );
+}
+
+/// Shutdown while a batch is in flight waits for it: the slow event
+/// commits, its offset is committed, and a consumer started afterwards
+/// handles what waited behind it, once.
+#[sqlx::test(migrations = false)]
+async fn dedup_shutdown_waits_for_the_batches_in_flight(pool: PgPool) {
+    prepare(&pool).await;
+    create_topic(SlowShutdown::TOPIC, 2).await;
+    let group = unique_group("slow-shutdown");
+    start_group_at(&group, SlowShutdown::TOPIC, 2, true).await;
+    let start = high_watermarks(SlowShutdown::TOPIC, 2).await;
+    let consumer = || {
+        Consumer::builder(pool.clone(), kafka_config(), &group)
+            .handler(on_slow_shutdown)
+            .build()
+            .unwrap()
+            .spawn()
+    };
+    let running = consumer();
+    let producer = producer();
+    let warm_up = SlowShutdown::new(1);
+    produce_to(&producer, &warm_up, 1).await;
+    eventually(
+        "the warm-up event handled",
+        Duration::from_secs(30),
+        || async { effect_counts(&pool, &[warm_up.event_id]).await == [1] },
+    )
+    .await;
+    let culprit = SlowShutdown::new(CULPRIT);
+    let behind = SlowShutdown::new(2);
+    let healthy = SlowShutdown::new(3);
+    produce_to(&producer, &culprit, 0).await;
+    let slow_from = Instant::now();
+    produce_to(&producer, &behind, 0).await;
+    produce_to(&producer, &healthy, 1).await;
+    eventually(
+        "the healthy event handled while the slow one runs",
+        Duration::from_secs(30),
+        || async { effect_counts(&pool, &[healthy.event_id]).await == [1] },
+    )
+    .await;
+    assert_eq!(
+        effect_counts(&pool, &[culprit.event_id]).await,
+        [0],
+        "the slow event committed before the healthy one was handled"
+    );
+    let summary = running.shutdown().await.unwrap();
+    assert!(
+        slow_from.elapsed() >= SLOW_AT_SHUTDOWN,
+        "shutdown returned before the batch in flight ended"
+    );
+    assert!(summary.clean);
+    assert_eq!(effect_counts(&pool, &[culprit.event_id]).await, [1]);
+    // The slow event's offset is committed (the one behind it too if it
+    // came in the same fetch, and so in the same batch; otherwise it waited
+    // for that batch, was never taken, and comes again after the restart).
+    let offsets = committed(&group, SlowShutdown::TOPIC, 2).await;
+    assert!(
+        offsets[0] == start[0] + 1 || offsets[0] == start[0] + 2,
+        "partition 0 committed at {}, from {}",
+        offsets[0],
+        start[0]
+    );
+    assert_eq!(offsets[1], start[1] + 2);
+    let again = consumer();
+    eventually(
+        "the event behind handled after the restart",
+        Duration::from_secs(30),
+        || async { effect_counts(&pool, &[behind.event_id]).await == [1] },
+    )
+    .await;
+    again.shutdown().await.unwrap();
+    assert_eq!(
+        effect_counts(
+            &pool,
+            &[warm_up.event_id, culprit.event_id, behind.event_id, healthy.event_id]
+        )
+        .await,
+        [1, 1, 1, 1]
+    );
+}
+
+/// A rebalance while a slow batch is in flight: a second consumer joins the
+/// group while the first one's handler runs. Whoever gets partition 0 takes
+/// the slow event again (its offset was never stored) and finds it done or
+/// waits for the first transaction's row; what the first batch decided is
+/// not applied to the partition's new state. Every event takes effect once,
+/// the group's offsets reach the end, and both consumers stop cleanly.
+#[sqlx::test(migrations = false)]
+async fn dedup_a_rebalance_during_a_slow_batch_loses_and_repeats_nothing(pool: PgPool) {
+    prepare(&pool).await;
+    create_topic(SlowRebalance::TOPIC, 2).await;
+    let group = unique_group("slow-rebalance");
+    start_group_at(&group, SlowRebalance::TOPIC, 2, true).await;
+    let start = high_watermarks(SlowRebalance::TOPIC, 2).await;
+    let consumer = || {
+        Consumer::builder(pool.clone(), kafka_config(), &group)
+            .handler(on_slow_rebalance)
+            .build()
+            .unwrap()
+            .spawn()
+    };
+    let first = consumer();
+    let producer = producer();
+    let warm_up = SlowRebalance::new(1);
+    produce_to(&producer, &warm_up, 1).await;
+    eventually(
+        "the warm-up event handled",
+        Duration::from_secs(30),
+        || async { effect_counts(&pool, &[warm_up.event_id]).await == [1] },
+    )
+    .await;
+    let mut ids = vec![warm_up.event_id];
+    let culprit = SlowRebalance::new(CULPRIT);
+    produce_to(&producer, &culprit, 0).await;
+    ids.push(culprit.event_id);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = consumer();
+    // Events on both partitions through the rebalance.
+    for i in 0..20 {
+        let event = SlowRebalance::new(100 + i);
+        produce_to(&producer, &event, (i % 2) as i32).await;
+        ids.push(event.event_id);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eventually(
+        "every event handled",
+        Duration::from_secs(40),
+        || async { effect_counts(&pool, &ids).await.iter().all(|&n| n >= 1) },
+    )
+    .await;
+    let end = vec![start[0] + 11, start[1] + 11];
+    eventually("the offsets committed", Duration::from_secs(20), || async {
+        committed(&group, SlowRebalance::TOPIC, 2).await == end
+    })
+    .await;
+    let (a, b) = (first.shutdown().await.unwrap(), second.shutdown().await.unwrap());
+    assert!(a.clean && b.clean);
+    assert_eq!(effect_counts(&pool, &ids).await, vec![1; ids.len()]);
+    println!(
+        "[slow] rebalance during a slow batch: first consumer handled {}, second {}, duplicates {}",
+        a.handled,
+        b.handled,
+        a.duplicates + b.duplicates
+    );
 }

@@ -110,6 +110,7 @@ impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
                 event_type_headers: Vec::new(),
                 batch_size: 500,
                 batch_max_bytes: 16 * 1024 * 1024,
+                concurrent_batches: 4,
                 handler_timeout: Duration::from_secs(30),
                 shutdown_timeout: Duration::from_secs(45),
                 processors: 2,
@@ -239,6 +240,28 @@ impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
     /// fetched, never a wait for more. Default 500; at least 1.
     pub fn batch_size(mut self, size: usize) -> Self {
         self.settings.batch_size = size.max(1);
+        self
+    }
+
+    /// Batches handled (dedup mode) or stored (inbox mode) at once, each in
+    /// its own transaction on its own connection of the pool. Default 4; 1
+    /// takes one batch at a time, as a loop over `recv` would.
+    ///
+    /// Batches in flight never share a partition: a partition's next batch
+    /// starts when its previous one has committed, so its messages are
+    /// handled in offset order, and per-key order holds for the keys a
+    /// producer partitions by. What changes is that a slow batch (a slow
+    /// handler, a lock wait) no longer holds the other partitions: their
+    /// batches start as soon as their messages arrive. On a busy consumer
+    /// this also takes the wait for the batch in progress out of every
+    /// message's latency (BENCHMARKS.md, "Latency across services").
+    ///
+    /// Handlers of different partitions may so run at the same time in one
+    /// process, as they always could in a group of several processes. Size
+    /// the pool for these connections plus, in inbox mode, one per
+    /// [`processor`](Self::processors).
+    pub fn concurrent_batches(mut self, batches: usize) -> Self {
+        self.settings.concurrent_batches = batches.max(1);
         self
     }
 

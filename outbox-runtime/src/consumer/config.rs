@@ -69,6 +69,8 @@ pub(crate) struct Settings {
     pub(crate) event_type_headers: Vec<String>,
     pub(crate) batch_size: usize,
     pub(crate) batch_max_bytes: usize,
+    /// Batches (of different partitions) in flight at once.
+    pub(crate) concurrent_batches: usize,
     pub(crate) handler_timeout: Duration,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) processors: usize,

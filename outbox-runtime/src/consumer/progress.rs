@@ -1,7 +1,13 @@
 //! What the receive loop knows of each partition beyond librdkafka's
-//! position: which received offsets are not finished yet, the event that
+//! position: which received offsets are not finished yet, the messages
+//! waiting for their partition's batch in flight to end, the event that
 //! backs off between its attempts (dedup mode) with the messages waiting
 //! behind it, and the dead letters being published.
+//!
+//! Batches of different partitions run at once; a partition has at most one
+//! batch in flight (it is *busy*), so its messages are taken in offset
+//! order, one batch after the other. [`Progress::next_batch`] takes the
+//! waiting messages of the partitions that are neither busy nor blocked.
 //!
 //! An offset may be stored once every message before it is finished. A
 //! message is finished when it was handled, found to be a duplicate, stored
@@ -75,10 +81,24 @@ struct State {
     received_to: Option<i64>,
     /// The offset last stored.
     stored: Option<i64>,
+    /// Received, waiting for a batch: for the partition's batch in flight
+    /// to end, or for room among the batches in flight.
+    ready: VecDeque<OwnedMessage>,
+    /// Whether a batch of this partition is in flight.
+    busy: bool,
+    /// Whether fetching this partition is paused (see [`Progress::pauses`]).
+    paused: bool,
     blocked: Option<Blocked>,
     dead_letters: VecDeque<DeadLetter>,
     /// Whether the head of `dead_letters` is being published.
     publishing: bool,
+}
+
+/// Messages taken for one batch, with the epoch of each of their
+/// partitions (see [`Progress::batch_done`]).
+pub(crate) struct NextBatch {
+    pub(crate) messages: Vec<OwnedMessage>,
+    pub(crate) partitions: Vec<(PartitionId, u64)>,
 }
 
 /// Every partition the receive loop has seen since it was (re)assigned.
@@ -86,10 +106,18 @@ struct State {
 pub(crate) struct Progress {
     partitions: HashMap<PartitionId, State>,
     epochs: u64,
+    /// Rotates the partition a batch starts with, so that the byte bound
+    /// never leaves the same partition out batch after batch.
+    turn: usize,
 }
 
 fn id_of(message: &OwnedMessage) -> PartitionId {
     (message.topic().to_owned(), message.partition())
+}
+
+/// What a message weighs against a batch's byte bound: its key and value.
+pub(crate) fn size_of(message: &OwnedMessage) -> usize {
+    message.payload().map_or(0, <[u8]>::len) + message.key().map_or(0, <[u8]>::len)
 }
 
 impl Progress {
@@ -107,20 +135,20 @@ impl Progress {
             .expect("inserted just above")
     }
 
-    /// Notes a message received from the broker. `Err(message)` hands it
-    /// back when its partition is blocked, for [`Progress::wait_behind`];
-    /// a message at or before one already held is a redelivery and dropped.
-    pub(crate) fn receive(&mut self, message: OwnedMessage) -> Option<OwnedMessage> {
+    /// Notes a message received from the broker: it waits behind its
+    /// partition's retried event if there is one (a redelivery of a message
+    /// before it is dropped), and for [`Progress::next_batch`] otherwise.
+    pub(crate) fn receive(&mut self, message: OwnedMessage) {
         let offset = message.offset();
         let state = self.state(&id_of(&message));
         if let Some(blocked) = state.blocked.as_mut() {
             if state.received_to.is_some_and(|next| offset < next) {
-                return None;
+                return;
             }
             state.unfinished.insert(offset);
             state.received_to = Some(offset + 1);
             blocked.behind.push(message);
-            return None;
+            return;
         }
         state.unfinished.insert(offset);
         state.received_to = Some(
@@ -128,14 +156,101 @@ impl Progress {
                 .received_to
                 .map_or(offset + 1, |next| next.max(offset + 1)),
         );
-        Some(message)
+        state.ready.push_back(message);
     }
 
-    /// Whether `partition` is blocked by a retried event.
-    pub(crate) fn is_blocked(&self, partition: &PartitionId) -> bool {
-        self.partitions
-            .get(partition)
-            .is_some_and(|state| state.blocked.is_some())
+    /// The next batch: the waiting messages of partitions that are neither
+    /// busy nor blocked, up to `slots` batches' worth of partitions spread
+    /// evenly over the `slots` free batch slots (so that one slow partition
+    /// shares its batch with as few others as the slots allow). Each of the
+    /// batch's partitions gets its share of `max_messages` (none is left out
+    /// while another's backlog fills batches), up to `max_bytes` (at least
+    /// one message). Those partitions are busy until
+    /// [`Progress::batch_done`]. `None` if no partition is ready.
+    pub(crate) fn next_batch(
+        &mut self,
+        max_messages: usize,
+        max_bytes: usize,
+        slots: usize,
+    ) -> Option<NextBatch> {
+        let mut ready: Vec<&PartitionId> = self
+            .partitions
+            .iter()
+            .filter(|(_, s)| !s.busy && s.blocked.is_none() && !s.ready.is_empty())
+            .map(|(partition, _)| partition)
+            .collect();
+        if ready.is_empty() {
+            return None;
+        }
+        ready.sort_unstable();
+        let turn = self.turn % ready.len();
+        ready.rotate_left(turn);
+        self.turn = self.turn.wrapping_add(1);
+        let per_batch = ready.len().div_ceil(slots.max(1));
+        let ready: Vec<PartitionId> = ready.into_iter().take(per_batch).cloned().collect();
+        let share = max_messages.div_ceil(ready.len()).max(1);
+        let mut batch = NextBatch {
+            messages: Vec::new(),
+            partitions: Vec::new(),
+        };
+        let mut bytes = 0;
+        for partition in ready {
+            let state = self.partitions.get_mut(&partition).expect("listed above");
+            let mut took = 0;
+            while took < share
+                && batch.messages.len() < max_messages
+                && (bytes < max_bytes || batch.messages.is_empty())
+            {
+                let Some(message) = state.ready.pop_front() else {
+                    break;
+                };
+                bytes += size_of(&message);
+                batch.messages.push(message);
+                took += 1;
+            }
+            if took > 0 {
+                state.busy = true;
+                batch.partitions.push((partition, state.epoch));
+            }
+        }
+        Some(batch)
+    }
+
+    /// The batch in flight of `partition` (taken in `epoch`) ended: the
+    /// partition may have its next. False, and nothing changes, if the
+    /// partition's state is no longer that epoch's (revoked or assigned anew
+    /// meanwhile): what the batch decided about its messages must then not
+    /// touch the new state, whose offsets may be the same.
+    pub(crate) fn batch_done(&mut self, partition: &PartitionId, epoch: u64) -> bool {
+        match self.current(partition, epoch) {
+            Some(state) => {
+                state.busy = false;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Messages received and waiting for a batch, in all partitions.
+    pub(crate) fn waiting(&self) -> usize {
+        self.partitions.values().map(|s| s.ready.len()).sum()
+    }
+
+    /// The partitions whose fetching is to be paused (`true`) or resumed
+    /// (`false`) now: paused while blocked by a retried event, or while
+    /// `limit` or more of its messages wait for a batch (its batch in
+    /// flight is slow: what librdkafka fetched meanwhile stays in
+    /// librdkafka's bounded queue instead of piling up here).
+    pub(crate) fn pauses(&mut self, limit: usize) -> Vec<(PartitionId, bool)> {
+        let mut changes = Vec::new();
+        for (partition, state) in &mut self.partitions {
+            let pause = state.blocked.is_some() || state.ready.len() >= limit;
+            if pause != state.paused {
+                state.paused = pause;
+                changes.push((partition.clone(), pause));
+            }
+        }
+        changes
     }
 
     /// Whether `message` is finished (or was never received).
@@ -156,20 +271,36 @@ impl Progress {
     }
 
     /// Blocks `message`'s partition behind `retry`, due at `due`; `behind`
-    /// are the partition's later messages of the same batch.
+    /// are the partition's later messages of the same batch, and the
+    /// messages that waited for that batch follow them.
     pub(crate) fn block(
         &mut self,
         message: &OwnedMessage,
         retry: Retry,
         due: Instant,
-        behind: Vec<OwnedMessage>,
+        mut behind: Vec<OwnedMessage>,
     ) {
-        self.state(&id_of(message)).blocked = Some(Blocked {
+        let state = self.state(&id_of(message));
+        behind.extend(state.ready.drain(..));
+        state.blocked = Some(Blocked {
             head: message.clone(),
             retry: Some(retry),
             due,
             behind,
         });
+    }
+
+    /// Puts the messages that waited behind `partition`'s retried event
+    /// back in line for a batch, ahead of anything received since (nothing,
+    /// while it was blocked). False if the state is gone.
+    pub(crate) fn requeue(&mut self, partition: &PartitionId, epoch: u64, behind: Vec<OwnedMessage>) -> bool {
+        let Some(state) = self.current(partition, epoch) else {
+            return false;
+        };
+        for message in behind.into_iter().rev() {
+            state.ready.push_front(message);
+        }
+        true
     }
 
     /// The blocked partitions with an attempt due by `now`, taking their
@@ -360,8 +491,10 @@ mod tests {
         let done = [true, false, true, true, false, true];
         let mut progress = Progress::default();
         for message in &batch {
-            assert!(progress.receive(message.clone()).is_some());
+            progress.receive(message.clone());
         }
+        let taken = progress.next_batch(100, usize::MAX, 1).unwrap();
+        assert_eq!(taken.messages.len(), 6);
         for (message, done) in batch.iter().zip(done) {
             if done {
                 progress.finish(message);
@@ -389,8 +522,9 @@ mod tests {
     fn messages_of_a_blocked_partition_wait_behind_its_retried_event() {
         let mut progress = Progress::default();
         let head = message("a", 0, 1);
-        assert!(progress.receive(head.clone()).is_some());
-        assert!(!progress.is_blocked(&("a".to_owned(), 0)));
+        progress.receive(head.clone());
+        assert_eq!(offsets(progress.next_batch(10, usize::MAX, 1)), ["a/0/1"]);
+        assert_eq!(progress.blocked_count(), 0);
         progress.state(&("a".to_owned(), 0)).blocked = Some(Blocked {
             head: head.clone(),
             retry: None,
@@ -398,9 +532,10 @@ mod tests {
             behind: Vec::new(),
         });
         // Later messages are held; a redelivery of an earlier one is dropped.
-        assert!(progress.receive(message("a", 0, 2)).is_none());
-        assert!(progress.receive(message("a", 0, 1)).is_none());
-        assert!(progress.receive(message("b", 0, 7)).is_some());
+        progress.receive(message("a", 0, 2));
+        progress.receive(message("a", 0, 1));
+        progress.receive(message("b", 0, 7));
+        assert_eq!(offsets(progress.next_batch(10, usize::MAX, 1)), ["b/0/7"]);
         let epoch = progress.epoch(&("a".to_owned(), 0));
         let (unblocked_head, behind) = progress.unblock(&("a".to_owned(), 0), epoch).unwrap();
         assert_eq!(unblocked_head.offset(), 1);
@@ -415,5 +550,156 @@ mod tests {
         // A state forgotten at a rebalance ignores its old side tasks.
         progress.forget(&("a".to_owned(), 0));
         assert!(!progress.is_current(&("a".to_owned(), 0), epoch));
+    }
+
+    /// A batch's messages as `topic/partition/offset`, sorted.
+    fn offsets(batch: Option<NextBatch>) -> Vec<String> {
+        let mut taken: Vec<_> = batch
+            .map(|b| b.messages)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| format!("{}/{}/{}", m.topic(), m.partition(), m.offset()))
+            .collect();
+        taken.sort();
+        taken
+    }
+
+    fn a(partition: i32) -> PartitionId {
+        ("a".to_owned(), partition)
+    }
+
+    #[test]
+    fn a_busy_partition_waits_for_its_batch_and_the_others_go_on() {
+        let mut progress = Progress::default();
+        progress.receive(message("a", 0, 1));
+        let first = progress.next_batch(10, usize::MAX, 1).unwrap();
+        assert_eq!(first.partitions, [(a(0), progress.epoch(&a(0)))]);
+        // a/0 is busy: its next messages wait; a/1's go in the next batch.
+        progress.receive(message("a", 0, 2));
+        progress.receive(message("a", 1, 5));
+        progress.receive(message("a", 0, 3));
+        assert_eq!(offsets(progress.next_batch(10, usize::MAX, 1)), ["a/1/5"]);
+        assert!(progress.next_batch(10, usize::MAX, 1).is_none());
+        assert_eq!(progress.waiting(), 2);
+        // Nothing of a/0 is stored past its batch in flight.
+        progress.finish(&message("a", 1, 5));
+        let mut stored = progress.offsets_to_store();
+        stored.sort();
+        assert_eq!(stored, [(a(0), 1), (a(1), 6)]);
+        // a/0's batch ends: its waiting messages follow, in offset order.
+        let (partition, epoch) = first.partitions[0].clone();
+        assert!(progress.batch_done(&partition, epoch));
+        assert_eq!(
+            offsets(progress.next_batch(10, usize::MAX, 1)),
+            ["a/0/2", "a/0/3"]
+        );
+    }
+
+    #[test]
+    fn a_batch_ending_after_its_partition_was_reassigned_touches_nothing() {
+        let mut progress = Progress::default();
+        progress.receive(message("a", 0, 7));
+        let before = progress.next_batch(10, usize::MAX, 1).unwrap();
+        // Revoked and assigned again while the batch ran: offset 7 comes
+        // again and is in flight in a batch of the new epoch.
+        progress.forget(&a(0));
+        progress.receive(message("a", 0, 7));
+        let after = progress.next_batch(10, usize::MAX, 1).unwrap();
+        let (partition, epoch) = before.partitions[0].clone();
+        assert!(!progress.batch_done(&partition, epoch));
+        // The old batch's end neither frees the new one's partition ...
+        progress.receive(message("a", 0, 8));
+        assert!(progress.next_batch(10, usize::MAX, 1).is_none());
+        // ... nor may the caller finish offset 7 for it: it stays unstored.
+        assert_eq!(progress.offsets_to_store(), [(a(0), 7)]);
+        let (partition, epoch) = after.partitions[0].clone();
+        assert!(progress.batch_done(&partition, epoch));
+        assert_eq!(offsets(progress.next_batch(10, usize::MAX, 1)), ["a/0/8"]);
+    }
+
+    #[test]
+    fn every_ready_partition_gets_its_share_of_a_batch() {
+        let mut progress = Progress::default();
+        for offset in 0..100 {
+            progress.receive(message("a", 0, offset));
+        }
+        for offset in 0..3 {
+            progress.receive(message("a", 1, offset));
+        }
+        progress.receive(message("a", 2, 0));
+        // A share is 10 / 3 rounded up: a/0's backlog does not fill it.
+        let batch = progress.next_batch(10, usize::MAX, 1).unwrap().messages;
+        let of = |partition: i32| -> Vec<i64> {
+            batch
+                .iter()
+                .filter(|m| m.partition() == partition)
+                .map(|m| m.offset())
+                .collect()
+        };
+        // Within a partition, offset order.
+        assert_eq!(of(0), [0, 1, 2, 3]);
+        assert_eq!(of(1), [0, 1, 2]);
+        assert_eq!(of(2), [0]);
+    }
+
+    #[test]
+    fn the_byte_bound_takes_turns_among_partitions() {
+        let mut progress = Progress::default();
+        for offset in 0..4 {
+            for partition in 0..2 {
+                progress.receive(OwnedMessage::new(
+                    Some(vec![0; 100]),
+                    None,
+                    "a".to_owned(),
+                    Timestamp::NotAvailable,
+                    partition,
+                    offset,
+                    None,
+                ));
+            }
+        }
+        // One message fits the byte bound (at least one is taken): the
+        // partitions alternate instead of a/0 taking every batch.
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let batch = progress.next_batch(10, 50, 1).unwrap();
+            assert_eq!(batch.messages.len(), 1);
+            order.push(batch.messages[0].partition());
+            for (partition, epoch) in batch.partitions {
+                progress.batch_done(&partition, epoch);
+            }
+        }
+        assert_eq!(order.iter().filter(|&&p| p == 0).count(), 2, "{order:?}");
+    }
+
+    #[test]
+    fn a_partition_is_paused_while_blocked_or_while_its_waiting_messages_reach_the_limit() {
+        let mut progress = Progress::default();
+        progress.receive(message("a", 0, 0));
+        let _in_flight = progress.next_batch(10, usize::MAX, 1).unwrap();
+        progress.receive(message("a", 0, 1));
+        assert!(progress.pauses(2).is_empty());
+        progress.receive(message("a", 0, 2));
+        assert_eq!(progress.pauses(2), [(a(0), true)]);
+        assert!(progress.pauses(2).is_empty());
+        let epoch = progress.epoch(&a(0));
+        progress.batch_done(&a(0), epoch);
+        progress.next_batch(10, usize::MAX, 1).unwrap();
+        assert_eq!(progress.pauses(2), [(a(0), false)]);
+    }
+
+    #[test]
+    fn free_slots_split_the_ready_partitions_between_batches() {
+        let mut progress = Progress::default();
+        for partition in 0..5 {
+            progress.receive(message("a", partition, 0));
+        }
+        // Three slots free: batches of two, two and one partitions.
+        let sizes: Vec<usize> = (0..3)
+            .rev()
+            .map(|taken| progress.next_batch(10, usize::MAX, taken + 1).unwrap().partitions.len())
+            .collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        assert!(progress.next_batch(10, usize::MAX, 1).is_none());
     }
 }

@@ -1,6 +1,12 @@
-//! The receive loop: take what librdkafka fetched as a batch, check its
-//! offsets, hand it to the mode (dedup: handle; inbox: store), and store the
+//! The receive loop: take what librdkafka fetched, check its offsets, hand
+//! it in batches to the mode (dedup: handle; inbox: store), and store the
 //! offsets of what is finished.
+//!
+//! Batches of different partitions run at once, each in its own transaction,
+//! up to [`concurrent_batches`](super::ConsumerBuilder::concurrent_batches):
+//! a slow batch holds its own partitions only. A partition has one batch in
+//! flight at a time; what it receives meanwhile waits for that batch to end
+//! (see [`Progress`]), so its messages are taken in offset order.
 //!
 //! Two kinds of work run beside the batches, on tasks of their own, so that
 //! neither ever holds a partition but its own: the next attempts of an event
@@ -11,7 +17,9 @@
 
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::{CommitMode, Consumer as _};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -23,7 +31,7 @@ use super::dead_letter::{Settled, dead_letter};
 use super::dedup::Attempted;
 use super::error::ConsumerError;
 use super::offsets::{Positions, Seen};
-use super::progress::{DeadLetter, PartitionId, Progress, Taken};
+use super::progress::{DeadLetter, NextBatch, PartitionId, Progress, Taken, size_of};
 use super::run::Consumer;
 use super::work::Retry;
 use super::{dedup, inbox, telemetry as m};
@@ -47,10 +55,21 @@ enum Side {
     },
 }
 
+/// A batch that ran through the mode: its messages, the epoch of each of
+/// its partitions when it started, and what the mode decided.
+struct Ended {
+    messages: Vec<OwnedMessage>,
+    partitions: Vec<(PartitionId, u64)>,
+    taken: Taken,
+}
+
 /// The receive loop's state.
 struct Receiver<'a> {
     consumer: &'a Consumer,
     progress: Progress,
+    /// The batches running through the mode, at most `concurrent_batches`,
+    /// no two of one partition.
+    in_flight: FuturesUnordered<BoxFuture<'a, Ended>>,
     side: JoinSet<Side>,
     positions: Positions,
 }
@@ -82,6 +101,7 @@ impl Consumer {
         let mut receiver = Receiver {
             consumer: &self,
             progress: Progress::default(),
+            in_flight: FuturesUnordered::new(),
             side: JoinSet::new(),
             positions: Positions::default(),
         };
@@ -105,17 +125,25 @@ impl Consumer {
     }
 }
 
-impl Receiver<'_> {
-    /// Until shutdown.
+impl<'a> Receiver<'a> {
+    /// Until shutdown; then waits for the batches in flight to end (each
+    /// commits or, interrupted, abandons its messages unfinished) and stores
+    /// the offsets of what is finished.
     async fn run(&mut self) {
         let ctx = &self.consumer.ctx;
+        let settings = &ctx.settings;
         loop {
             let next_due = self.progress.next_due();
+            // Nothing more is taken from librdkafka while every batch slot
+            // is taken, or while a batch's worth waits already.
+            let room = self.in_flight.len() < settings.concurrent_batches
+                && self.progress.waiting() < settings.batch_size;
             let running = tokio::select! {
                 biased;
                 () = ctx.token.cancelled() => false,
+                Some(ended) = self.in_flight.next() => self.end(ended),
                 Some(joined) = self.side.join_next() => match joined {
-                    Ok(side) => self.settle(side).await,
+                    Ok(side) => self.settle(side),
                     // A side task panicked or was aborted: its message stays
                     // unfinished (its offset unstored) until a redelivery.
                     Err(error) => {
@@ -127,10 +155,10 @@ impl Receiver<'_> {
                     self.start_side_tasks();
                     true
                 }
-                received = self.consumer.kafka.recv() => match received {
+                received = self.consumer.kafka.recv(), if room => match received {
                     Ok(first) => {
-                        let batch = self.collect(first.detach());
-                        self.take(batch).await
+                        self.collect(first.detach());
+                        true
                     }
                     Err(error) => {
                         tracing::warn!(%error, "kafka consumer error");
@@ -141,30 +169,37 @@ impl Receiver<'_> {
             if !running {
                 break;
             }
+            self.start_batches();
             self.start_side_tasks();
+            self.apply_pauses();
             self.store();
             metrics::gauge!(m::PARTITIONS_BACKING_OFF, "group" => ctx.group())
                 .set(self.progress.blocked_count() as f64);
+            metrics::gauge!(m::BATCHES_IN_FLIGHT, "group" => ctx.group())
+                .set(self.in_flight.len() as f64);
         }
+        while let Some(ended) = self.in_flight.next().await {
+            self.end(ended);
+        }
+        self.store();
+        metrics::gauge!(m::BATCHES_IN_FLIGHT, "group" => ctx.group()).set(0.0);
     }
 
-    /// A batch: `first` and what librdkafka has already fetched behind it
-    /// (never a wait for more), up to the batch's size and bytes; then the
-    /// offset checks, and the messages of partitions blocked by a retried
-    /// event set aside behind it.
-    fn collect(&mut self, first: OwnedMessage) -> Vec<OwnedMessage> {
+    /// Receives `first` and what librdkafka has already fetched behind it
+    /// (never a wait for more), up to a batch's size and bytes; checks the
+    /// offsets, and hands the messages to [`Progress`], where they wait for
+    /// a batch (or behind their partition's retried event).
+    fn collect(&mut self, first: OwnedMessage) {
         let settings = &self.consumer.ctx.settings;
-        let size =
-            |m: &OwnedMessage| m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len);
-        let mut bytes = size(&first);
-        let mut batch = Vec::with_capacity(settings.batch_size.min(64));
-        batch.push(first);
-        while batch.len() < settings.batch_size && bytes < settings.batch_max_bytes {
+        let mut bytes = size_of(&first);
+        let mut received = Vec::with_capacity(settings.batch_size.min(64));
+        received.push(first);
+        while received.len() < settings.batch_size && bytes < settings.batch_max_bytes {
             match self.consumer.kafka.recv().now_or_never() {
                 Some(Ok(message)) => {
                     let message = message.detach();
-                    bytes += size(&message);
-                    batch.push(message);
+                    bytes += size_of(&message);
+                    received.push(message);
                 }
                 Some(Err(error)) => tracing::warn!(%error, "kafka consumer error"),
                 None => break,
@@ -174,38 +209,76 @@ impl Receiver<'_> {
         self.positions.follow(context.rebalance_generation());
         for partition in context.take_moved() {
             // Assigned anew or revoked: the broker redelivers from the
-            // committed offset, so nothing kept of it is current. A pause is
+            // committed offset, so nothing kept of it is current (a batch
+            // of it still in flight ends into the void). A pause is
             // librdkafka's to keep across assignments: lift it.
             self.progress.forget(&partition);
             self.pause(&partition, false);
         }
-        let batch = self.check_offsets(batch);
-        for message in &batch {
+        let received = self.check_offsets(received);
+        for message in received {
             metrics::counter!(m::CONSUMED, "group" => self.consumer.ctx.group(), "topic" => message.topic().to_owned())
                 .increment(1);
+            self.progress.receive(message);
         }
-        batch
-            .into_iter()
-            .filter_map(|message| self.progress.receive(message))
-            .collect()
     }
 
-    /// Runs `batch` through the mode and records what became of each
-    /// message. False if the consumer is shutting down.
-    async fn take(&mut self, batch: Vec<OwnedMessage>) -> bool {
-        if batch.is_empty() {
-            return true;
+    /// Starts batches of the waiting messages while there are batch slots
+    /// and partitions ready (neither in flight nor blocked).
+    fn start_batches(&mut self) {
+        let ctx: &'a super::shared::Shared = &self.consumer.ctx;
+        let settings = &ctx.settings;
+        while self.in_flight.len() < settings.concurrent_batches {
+            let Some(NextBatch {
+                messages,
+                partitions,
+            }) = self
+                .progress
+                .next_batch(
+                    settings.batch_size,
+                    settings.batch_max_bytes,
+                    settings.concurrent_batches - self.in_flight.len(),
+                )
+            else {
+                break;
+            };
+            self.in_flight.push(Box::pin(async move {
+                let span = tracing::info_span!("outbox.consume_batch", group = %settings.group_id, size = messages.len());
+                let taken = match settings.mode {
+                    Mode::Dedup => dedup::take(ctx, &messages).instrument(span).await,
+                    Mode::Inbox => inbox::take(ctx, &messages).instrument(span).await,
+                };
+                Ended {
+                    messages,
+                    partitions,
+                    taken,
+                }
+            }));
         }
-        let ctx = &self.consumer.ctx;
-        let span = tracing::info_span!("outbox.consume_batch", group = %ctx.settings.group_id, size = batch.len());
-        let taken = match ctx.settings.mode {
-            Mode::Dedup => dedup::take(ctx, &batch).instrument(span).await,
-            Mode::Inbox => inbox::take(ctx, &batch).instrument(span).await,
+    }
+
+    /// Records what became of each message of a batch that ended. False if
+    /// the consumer is shutting down.
+    fn end(&mut self, ended: Ended) -> bool {
+        let Ended {
+            messages,
+            partitions,
+            taken,
+        } = ended;
+        // Partitions revoked or assigned anew while the batch ran are not
+        // this batch's any more: their messages come again from the
+        // committed offset (and the dedup table or the inbox key absorbs
+        // what this batch committed of them).
+        let current: Vec<&PartitionId> = partitions
+            .iter()
+            .filter(|(partition, epoch)| self.progress.batch_done(partition, *epoch))
+            .map(|(partition, _)| partition)
+            .collect();
+        let is_current = |message: &OwnedMessage| {
+            current
+                .iter()
+                .any(|(topic, partition)| topic == message.topic() && *partition == message.partition())
         };
-        self.apply(batch, taken).await
-    }
-
-    async fn apply(&mut self, batch: Vec<OwnedMessage>, taken: Taken) -> bool {
         let Taken {
             done,
             dead,
@@ -213,23 +286,30 @@ impl Receiver<'_> {
             interrupted,
         } = taken;
         for index in done {
-            self.progress.finish(&batch[index]);
+            if is_current(&messages[index]) {
+                self.progress.finish(&messages[index]);
+            }
         }
         for (index, reason, error) in dead {
-            self.progress.queue_dead_letter(DeadLetter {
-                message: batch[index].clone(),
-                reason,
-                error,
-            });
+            if is_current(&messages[index]) {
+                self.progress.queue_dead_letter(DeadLetter {
+                    message: messages[index].clone(),
+                    reason,
+                    error,
+                });
+            }
         }
         if interrupted {
             return false;
         }
         let mut released = Vec::new();
         for (index, retry) in retry {
-            let head = &batch[index];
+            let head = &messages[index];
+            if !is_current(head) {
+                continue;
+            }
             let partition = (head.topic().to_owned(), head.partition());
-            let behind: Vec<OwnedMessage> = batch[index + 1..]
+            let behind: Vec<OwnedMessage> = messages[index + 1..]
                 .iter()
                 .filter(|m| m.topic() == partition.0 && m.partition() == partition.1)
                 .filter(|m| !self.progress.is_finished(m))
@@ -238,49 +318,34 @@ impl Receiver<'_> {
             let attempts = retry.attempts;
             let due = Instant::now() + self.consumer.ctx.settings.backoff.delay(attempts);
             self.progress.block(head, retry, due, behind);
-            self.pause(&partition, true);
             if attempts >= self.consumer.ctx.settings.max_attempts {
                 released.push(partition);
             }
         }
         for partition in released {
             let epoch = self.progress.epoch(&partition);
-            if !self.give_up(&partition, epoch).await {
-                return false;
-            }
+            self.give_up(&partition, epoch);
         }
         true
     }
 
     /// The retried event of `partition` is out of attempts: it goes to the
     /// dead letters, and the messages behind it go on.
-    async fn give_up(&mut self, partition: &PartitionId, epoch: u64) -> bool {
+    fn give_up(&mut self, partition: &PartitionId, epoch: u64) {
         let Some((head, retry, behind)) = self.progress.unblock_spent(partition, epoch) else {
-            return true;
+            return;
         };
         self.progress.queue_dead_letter(DeadLetter {
             message: head,
             reason: DeadLetterReason::HandlerFailed,
             error: retry.give_up_error(),
         });
-        self.release(partition, behind).await
-    }
-
-    /// Runs the messages that waited behind `partition`'s retried event, and
-    /// lifts the partition's pause unless one of them blocks it again.
-    async fn release(&mut self, partition: &PartitionId, behind: Vec<OwnedMessage>) -> bool {
-        if !Box::pin(self.take(behind)).await {
-            return false;
-        }
-        if !self.progress.is_blocked(partition) {
-            self.pause(partition, false);
-        }
-        true
+        self.progress.requeue(partition, epoch, behind);
     }
 
     /// Applies what a side task reported. False if the consumer is
     /// shutting down.
-    async fn settle(&mut self, side: Side) -> bool {
+    fn settle(&mut self, side: Side) -> bool {
         let settings = &self.consumer.ctx.settings;
         match side {
             Side::DeadLettered {
@@ -309,7 +374,8 @@ impl Receiver<'_> {
                             return true;
                         };
                         self.progress.finish(&head);
-                        self.release(&partition, behind).await
+                        self.progress.requeue(&partition, epoch, behind);
+                        true
                     }
                     Attempted::Failed(error) => {
                         retry.attempts += 1;
@@ -318,7 +384,7 @@ impl Receiver<'_> {
                         let due = Instant::now() + settings.backoff.delay(retry.attempts);
                         self.progress.retry_later(&partition, epoch, *retry, due);
                         if spent {
-                            return self.give_up(&partition, epoch).await;
+                            self.give_up(&partition, epoch);
                         }
                         true
                     }
@@ -354,6 +420,14 @@ impl Receiver<'_> {
                     settled,
                 }
             });
+        }
+    }
+
+    /// Pauses or resumes fetching the partitions whose state asks for it
+    /// (see [`Progress::pauses`]).
+    fn apply_pauses(&mut self) {
+        for (partition, pause) in self.progress.pauses(self.consumer.ctx.settings.batch_size) {
+            self.pause(&partition, pause);
         }
     }
 

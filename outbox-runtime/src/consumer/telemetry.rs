@@ -21,6 +21,10 @@ pub const HANDLER_TIMEOUTS: &str = "outbox_consumer_handler_timeouts_total";
 /// Gauge: partitions whose next event backs off between handler attempts
 /// (dedup mode); their later messages wait, every other partition goes on.
 pub const PARTITIONS_BACKING_OFF: &str = "outbox_consumer_partitions_backing_off";
+/// Gauge: batches being handled (dedup mode) or stored (inbox mode) at
+/// once, at most `concurrent_batches`; each holds its partitions until it
+/// commits.
+pub const BATCHES_IN_FLIGHT: &str = "outbox_consumer_batches_in_flight";
 /// Counter: messages of event types without a handler, skipped by policy.
 pub const UNKNOWN_SKIPPED: &str = "outbox_consumer_unknown_skipped_total";
 /// Counter: database failures that made the consumer pause and retry.
