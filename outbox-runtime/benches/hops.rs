@@ -14,6 +14,7 @@
 //! HOPS_BENCH_OWN_BROKER=0 KAFKA_BROKERS_TEST=kafka:9092 cargo bench ...  # a broker of yours
 //! HOPS_BENCH_FLOOR_SECS=2 cargo bench ...                    # a shorter floor (default: as long as a round)
 //! HOPS_BENCH_FLOOR_BROKER=shared cargo bench ...             # the floor on the round's broker (default: its own)
+//! HOPS_BENCH_CONCURRENT_BATCHES=1 cargo bench ...            # consumers take one batch at a time (default: theirs, 4)
 //! ```
 //!
 //! By default every round runs against a fresh tansu of its own (memory
@@ -305,6 +306,14 @@ impl ChainMode {
     }
 }
 
+/// The framework consumers' `concurrent_batches`, from
+/// `HOPS_BENCH_CONCURRENT_BATCHES` (their default when unset).
+fn concurrent_batches() -> Option<usize> {
+    std::env::var("HOPS_BENCH_CONCURRENT_BATCHES")
+        .ok()
+        .map(|n| n.parse().expect("HOPS_BENCH_CONCURRENT_BATCHES: a number"))
+}
+
 /// Extra librdkafka settings for every client of the bench, from
 /// `HOPS_BENCH_KAFKA_<key>` variables.
 fn kafka(broker: &str) -> ClientConfig {
@@ -473,8 +482,11 @@ impl Chain {
                 .then(|| BareConsumer::spawn(pool.clone(), broker, index, producer.clone()));
             let consumer = (index > 0 && !bare).then(|| {
                 let group = unique_group(&format!("bench-hops{index}"));
-                let builder = Consumer::builder(pool.clone(), consumer_kafka(broker), &group)
+                let mut builder = Consumer::builder(pool.clone(), consumer_kafka(broker), &group)
                     .create_missing_dlq_topics(true);
+                if let Some(batches) = concurrent_batches() {
+                    builder = builder.concurrent_batches(batches);
+                }
                 let builder = match mode {
                     ChainMode::Inbox => builder.mode(Mode::Inbox),
                     _ => builder,
@@ -1173,9 +1185,10 @@ async fn main() {
     probe::enable();
     println!(
         "commit {}; {rounds} rounds of {secs} s per rate, each after a floor of {floor_secs} s; \
-         {PARTITIONS} partitions per topic; {:?} arrivals",
+         {PARTITIONS} partitions per topic; {:?} arrivals; consumers' concurrent batches: {}",
         txoutbox_testkit::measured_commit(),
-        arrivals()
+        arrivals(),
+        concurrent_batches().map_or("their default".to_owned(), |n| n.to_string())
     );
 
     let mut configurations = Vec::new();

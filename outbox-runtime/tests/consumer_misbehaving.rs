@@ -967,7 +967,12 @@ async fn dedup_shutdown_waits_for_the_batches_in_flight(pool: PgPool) {
     assert_eq!(
         effect_counts(
             &pool,
-            &[warm_up.event_id, culprit.event_id, behind.event_id, healthy.event_id]
+            &[
+                warm_up.event_id,
+                culprit.event_id,
+                behind.event_id,
+                healthy.event_id
+            ]
         )
         .await,
         [1, 1, 1, 1]
@@ -1017,18 +1022,19 @@ async fn dedup_a_rebalance_during_a_slow_batch_loses_and_repeats_nothing(pool: P
         ids.push(event.event_id);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eventually(
-        "every event handled",
-        Duration::from_secs(40),
-        || async { effect_counts(&pool, &ids).await.iter().all(|&n| n >= 1) },
-    )
+    eventually("every event handled", Duration::from_secs(40), || async {
+        effect_counts(&pool, &ids).await.iter().all(|&n| n >= 1)
+    })
     .await;
     let end = vec![start[0] + 11, start[1] + 11];
     eventually("the offsets committed", Duration::from_secs(20), || async {
         committed(&group, SlowRebalance::TOPIC, 2).await == end
     })
     .await;
-    let (a, b) = (first.shutdown().await.unwrap(), second.shutdown().await.unwrap());
+    let (a, b) = (
+        first.shutdown().await.unwrap(),
+        second.shutdown().await.unwrap(),
+    );
     assert!(a.clean && b.clean);
     assert_eq!(effect_counts(&pool, &ids).await, vec![1; ids.len()]);
     println!(

@@ -251,10 +251,12 @@ impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
     /// starts when its previous one has committed, so its messages are
     /// handled in offset order, and per-key order holds for the keys a
     /// producer partitions by. What changes is that a slow batch (a slow
-    /// handler, a lock wait) no longer holds the other partitions: their
-    /// batches start as soon as their messages arrive. On a busy consumer
-    /// this also takes the wait for the batch in progress out of every
-    /// message's latency (BENCHMARKS.md, "Latency across services").
+    /// handler, a lock wait) holds only its own partitions: the others'
+    /// batches start as soon as their messages arrive and a slot is free.
+    /// When more partitions are ready than slots are free, they are spread
+    /// evenly over the free slots. On a busy consumer this also takes the
+    /// wait for the batch in progress out of a message's latency
+    /// (BENCHMARKS.md, "Latency across services").
     ///
     /// Handlers of different partitions may so run at the same time in one
     /// process, as they always could in a group of several processes. Size

@@ -293,7 +293,12 @@ impl Progress {
     /// Puts the messages that waited behind `partition`'s retried event
     /// back in line for a batch, ahead of anything received since (nothing,
     /// while it was blocked). False if the state is gone.
-    pub(crate) fn requeue(&mut self, partition: &PartitionId, epoch: u64, behind: Vec<OwnedMessage>) -> bool {
+    pub(crate) fn requeue(
+        &mut self,
+        partition: &PartitionId,
+        epoch: u64,
+        behind: Vec<OwnedMessage>,
+    ) -> bool {
         let Some(state) = self.current(partition, epoch) else {
             return false;
         };
@@ -697,7 +702,13 @@ mod tests {
         // Three slots free: batches of two, two and one partitions.
         let sizes: Vec<usize> = (0..3)
             .rev()
-            .map(|taken| progress.next_batch(10, usize::MAX, taken + 1).unwrap().partitions.len())
+            .map(|taken| {
+                progress
+                    .next_batch(10, usize::MAX, taken + 1)
+                    .unwrap()
+                    .partitions
+                    .len()
+            })
             .collect();
         assert_eq!(sizes, [2, 2, 1]);
         assert!(progress.next_batch(10, usize::MAX, 1).is_none());

@@ -232,13 +232,11 @@ impl<'a> Receiver<'a> {
             let Some(NextBatch {
                 messages,
                 partitions,
-            }) = self
-                .progress
-                .next_batch(
-                    settings.batch_size,
-                    settings.batch_max_bytes,
-                    settings.concurrent_batches - self.in_flight.len(),
-                )
+            }) = self.progress.next_batch(
+                settings.batch_size,
+                settings.batch_max_bytes,
+                settings.concurrent_batches - self.in_flight.len(),
+            )
             else {
                 break;
             };
@@ -275,9 +273,9 @@ impl<'a> Receiver<'a> {
             .map(|(partition, _)| partition)
             .collect();
         let is_current = |message: &OwnedMessage| {
-            current
-                .iter()
-                .any(|(topic, partition)| topic == message.topic() && *partition == message.partition())
+            current.iter().any(|(topic, partition)| {
+                topic == message.topic() && *partition == message.partition()
+            })
         };
         let Taken {
             done,
