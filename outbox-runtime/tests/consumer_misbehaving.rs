@@ -274,8 +274,9 @@ async fn inbox_a_handler_that_swallows_a_database_error_is_parked_alone(pool: Pg
     }
 }
 
-/// Produces `event` to `partition` (rather than by its key).
-async fn produce_to<E: DomainEvent>(producer: &FutureProducer, event: &E, partition: i32) {
+/// Produces `event` to `partition` (rather than by its key); returns the
+/// offset the broker gave it.
+async fn produce_to<E: DomainEvent>(producer: &FutureProducer, event: &E, partition: i32) -> i64 {
     let record = txoutbox_core::OutboxRecord::from_event(event).unwrap();
     let value = serde_json::to_vec(&record.payload).unwrap();
     let headers = OwnedHeaders::new().insert(Header {
@@ -293,7 +294,8 @@ async fn produce_to<E: DomainEvent>(producer: &FutureProducer, event: &E, partit
         )
         .await
         .map_err(|(e, _)| e)
-        .expect("produce");
+        .expect("produce")
+        .offset
 }
 
 /// Fails every time for the culprit, records the others.
@@ -743,8 +745,16 @@ struct SlowPartition {
     culprit_offset: i64,
 }
 
+/// Events produced behind the slow one on its partition: more than the
+/// consumer's `batch_size` ([`SLOW_BATCH`]), so that they fill what may
+/// wait for the slow batch and the partition is paused.
+const BEHIND: i64 = 60;
+
+/// The consumers' `batch_size` in the slow-handler tests.
+const SLOW_BATCH: usize = 20;
+
 /// A consumer of a two-partition topic whose handler takes [`SLOW`] for one
-/// event of partition 0, followed there by another event; while it runs,
+/// event of partition 0, followed there by [`BEHIND`] events; while it runs,
 /// healthy events go to partition 1. Checks that partition 0's events took
 /// effect in offset order, every event exactly once, and that the group's
 /// offsets reach the end of both partitions; reports what the healthy
@@ -755,8 +765,7 @@ async fn one_slow_partition<E: DomainEvent>(
     group: &str,
     make: impl Fn(i64) -> (E, Uuid),
 ) -> SlowPartition {
-    let start = high_watermarks(E::TOPIC, 2).await;
-    let running = consumer.build().unwrap().spawn();
+    let running = consumer.batch_size(SLOW_BATCH).build().unwrap().spawn();
     let producer = producer();
     let (warm_up, warm_up_id) = make(1);
     produce_to(&producer, &warm_up, 1).await;
@@ -767,41 +776,58 @@ async fn one_slow_partition<E: DomainEvent>(
     )
     .await;
     let (culprit, culprit_id) = make(CULPRIT);
-    let (behind, behind_id) = make(2); // partition 0, after the culprit: waits for it
-    produce_to(&producer, &culprit, 0).await;
-    produce_to(&producer, &behind, 0).await;
+    let culprit_offset = produce_to(&producer, &culprit, 0).await;
+    // Partition 0 after the culprit: these wait for it, in order.
+    let behind: Vec<(E, Uuid)> = (0..BEHIND).map(|i| make(2_000 + i)).collect();
+    let mut end = [0, 0];
+    for (event, _) in &behind {
+        end[0] = produce_to(&producer, event, 0).await + 1;
+    }
     let mut healthy = Vec::new();
     let mut produced_at = Vec::new();
     for i in 0..8 {
         let (event, id) = make(1_000 + i);
         produced_at.push(chrono::Utc::now());
-        produce_to(&producer, &event, 1).await;
+        end[1] = produce_to(&producer, &event, 1).await + 1;
         healthy.push(id);
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    // The culprit's handler is still running (1.2 s of its 2.5 s went by):
-    // nothing of partition 0 may be committed past it.
+    // The culprit's handler is still running (about 1.2 s of its 2.5 s went
+    // by): nothing of partition 0 may be committed past it.
     let committed_while_slow = committed(group, E::TOPIC, 2).await[0];
+    let mut partition_0 = vec![culprit_id];
+    partition_0.extend(behind.iter().map(|(_, id)| *id));
     eventually(
-        "the event behind the culprit handled",
+        "the events behind the culprit handled",
         Duration::from_secs(30),
-        || async { effect_counts(pool, &[behind_id]).await == [1] },
+        || async {
+            effect_counts(pool, &partition_0)
+                .await
+                .iter()
+                .all(|&n| n == 1)
+        },
     )
     .await;
-    let end = vec![start[0] + 2, start[1] + 9];
+    // Past the last event of each partition (not `start` plus the events
+    // sent: tansu's offsets may leave gaps).
     eventually("the offsets committed", Duration::from_secs(15), || async {
         committed(group, E::TOPIC, 2).await == end
     })
     .await;
     assert!(running.is_running());
     running.shutdown().await.unwrap();
-    let mut all = vec![warm_up_id, culprit_id, behind_id];
+    let mut all = vec![warm_up_id];
+    all.extend(&partition_0);
     all.extend(&healthy);
     assert_eq!(effect_counts(pool, &all).await, vec![1; all.len()]);
-    let times = effect_times(pool, &[culprit_id, behind_id]).await;
+    let times: Vec<_> = effect_times(pool, &partition_0)
+        .await
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
     assert!(
-        times[0] < times[1],
-        "partition 0 out of order: the event behind the slow one took effect first"
+        times.windows(2).all(|pair| pair[0] < pair[1]),
+        "partition 0 took effect out of offset order"
     );
     let worst_healthy = effect_times(pool, &healthy)
         .await
@@ -813,15 +839,16 @@ async fn one_slow_partition<E: DomainEvent>(
     SlowPartition {
         worst_healthy,
         committed_while_slow,
-        culprit_offset: start[0],
+        culprit_offset,
     }
 }
 
 /// A slow handler (not hung: it returns within the handler timeout) holds
 /// its own partition only: batches of different partitions run at once,
-/// each in its own transaction. One batch at a time, as before, the
-/// healthy partition waits for the slow call; the contrast shows the
-/// scenario tells the two apart.
+/// each in its own transaction, and the slow partition's backlog (more
+/// than a batch) waits paused instead of stopping the receive loop. One
+/// batch at a time, as before, the healthy partition waits for the slow
+/// call; the contrast shows the scenario tells the two apart.
 #[sqlx::test(migrations = false)]
 async fn dedup_a_slow_handler_holds_only_its_own_partition(pool: PgPool) {
     prepare(&pool).await;

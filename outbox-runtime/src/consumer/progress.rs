@@ -84,6 +84,8 @@ struct State {
     /// Received, waiting for a batch: for the partition's batch in flight
     /// to end, or for room among the batches in flight.
     ready: VecDeque<OwnedMessage>,
+    /// The bytes of `ready` (see [`size_of`]).
+    ready_bytes: usize,
     /// Whether a batch of this partition is in flight.
     busy: bool,
     /// Whether fetching this partition is paused (see [`Progress::pauses`]).
@@ -156,6 +158,7 @@ impl Progress {
                 .received_to
                 .map_or(offset + 1, |next| next.max(offset + 1)),
         );
+        state.ready_bytes += size_of(&message);
         state.ready.push_back(message);
     }
 
@@ -204,7 +207,9 @@ impl Progress {
                 let Some(message) = state.ready.pop_front() else {
                     break;
                 };
-                bytes += size_of(&message);
+                let size = size_of(&message);
+                state.ready_bytes -= size;
+                bytes += size;
                 batch.messages.push(message);
                 took += 1;
             }
@@ -231,20 +236,22 @@ impl Progress {
         }
     }
 
-    /// Messages received and waiting for a batch, in all partitions.
-    pub(crate) fn waiting(&self) -> usize {
-        self.partitions.values().map(|s| s.ready.len()).sum()
-    }
-
     /// The partitions whose fetching is to be paused (`true`) or resumed
-    /// (`false`) now: paused while blocked by a retried event, or while
-    /// `limit` or more of its messages wait for a batch (its batch in
-    /// flight is slow: what librdkafka fetched meanwhile stays in
-    /// librdkafka's bounded queue instead of piling up here).
-    pub(crate) fn pauses(&mut self, limit: usize) -> Vec<(PartitionId, bool)> {
+    /// (`false`) now: paused while blocked by a retried event, or while a
+    /// batch's worth of its messages (`max_messages` or `max_bytes`) wait
+    /// for a batch (its batch in flight is slow: what librdkafka fetches
+    /// meanwhile stays in librdkafka's bounded queue instead of piling up
+    /// here).
+    pub(crate) fn pauses(
+        &mut self,
+        max_messages: usize,
+        max_bytes: usize,
+    ) -> Vec<(PartitionId, bool)> {
         let mut changes = Vec::new();
         for (partition, state) in &mut self.partitions {
-            let pause = state.blocked.is_some() || state.ready.len() >= limit;
+            let pause = state.blocked.is_some()
+                || state.ready.len() >= max_messages
+                || state.ready_bytes >= max_bytes;
             if pause != state.paused {
                 state.paused = pause;
                 changes.push((partition.clone(), pause));
@@ -282,6 +289,7 @@ impl Progress {
     ) {
         let state = self.state(&id_of(message));
         behind.extend(state.ready.drain(..));
+        state.ready_bytes = 0;
         state.blocked = Some(Blocked {
             head: message.clone(),
             retry: Some(retry),
@@ -303,6 +311,7 @@ impl Progress {
             return false;
         };
         for message in behind.into_iter().rev() {
+            state.ready_bytes += size_of(&message);
             state.ready.push_front(message);
         }
         true
@@ -585,7 +594,6 @@ mod tests {
         progress.receive(message("a", 0, 3));
         assert_eq!(offsets(progress.next_batch(10, usize::MAX, 1)), ["a/1/5"]);
         assert!(progress.next_batch(10, usize::MAX, 1).is_none());
-        assert_eq!(progress.waiting(), 2);
         // Nothing of a/0 is stored past its batch in flight.
         progress.finish(&message("a", 1, 5));
         let mut stored = progress.offsets_to_store();
@@ -683,14 +691,26 @@ mod tests {
         progress.receive(message("a", 0, 0));
         let _in_flight = progress.next_batch(10, usize::MAX, 1).unwrap();
         progress.receive(message("a", 0, 1));
-        assert!(progress.pauses(2).is_empty());
+        assert!(progress.pauses(2, usize::MAX).is_empty());
         progress.receive(message("a", 0, 2));
-        assert_eq!(progress.pauses(2), [(a(0), true)]);
-        assert!(progress.pauses(2).is_empty());
+        assert_eq!(progress.pauses(2, usize::MAX), [(a(0), true)]);
+        assert!(progress.pauses(2, usize::MAX).is_empty());
         let epoch = progress.epoch(&a(0));
         progress.batch_done(&a(0), epoch);
         progress.next_batch(10, usize::MAX, 1).unwrap();
-        assert_eq!(progress.pauses(2), [(a(0), false)]);
+        assert_eq!(progress.pauses(2, usize::MAX), [(a(0), false)]);
+        // The same by bytes.
+        progress.receive(OwnedMessage::new(
+            Some(vec![0; 100]),
+            None,
+            "a".to_owned(),
+            Timestamp::NotAvailable,
+            0,
+            3,
+            None,
+        ));
+        assert!(progress.pauses(10, 101).is_empty());
+        assert_eq!(progress.pauses(10, 100), [(a(0), true)]);
     }
 
     #[test]

@@ -135,9 +135,10 @@ impl<'a> Receiver<'a> {
         loop {
             let next_due = self.progress.next_due();
             // Nothing more is taken from librdkafka while every batch slot
-            // is taken, or while a batch's worth waits already.
-            let room = self.in_flight.len() < settings.concurrent_batches
-                && self.progress.waiting() < settings.batch_size;
+            // is taken. Otherwise only busy (or blocked) partitions keep
+            // what they receive waiting, and each is paused once a batch's
+            // worth waits (see `apply_pauses`).
+            let room = self.in_flight.len() < settings.concurrent_batches;
             let running = tokio::select! {
                 biased;
                 () = ctx.token.cancelled() => false,
@@ -424,7 +425,11 @@ impl<'a> Receiver<'a> {
     /// Pauses or resumes fetching the partitions whose state asks for it
     /// (see [`Progress::pauses`]).
     fn apply_pauses(&mut self) {
-        for (partition, pause) in self.progress.pauses(self.consumer.ctx.settings.batch_size) {
+        let settings = &self.consumer.ctx.settings;
+        for (partition, pause) in self
+            .progress
+            .pauses(settings.batch_size, settings.batch_max_bytes)
+        {
             self.pause(&partition, pause);
         }
     }
