@@ -11,6 +11,7 @@
 //! OUTBOX_BENCH_ROUNDS=5 OUTBOX_BENCH_BASELINE_EVENTS=10000 ...     # the defaults
 //! OUTBOX_BENCH_PROFILE=1 cargo bench ...  # where the database time goes (see `profile`)
 //! OUTBOX_BENCH_KAFKA_fetch.wait.max.ms=500 cargo bench ...  # any librdkafka setting, every client
+//! OUTBOX_BENCH_CONCURRENT_BATCHES=1 cargo bench ...  # one batch at a time (default: the consumer's, 4)
 //! ```
 //!
 //! Each round drains the same events with the baseline (its first
@@ -292,7 +293,12 @@ impl Drained {
 async fn drain(pool: &PgPool, variant: &str, start: &[i64], n: usize) -> Drained {
     let group = format!("bench-{variant}-{}", Uuid::new_v4().simple());
     start_group(&group, start);
-    let builder = Consumer::builder(pool.clone(), kafka(), &group).create_missing_dlq_topics(true);
+    let mut builder =
+        Consumer::builder(pool.clone(), kafka(), &group).create_missing_dlq_topics(true);
+    if let Ok(batches) = std::env::var("OUTBOX_BENCH_CONCURRENT_BATCHES") {
+        builder = builder
+            .concurrent_batches(batches.parse().expect("OUTBOX_BENCH_CONCURRENT_BATCHES: a number"));
+    }
     let inbox = |builder: txoutbox_runtime::consumer::ConsumerBuilder| {
         builder
             .mode(Mode::Inbox)
@@ -347,6 +353,11 @@ async fn main() {
         "produced {n} events to {} ({PARTITIONS} partitions) in {:.1} s",
         BenchPaid::TOPIC,
         produced.elapsed().as_secs_f64()
+    );
+    println!(
+        "commit {}; consumers' concurrent batches: {}",
+        txoutbox_testkit::measured_commit(),
+        std::env::var("OUTBOX_BENCH_CONCURRENT_BATCHES").unwrap_or_else(|_| "their default".into())
     );
     let (pool, db) = scratch_database().await;
     let inbox_label = format!(
