@@ -296,8 +296,11 @@ async fn drain(pool: &PgPool, variant: &str, start: &[i64], n: usize) -> Drained
     let mut builder =
         Consumer::builder(pool.clone(), kafka(), &group).create_missing_dlq_topics(true);
     if let Ok(batches) = std::env::var("OUTBOX_BENCH_CONCURRENT_BATCHES") {
-        builder = builder
-            .concurrent_batches(batches.parse().expect("OUTBOX_BENCH_CONCURRENT_BATCHES: a number"));
+        builder = builder.concurrent_batches(
+            batches
+                .parse()
+                .expect("OUTBOX_BENCH_CONCURRENT_BATCHES: a number"),
+        );
     }
     let inbox = |builder: txoutbox_runtime::consumer::ConsumerBuilder| {
         builder
