@@ -734,6 +734,33 @@ async fn effect_counts(pool: &PgPool, ids: &[Uuid]) -> Vec<i64> {
     counts
 }
 
+/// A fresh group on `topic` (two partitions, created unless it exists),
+/// starting at its end.
+async fn slow_topic_group(topic: &str, tag: &str) -> String {
+    create_topic(topic, 2).await;
+    let group = unique_group(tag);
+    start_group_at(&group, topic, 2, true).await;
+    group
+}
+
+/// Produces `event` to partition 1 and waits until it took effect: the
+/// consumer has joined its group and handles. Returns its offset.
+async fn warm_up<E: DomainEvent>(
+    pool: &PgPool,
+    producer: &FutureProducer,
+    event: &E,
+    event_id: Uuid,
+) -> i64 {
+    let offset = produce_to(producer, event, 1).await;
+    eventually(
+        "the warm-up event handled",
+        Duration::from_secs(30),
+        || async { effect_counts(pool, &[event_id]).await == [1] },
+    )
+    .await;
+    offset
+}
+
 /// What [`one_slow_partition`] saw.
 struct SlowPartition {
     /// The longest a healthy event of partition 1 took from its produce to
@@ -767,14 +794,8 @@ async fn one_slow_partition<E: DomainEvent>(
 ) -> SlowPartition {
     let running = consumer.batch_size(SLOW_BATCH).build().unwrap().spawn();
     let producer = producer();
-    let (warm_up, warm_up_id) = make(1);
-    produce_to(&producer, &warm_up, 1).await;
-    eventually(
-        "the warm-up event handled",
-        Duration::from_secs(30),
-        || async { effect_counts(pool, &[warm_up_id]).await == [1] },
-    )
-    .await;
+    let (first, warm_up_id) = make(1);
+    warm_up(pool, &producer, &first, warm_up_id).await;
     let (culprit, culprit_id) = make(CULPRIT);
     let culprit_offset = produce_to(&producer, &culprit, 0).await;
     // Partition 0 after the culprit: these wait for it, in order.
@@ -852,7 +873,6 @@ async fn one_slow_partition<E: DomainEvent>(
 #[sqlx::test(migrations = false)]
 async fn dedup_a_slow_handler_holds_only_its_own_partition(pool: PgPool) {
     prepare(&pool).await;
-    create_topic(Slow::TOPIC, 2).await;
     let make = |amount| {
         let event = Slow::new(amount);
         let id = event.event_id;
@@ -860,8 +880,7 @@ async fn dedup_a_slow_handler_holds_only_its_own_partition(pool: PgPool) {
     };
     let mut worst = Vec::new();
     for concurrent in [1, 4] {
-        let group = unique_group("slow");
-        start_group_at(&group, Slow::TOPIC, 2, true).await;
+        let group = slow_topic_group(Slow::TOPIC, "slow").await;
         let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
             .handler(on_slow)
             .concurrent_batches(concurrent);
@@ -896,9 +915,7 @@ async fn dedup_a_slow_handler_holds_only_its_own_partition(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn inbox_a_slow_handler_on_receipt_holds_only_its_own_partition(pool: PgPool) {
     prepare(&pool).await;
-    create_topic(SlowInbox::TOPIC, 2).await;
-    let group = unique_group("slow-inbox");
-    start_group_at(&group, SlowInbox::TOPIC, 2, true).await;
+    let group = slow_topic_group(SlowInbox::TOPIC, "slow-inbox").await;
     let consumer = Consumer::builder(pool.clone(), kafka_config(), &group)
         .handler(on_slow_inbox)
         .mode(Mode::Inbox);
@@ -926,10 +943,7 @@ async fn inbox_a_slow_handler_on_receipt_holds_only_its_own_partition(pool: PgPo
 #[sqlx::test(migrations = false)]
 async fn dedup_shutdown_waits_for_the_batches_in_flight(pool: PgPool) {
     prepare(&pool).await;
-    create_topic(SlowShutdown::TOPIC, 2).await;
-    let group = unique_group("slow-shutdown");
-    start_group_at(&group, SlowShutdown::TOPIC, 2, true).await;
-    let start = high_watermarks(SlowShutdown::TOPIC, 2).await;
+    let group = slow_topic_group(SlowShutdown::TOPIC, "slow-shutdown").await;
     let consumer = || {
         Consumer::builder(pool.clone(), kafka_config(), &group)
             .handler(on_slow_shutdown)
@@ -939,21 +953,15 @@ async fn dedup_shutdown_waits_for_the_batches_in_flight(pool: PgPool) {
     };
     let running = consumer();
     let producer = producer();
-    let warm_up = SlowShutdown::new(1);
-    produce_to(&producer, &warm_up, 1).await;
-    eventually(
-        "the warm-up event handled",
-        Duration::from_secs(30),
-        || async { effect_counts(&pool, &[warm_up.event_id]).await == [1] },
-    )
-    .await;
+    let first = SlowShutdown::new(1);
+    warm_up(&pool, &producer, &first, first.event_id).await;
     let culprit = SlowShutdown::new(CULPRIT);
     let behind = SlowShutdown::new(2);
     let healthy = SlowShutdown::new(3);
-    produce_to(&producer, &culprit, 0).await;
+    let culprit_offset = produce_to(&producer, &culprit, 0).await;
     let slow_from = Instant::now();
-    produce_to(&producer, &behind, 0).await;
-    produce_to(&producer, &healthy, 1).await;
+    let behind_offset = produce_to(&producer, &behind, 0).await;
+    let healthy_offset = produce_to(&producer, &healthy, 1).await;
     eventually(
         "the healthy event handled while the slow one runs",
         Duration::from_secs(30),
@@ -977,12 +985,11 @@ async fn dedup_shutdown_waits_for_the_batches_in_flight(pool: PgPool) {
     // for that batch, was never taken, and comes again after the restart).
     let offsets = committed(&group, SlowShutdown::TOPIC, 2).await;
     assert!(
-        offsets[0] == start[0] + 1 || offsets[0] == start[0] + 2,
-        "partition 0 committed at {}, from {}",
-        offsets[0],
-        start[0]
+        offsets[0] == culprit_offset + 1 || offsets[0] == behind_offset + 1,
+        "partition 0 committed at {}: the slow event is at {culprit_offset}",
+        offsets[0]
     );
-    assert_eq!(offsets[1], start[1] + 2);
+    assert_eq!(offsets[1], healthy_offset + 1);
     let again = consumer();
     eventually(
         "the event behind handled after the restart",
@@ -995,7 +1002,7 @@ async fn dedup_shutdown_waits_for_the_batches_in_flight(pool: PgPool) {
         effect_counts(
             &pool,
             &[
-                warm_up.event_id,
+                first.event_id,
                 culprit.event_id,
                 behind.event_id,
                 healthy.event_id
@@ -1015,10 +1022,7 @@ async fn dedup_shutdown_waits_for_the_batches_in_flight(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn dedup_a_rebalance_during_a_slow_batch_loses_and_repeats_nothing(pool: PgPool) {
     prepare(&pool).await;
-    create_topic(SlowRebalance::TOPIC, 2).await;
-    let group = unique_group("slow-rebalance");
-    start_group_at(&group, SlowRebalance::TOPIC, 2, true).await;
-    let start = high_watermarks(SlowRebalance::TOPIC, 2).await;
+    let group = slow_topic_group(SlowRebalance::TOPIC, "slow-rebalance").await;
     let consumer = || {
         Consumer::builder(pool.clone(), kafka_config(), &group)
             .handler(on_slow_rebalance)
@@ -1028,24 +1032,22 @@ async fn dedup_a_rebalance_during_a_slow_batch_loses_and_repeats_nothing(pool: P
     };
     let first = consumer();
     let producer = producer();
-    let warm_up = SlowRebalance::new(1);
-    produce_to(&producer, &warm_up, 1).await;
-    eventually(
-        "the warm-up event handled",
-        Duration::from_secs(30),
-        || async { effect_counts(&pool, &[warm_up.event_id]).await == [1] },
-    )
-    .await;
-    let mut ids = vec![warm_up.event_id];
+    let early = SlowRebalance::new(1);
+    let mut end = [
+        0,
+        warm_up(&pool, &producer, &early, early.event_id).await + 1,
+    ];
+    let mut ids = vec![early.event_id];
     let culprit = SlowRebalance::new(CULPRIT);
-    produce_to(&producer, &culprit, 0).await;
+    end[0] = produce_to(&producer, &culprit, 0).await + 1;
     ids.push(culprit.event_id);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let second = consumer();
     // Events on both partitions through the rebalance.
     for i in 0..20 {
         let event = SlowRebalance::new(100 + i);
-        produce_to(&producer, &event, (i % 2) as i32).await;
+        let partition = i % 2;
+        end[partition as usize] = produce_to(&producer, &event, partition as i32).await + 1;
         ids.push(event.event_id);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -1053,7 +1055,6 @@ async fn dedup_a_rebalance_during_a_slow_batch_loses_and_repeats_nothing(pool: P
         effect_counts(&pool, &ids).await.iter().all(|&n| n >= 1)
     })
     .await;
-    let end = vec![start[0] + 11, start[1] + 11];
     eventually("the offsets committed", Duration::from_secs(20), || async {
         committed(&group, SlowRebalance::TOPIC, 2).await == end
     })

@@ -240,7 +240,7 @@ impl std::error::Error for HandlerError {}
 /// commit: the consuming side writes atomically too.
 ///
 /// `DB` is the database of the consumer's transaction: PostgreSQL by
-/// default; [`MySql`](sqlx::MySql) (feature `mysql`, MariaDB) for a handler
+/// default; `sqlx::MySql` (feature `mysql`, MariaDB) for a handler
 /// taking `&mut Transaction<'_, MySql>`, which only a consumer built on a
 /// `MySqlPool` takes.
 #[diagnostic::on_unimplemented(
@@ -324,7 +324,7 @@ mod sealed {
     impl Sealed for sqlx::MySql {}
 }
 
-/// A database a consumer runs on: [`Postgres`], or [`MySql`](sqlx::MySql)
+/// A database a consumer runs on: [`Postgres`], or `sqlx::MySql`
 /// with the feature `mysql` (MariaDB >= 10.6; dedup mode). Sealed: the
 /// framework implements it for the databases whose SQL it has.
 pub trait ConsumerDatabase: sqlx::Database + sealed::Sealed {

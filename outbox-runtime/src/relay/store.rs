@@ -116,7 +116,7 @@ const CLAIM: &str = "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, 
 
 /// Tests only (feature `test-hooks`): runs the relay's claim statement under
 /// `EXPLAIN (ANALYZE, FORMAT JSON)` over every lane (nothing in flight),
-/// planned as on the relay's connection ([`PLANNER_SETTINGS`]), and returns the
+/// planned as on the relay's connection (`PLANNER_SETTINGS`), and returns the
 /// plan, so a test can check which index it walks and how many rows it
 /// stepped over. The claim's row locks end with its transaction, rolled
 /// back.

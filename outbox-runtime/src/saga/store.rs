@@ -35,7 +35,7 @@ pub struct Write<'a> {
 }
 
 /// A database sagas keep their state in: [`Postgres`](sqlx::Postgres), or
-/// [`MySql`](sqlx::MySql) with the feature `mysql` (MariaDB >= 10.6, MySQL
+/// `sqlx::MySql` with the feature `mysql` (MariaDB >= 10.6, MySQL
 /// migration 0006). A saga runs on the database of the consumer it is
 /// registered with; `#[saga]` reads it from the handlers' contexts
 /// (`SagaContext<'_, MySql>`). Sealed, like [`ConsumerDatabase`].
