@@ -75,6 +75,7 @@ pub(crate) fn framework_constants() -> BTreeSet<&'static str> {
         consumer::DEAD_LETTERS_PARKED,
         consumer::HANDLER_TIMEOUTS,
         consumer::PARTITIONS_BACKING_OFF,
+        consumer::BATCHES_IN_FLIGHT,
         consumer::UNKNOWN_SKIPPED,
         consumer::DB_ERRORS,
         consumer::INBOX_STORED,
