@@ -300,21 +300,19 @@ impl Progress {
 
     /// Puts the messages that waited behind `partition`'s retried event
     /// back in line for a batch, ahead of anything received since (nothing,
-    /// while it was blocked). False if the state is gone.
+    /// while it was blocked). Nothing if the state is gone (revoked).
     pub(crate) fn requeue(
         &mut self,
         partition: &PartitionId,
         epoch: u64,
         behind: Vec<OwnedMessage>,
-    ) -> bool {
-        let Some(state) = self.current(partition, epoch) else {
-            return false;
-        };
-        for message in behind.into_iter().rev() {
-            state.ready_bytes += size_of(&message);
-            state.ready.push_front(message);
+    ) {
+        if let Some(state) = self.current(partition, epoch) {
+            for message in behind.into_iter().rev() {
+                state.ready_bytes += size_of(&message);
+                state.ready.push_front(message);
+            }
         }
-        true
     }
 
     /// The blocked partitions with an attempt due by `now`, taking their
@@ -578,6 +576,19 @@ mod tests {
         taken
     }
 
+    /// A message of topic `a` with a value of 100 bytes.
+    fn message_of_100_bytes(partition: i32, offset: i64) -> OwnedMessage {
+        OwnedMessage::new(
+            Some(vec![0; 100]),
+            None,
+            "a".to_owned(),
+            Timestamp::NotAvailable,
+            partition,
+            offset,
+            None,
+        )
+    }
+
     fn a(partition: i32) -> PartitionId {
         ("a".to_owned(), partition)
     }
@@ -660,15 +671,7 @@ mod tests {
         let mut progress = Progress::default();
         for offset in 0..4 {
             for partition in 0..2 {
-                progress.receive(OwnedMessage::new(
-                    Some(vec![0; 100]),
-                    None,
-                    "a".to_owned(),
-                    Timestamp::NotAvailable,
-                    partition,
-                    offset,
-                    None,
-                ));
+                progress.receive(message_of_100_bytes(partition, offset));
             }
         }
         // One message fits the byte bound (at least one is taken): the
@@ -700,15 +703,7 @@ mod tests {
         progress.next_batch(10, usize::MAX, 1).unwrap();
         assert_eq!(progress.pauses(2, usize::MAX), [(a(0), false)]);
         // The same by bytes.
-        progress.receive(OwnedMessage::new(
-            Some(vec![0; 100]),
-            None,
-            "a".to_owned(),
-            Timestamp::NotAvailable,
-            0,
-            3,
-            None,
-        ));
+        progress.receive(message_of_100_bytes(0, 3));
         assert!(progress.pauses(10, 101).is_empty());
         assert_eq!(progress.pauses(10, 100), [(a(0), true)]);
     }
