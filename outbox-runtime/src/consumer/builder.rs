@@ -307,8 +307,18 @@ impl<DB: ConsumerDatabase> ConsumerBuilder<DB> {
     /// failure; the error says `did not return within …`. Every statement of
     /// the consumer's transactions also runs under a PostgreSQL
     /// `statement_timeout` of the same length, so a statement still running
-    /// on the server when the call is abandoned ends too. `Duration::MAX`
-    /// turns both off.
+    /// on the server when the call is abandoned ends too.
+    ///
+    /// It also sets the *stall limit*: the longest of this timeout, the
+    /// pool's `acquire_timeout` and the [`backoff`](Self::backoff)'s longest
+    /// delay, plus 5 s (35 s with the defaults). Every wait of the
+    /// consumer's own work is shorter, so work that goes that long without
+    /// being woken is stuck on a connection that stopped answering (frozen
+    /// by a partition or a hung proxy): it is abandoned, counted as a
+    /// database error, and run again on another connection, and PostgreSQL
+    /// ends the frozen session at the same limit
+    /// (`idle_in_transaction_session_timeout`), releasing its locks.
+    /// `Duration::MAX` turns all of these off.
     ///
     /// The timeout cannot interrupt a handler that blocks its thread
     /// (`std::thread::sleep`, blocking I/O): run such work with

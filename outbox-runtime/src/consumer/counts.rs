@@ -63,6 +63,7 @@ impl Counts {
     /// A database error of the consumer's own statements.
     pub(crate) fn database_error(&self) {
         metrics::counter!(m::DB_ERRORS, "group" => self.group()).increment(1);
+        Totals::add(&self.totals.database_errors, 1);
     }
 
     /// A failed handler call (logged with the handler and the event).

@@ -124,7 +124,7 @@ async fn park(
         publish_error: &refused,
     };
     let mut db_retry = 0;
-    while let Err(failure) = ctx.db.park_dead_letter(&row).await {
+    while let Err(failure) = ctx.db_unless_stalled(ctx.db.park_dead_letter(&row)).await {
         if !ctx.db.failed(&failure, &mut db_retry).await {
             return Settled::Interrupted;
         }

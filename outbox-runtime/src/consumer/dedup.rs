@@ -428,35 +428,37 @@ pub(crate) async fn attempt(ctx: Arc<Shared>, retry: &mut Retry) -> Attempted {
     let mut db_retry = 0;
     let mut transient_retry = 0;
     loop {
-        let outcome = async {
-            let mut tx = ctx.db.begin().await.map_err(Step::Db)?;
-            if !tx
-                .mark_processed(&ctx.settings.group_id, w.envelope.meta.event_id)
-                .await
-                .map_err(Step::Db)?
-            {
-                return Ok(false);
-            }
-            let event = w.event();
-            let after_commit = ctx
-                .calls
-                .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
-                .await
-                .map_err(|failure| Step::Handler(failure.error))?;
-            if let Err(unusable) = tx.commit_checked().await {
-                return Err(match unusable {
-                    txoutbox_core::Error::Database(error) => Step::Db(error),
-                    unusable => Step::Handler(ctx.calls.left_unusable(
-                        &*w.handler,
-                        &w.envelope.meta,
-                        &unusable,
-                    )),
-                });
-            }
-            ctx.calls.committed(after_commit);
-            Ok(true)
-        }
-        .await;
+        let outcome = ctx
+            .unless_stalled(async {
+                let mut tx = ctx.db.begin().await.map_err(Step::Db)?;
+                if !tx
+                    .mark_processed(&ctx.settings.group_id, w.envelope.meta.event_id)
+                    .await
+                    .map_err(Step::Db)?
+                {
+                    return Ok(false);
+                }
+                let event = w.event();
+                let after_commit = ctx
+                    .calls
+                    .call(&*w.handler, tx.lend(), event, &w.envelope.meta)
+                    .await
+                    .map_err(|failure| Step::Handler(failure.error))?;
+                if let Err(unusable) = tx.commit_checked().await {
+                    return Err(match unusable {
+                        txoutbox_core::Error::Database(error) => Step::Db(error),
+                        unusable => Step::Handler(ctx.calls.left_unusable(
+                            &*w.handler,
+                            &w.envelope.meta,
+                            &unusable,
+                        )),
+                    });
+                }
+                ctx.calls.committed(after_commit);
+                Ok(true)
+            })
+            .await
+            .unwrap_or_else(|stalled| Err(Step::Db(stalled.into_db_error())));
         match outcome {
             Ok(handled) => {
                 ctx.counts.handled(u64::from(handled), u64::from(!handled));

@@ -62,6 +62,7 @@ mod receive;
 mod route;
 mod run;
 mod shared;
+mod stall;
 mod summary;
 mod work;
 

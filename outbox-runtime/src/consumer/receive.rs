@@ -243,10 +243,7 @@ impl<'a> Receiver<'a> {
             };
             self.in_flight.push(Box::pin(async move {
                 let span = tracing::info_span!("outbox.consume_batch", group = %settings.group_id, size = messages.len());
-                let taken = match settings.mode {
-                    Mode::Dedup => dedup::take(ctx, &messages).instrument(span).await,
-                    Mode::Inbox => inbox::take(ctx, &messages).instrument(span).await,
-                };
+                let taken = take_unless_stalled(ctx, &messages).instrument(span).await;
                 Ended {
                     messages,
                     partitions,
@@ -524,5 +521,30 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Takes a batch in the consumer's mode; again, on another connection, when
+/// an attempt stalls on one that stopped answering ([`super::stall`]). Each
+/// attempt is whole: what an abandoned one committed (its `COMMIT` may have
+/// arrived) is absorbed by the dedup rows or the inbox keys, and the batch's
+/// partitions stay busy meanwhile, so their order holds.
+async fn take_unless_stalled(ctx: &super::shared::Shared, messages: &[OwnedMessage]) -> Taken {
+    let mut stalls = 0;
+    loop {
+        let attempt = async {
+            match ctx.settings.mode {
+                Mode::Dedup => dedup::take(ctx, messages).await,
+                Mode::Inbox => inbox::take(ctx, messages).await,
+            }
+        };
+        match ctx.unless_stalled(attempt).await {
+            Ok(taken) => return taken,
+            Err(stalled) => {
+                if !ctx.db.failed(&stalled.into_db_error(), &mut stalls).await {
+                    return Taken::interrupted();
+                }
+            }
+        }
     }
 }

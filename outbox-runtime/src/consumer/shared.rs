@@ -28,6 +28,10 @@ pub(crate) struct Shared {
     /// Metrics and the totals of the consumer's summary (shared with its
     /// handle).
     pub(crate) counts: Counts,
+    /// How long the consumer's work may go without being woken before its
+    /// connection is taken for dead ([`super::stall`]); `None` when the
+    /// timeouts are off.
+    pub(crate) stall_limit: Option<std::time::Duration>,
     /// What inbox mode keeps in memory (on MySQL).
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) inbox: InboxState,
@@ -43,9 +47,15 @@ impl Shared {
         let token = CancellationToken::new();
         let counts = Counts::new(settings.group_id.clone());
         let wakeup_scope = pool.wakeup_scope();
+        let stall_limit = super::stall::stall_limit(&[
+            settings.handler_timeout,
+            pool.acquire_timeout(),
+            settings.backoff.max(),
+        ]);
         let db = Database::new(
             pool,
             settings.handler_timeout,
+            stall_limit,
             settings.backoff,
             token.clone(),
             counts.clone(),
@@ -60,12 +70,33 @@ impl Shared {
             db,
             calls,
             counts,
+            stall_limit,
             inbox: InboxState::default(),
         }
     }
 
     pub(crate) fn group(&self) -> String {
         self.settings.group_id.clone()
+    }
+
+    /// Runs `work` unless it stalls on a connection that stopped answering
+    /// ([`super::stall::unless_stalled`] with the consumer's limit).
+    pub(crate) async fn unless_stalled<F: std::future::Future>(
+        &self,
+        work: F,
+    ) -> Result<F::Output, super::stall::Stalled> {
+        super::stall::unless_stalled(work, self.stall_limit).await
+    }
+
+    /// [`Shared::unless_stalled`] for database work, a stall becoming its
+    /// error (for the outage path: counted, logged, retried after a pause).
+    pub(crate) async fn db_unless_stalled<T>(
+        &self,
+        work: impl std::future::Future<Output = sqlx::Result<T>>,
+    ) -> sqlx::Result<T> {
+        self.unless_stalled(work)
+            .await
+            .unwrap_or_else(|stalled| Err(stalled.into_db_error()))
     }
 }
 

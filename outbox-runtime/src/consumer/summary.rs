@@ -27,6 +27,10 @@ pub struct ConsumerSummary {
     pub stored: u64,
     /// Inbox mode: rows parked (out of attempts, or no handler can take them).
     pub parked: u64,
+    /// Failures of the consumer's own database work (an outage, or a
+    /// connection that stopped answering and was abandoned), each followed
+    /// by a pause and another try.
+    pub database_errors: u64,
     /// `true` if the consumer stopped within its
     /// [`shutdown_timeout`](super::ConsumerBuilder::shutdown_timeout);
     /// `false` if it had to be aborted (what it had not committed is
@@ -44,6 +48,7 @@ pub(crate) struct Totals {
     pub(crate) skipped: AtomicU64,
     pub(crate) stored: AtomicU64,
     pub(crate) parked: AtomicU64,
+    pub(crate) database_errors: AtomicU64,
 }
 
 impl Totals {
@@ -62,6 +67,7 @@ impl Totals {
             skipped: get(&self.skipped),
             stored: get(&self.stored),
             parked: get(&self.parked),
+            database_errors: get(&self.database_errors),
             clean,
         }
     }

@@ -9,8 +9,9 @@
 //! connection, which the other fault scenarios do (`kill -9`), is the easy
 //! case by comparison.
 //!
-//! Freezing can target every connection ([`Proxy::freeze_all`]) or the
-//! connections of one client process ([`Proxy::freeze_process`]), found
+//! Freezing can target every connection ([`Proxy::freeze_all`]), one
+//! connection by the port the target sees ([`Proxy::freeze_upstream_port`]),
+//! or the connections of one client process ([`Proxy::freeze_process`]), found
 //! through `/proc`: the client's socket is the one whose local port is the
 //! accepted connection's peer port, and it belongs to the process holding
 //! its inode among its file descriptors. New connections of a frozen target
@@ -164,6 +165,21 @@ impl Proxy {
             }
         }
         frozen
+    }
+
+    /// Freezes the one open connection whose upstream port (what the target
+    /// sees as the client's port, e.g. PostgreSQL's `inet_client_port()`)
+    /// is `port`; false if there is none.
+    pub fn freeze_upstream_port(&self, port: u16) -> bool {
+        let state = self.state.lock().expect("proxy state");
+        let link = state
+            .links
+            .iter()
+            .find(|link| link.upstream_port == port && !link.frozen.is_closed());
+        if let Some(link) = link {
+            link.frozen.send_replace(true);
+        }
+        link.is_some()
     }
 
     /// Forwards again on every connection (what was held back flows).

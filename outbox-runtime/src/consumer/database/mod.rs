@@ -44,6 +44,16 @@ impl Pool {
         };
         txoutbox_core::__private::wakeup::Scope::of_database(name.as_deref())
     }
+
+    /// How long the pool's acquire may wait (a bound of the consumer's
+    /// waits, see [`super::stall`]).
+    pub(crate) fn acquire_timeout(&self) -> Duration {
+        match self {
+            Self::Postgres(pool) => pool.options().get_acquire_timeout(),
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => pool.options().get_acquire_timeout(),
+        }
+    }
 }
 
 /// One of the consumer's transactions.
@@ -285,12 +295,13 @@ impl Database {
     pub(crate) fn new(
         pool: Pool,
         handler_timeout: Duration,
+        stall_limit: Option<Duration>,
         backoff: Backoff,
         token: CancellationToken,
         counts: Counts,
     ) -> Self {
         let begin_statement = match &pool {
-            Pool::Postgres(_) => postgres::begin_statement(handler_timeout),
+            Pool::Postgres(_) => postgres::begin_statement(handler_timeout, stall_limit),
             #[cfg(feature = "mysql")]
             Pool::MySql(_) => mysql::BEGIN.to_owned(),
         };

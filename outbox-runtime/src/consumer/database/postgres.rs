@@ -9,14 +9,34 @@ use uuid::Uuid;
 use super::ParkedDeadLetter;
 
 /// The statement that opens each of a consumer's transactions: `READ
-/// COMMITTED` and, unless the timeout is off, a `statement_timeout` of the
-/// handler timeout (`SET LOCAL`: it ends with the transaction).
-pub(super) fn begin_statement(handler_timeout: std::time::Duration) -> String {
+/// COMMITTED` and, unless the timeouts are off, a `statement_timeout` of the
+/// handler timeout and an `idle_in_transaction_session_timeout` of the stall
+/// limit (`SET LOCAL`: both end with the transaction).
+///
+/// The second is for a connection that froze mid-transaction: the consumer
+/// abandons it at the stall limit ([`crate::consumer::stall`]), and
+/// PostgreSQL, which waits for a `COMMIT` that never comes, ends the session
+/// after as long without a statement, releasing the locks its dedup rows or
+/// inbox keys hold, which the work's next attempt waits for. The consumer's
+/// own transactions never idle that long: every wait inside one is shorter.
+pub(super) fn begin_statement(
+    handler_timeout: std::time::Duration,
+    stall_limit: Option<std::time::Duration>,
+) -> String {
     const BEGIN: &str = crate::txn::BEGIN;
-    match i32::try_from(handler_timeout.as_millis()) {
-        Ok(millis) if millis > 0 => format!("{BEGIN}; SET LOCAL statement_timeout = {millis}"),
-        _ => BEGIN.to_owned(),
+    let millis = |timeout: std::time::Duration| {
+        i32::try_from(timeout.as_millis())
+            .ok()
+            .filter(|millis| *millis > 0)
+    };
+    let mut statement = BEGIN.to_owned();
+    if let Some(millis) = millis(handler_timeout) {
+        statement += &format!("; SET LOCAL statement_timeout = {millis}");
     }
+    if let Some(millis) = stall_limit.and_then(millis) {
+        statement += &format!("; SET LOCAL idle_in_transaction_session_timeout = {millis}");
+    }
+    statement
 }
 
 /// One statement for a batch: the ids whose dedup row this inserted.
@@ -91,13 +111,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn transactions_state_their_isolation_and_bound_their_statements() {
+    fn transactions_state_their_isolation_and_bound_their_statements_and_idling() {
         assert_eq!(
-            begin_statement(Duration::from_secs(30)),
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = 30000"
+            begin_statement(Duration::from_secs(30), Some(Duration::from_secs(35))),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = 30000; \
+             SET LOCAL idle_in_transaction_session_timeout = 35000"
         );
         assert_eq!(
-            begin_statement(Duration::MAX),
+            begin_statement(Duration::MAX, None),
             "BEGIN ISOLATION LEVEL READ COMMITTED"
         );
     }

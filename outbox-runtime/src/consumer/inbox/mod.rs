@@ -157,23 +157,31 @@ pub(crate) async fn process(ctx: Arc<Shared>, index: usize) {
         if let Some(membership) = membership.as_mut()
             && heartbeat_at <= Instant::now()
         {
-            membership.heartbeat(&ctx).await;
+            if let Err(stalled) = ctx.unless_stalled(membership.heartbeat(&ctx)).await {
+                tracing::warn!(%stalled, "inbox heartbeat abandoned");
+            }
             heartbeat_at = Instant::now() + ctx.settings.backlog_interval;
         }
         // Registered before claiming, so rows stored meanwhile wake us.
         let stored = ctx.stored.notified();
         tokio::pin!(stored);
         stored.as_mut().enable();
-        let due = match polled {
-            true => claim::anything_due(&ctx).await,
-            false => Ok(true),
-        };
+        // A connection that stops answering mid-claim is abandoned at the
+        // stall limit, like a batch's (see `stall`): the claim's locks go
+        // with its session and the rows are claimed again.
+        let claimed = ctx
+            .db_unless_stalled(async {
+                let due = match polled {
+                    true => claim::anything_due(&ctx).await?,
+                    false => true,
+                };
+                match due {
+                    true => handle::claim_and_handle(&ctx, &mut recovery).await,
+                    false => Ok(handle::Claimed::Drained),
+                }
+            })
+            .await;
         polled = false;
-        let claimed = match due {
-            Ok(true) => handle::claim_and_handle(&ctx, &mut recovery).await,
-            Ok(false) => Ok(handle::Claimed::Drained),
-            Err(error) => Err(error),
-        };
         match claimed {
             // Fewer rows than a batch does not mean nothing else is due: the
             // other keys' heads may have been locked by another processor a
