@@ -109,6 +109,9 @@ pub(crate) async fn unless_stalled<F: Future>(
         woken: AtomicBool::new(true),
         outer: AtomicWaker::new(),
     });
+    // The timer is moved only when it fires early (work was polled since
+    // it was set), not at every poll: at most once per `limit`.
+    let mut last_poll = Instant::now();
     let mut deadline = pin!(tokio::time::sleep(limit));
     std::future::poll_fn(|cx: &mut Context<'_>| {
         watch.outer.register(cx.waker());
@@ -117,12 +120,16 @@ pub(crate) async fn unless_stalled<F: Future>(
             if let Poll::Ready(output) = work.as_mut().poll(&mut Context::from_waker(&waker)) {
                 return Poll::Ready(Ok(output));
             }
-            deadline.as_mut().reset(Instant::now() + limit);
+            last_poll = Instant::now();
         }
-        match deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(Stalled { limit })),
-            Poll::Pending => Poll::Pending,
+        while deadline.as_mut().poll(cx).is_ready() {
+            let stalls_at = last_poll + limit;
+            if stalls_at <= Instant::now() {
+                return Poll::Ready(Err(Stalled { limit }));
+            }
+            deadline.as_mut().reset(stalls_at);
         }
+        Poll::Pending
     })
     .await
 }
