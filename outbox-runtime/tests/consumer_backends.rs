@@ -236,28 +236,6 @@ handlers!(TransientEvent, transient_pg, transient_my);
 handlers!(HangEvent, hang_pg, hang_my);
 handlers!(ParkEvent, park_pg, park_my);
 
-/// Produces `event` to `partition` with its event type header.
-async fn produce_to<E: DomainEvent>(producer: &FutureProducer, event: &E, partition: i32) {
-    let record = txoutbox_core::OutboxRecord::from_event(event).unwrap();
-    let value = serde_json::to_vec(&record.payload).unwrap();
-    let headers = OwnedHeaders::new().insert(Header {
-        key: txoutbox_core::wire::HEADER_EVENT_TYPE,
-        value: Some(E::EVENT_TYPE),
-    });
-    producer
-        .send(
-            FutureRecord::to(E::TOPIC)
-                .partition(partition)
-                .key(&record.partition_key)
-                .payload(&value)
-                .headers(headers),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .expect("produce");
-}
-
 /// Whether every partition's committed offset is at or past `end` (the
 /// other database's run of a test may produce to the same topic meanwhile).
 fn past(committed: &[i64], end: &[i64]) -> bool {

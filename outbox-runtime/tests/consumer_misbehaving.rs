@@ -274,30 +274,6 @@ async fn inbox_a_handler_that_swallows_a_database_error_is_parked_alone(pool: Pg
     }
 }
 
-/// Produces `event` to `partition` (rather than by its key); returns the
-/// offset the broker gave it.
-async fn produce_to<E: DomainEvent>(producer: &FutureProducer, event: &E, partition: i32) -> i64 {
-    let record = txoutbox_core::OutboxRecord::from_event(event).unwrap();
-    let value = serde_json::to_vec(&record.payload).unwrap();
-    let headers = OwnedHeaders::new().insert(Header {
-        key: txoutbox_core::wire::HEADER_EVENT_TYPE,
-        value: Some(E::EVENT_TYPE),
-    });
-    producer
-        .send(
-            FutureRecord::to(E::TOPIC)
-                .partition(partition)
-                .key(&record.partition_key)
-                .payload(&value)
-                .headers(headers),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .expect("produce")
-        .offset
-}
-
 /// Fails every time for the culprit, records the others.
 #[event_handler]
 async fn on_backoff(tx: &mut Transaction<'_, Postgres>, event: Backoff) -> Result<(), String> {
@@ -307,21 +283,6 @@ async fn on_backoff(tx: &mut Transaction<'_, Postgres>, event: Backoff) -> Resul
     insert_effect(tx, event.event_id, event.amount)
         .await
         .map_err(|e| e.to_string())
-}
-
-/// When each of `ids` took effect (the database clock), if it did.
-async fn effect_times(pool: &PgPool, ids: &[Uuid]) -> Vec<Option<chrono::DateTime<chrono::Utc>>> {
-    let mut times = Vec::new();
-    for id in ids {
-        times.push(
-            sqlx::query_scalar("SELECT at FROM effect WHERE event_id = $1")
-                .bind(id)
-                .fetch_optional(pool)
-                .await
-                .unwrap(),
-        );
-    }
-    times
 }
 
 /// Issue 22 item 4: while an event of partition 0 backs off between its
@@ -719,21 +680,6 @@ async fn on_slow_rebalance(
     slow_or_record(tx, event.event_id, event.amount, SLOW).await
 }
 
-/// How many effects each of `ids` has.
-async fn effect_counts(pool: &PgPool, ids: &[Uuid]) -> Vec<i64> {
-    let mut counts = Vec::new();
-    for id in ids {
-        counts.push(
-            sqlx::query_scalar("SELECT count(*) FROM effect WHERE event_id = $1")
-                .bind(id)
-                .fetch_one(pool)
-                .await
-                .unwrap(),
-        );
-    }
-    counts
-}
-
 /// A fresh group on `topic` (two partitions, created unless it exists),
 /// starting at its end.
 async fn slow_topic_group(topic: &str, tag: &str) -> String {
@@ -804,29 +750,18 @@ async fn one_slow_partition<E: DomainEvent>(
     for (event, _) in &behind {
         end[0] = produce_to(&producer, event, 0).await + 1;
     }
-    let mut healthy = Vec::new();
-    let mut produced_at = Vec::new();
-    for i in 0..8 {
-        let (event, id) = make(1_000 + i);
-        produced_at.push(chrono::Utc::now());
-        end[1] = produce_to(&producer, &event, 1).await + 1;
-        healthy.push(id);
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
+    let healthy = produce_healthy(&producer, &make, Duration::from_millis(150)).await;
+    end[1] = healthy.end;
     // The culprit's handler is still running (about 1.2 s of its 2.5 s went
     // by): nothing of partition 0 may be committed past it.
     let committed_while_slow = committed(group, E::TOPIC, 2).await[0];
     let mut partition_0 = vec![culprit_id];
     partition_0.extend(behind.iter().map(|(_, id)| *id));
-    eventually(
+    until_each_took_effect(
+        pool,
         "the events behind the culprit handled",
+        &partition_0,
         Duration::from_secs(30),
-        || async {
-            effect_counts(pool, &partition_0)
-                .await
-                .iter()
-                .all(|&n| n == 1)
-        },
     )
     .await;
     // Past the last event of each partition (not `start` plus the events
@@ -839,24 +774,9 @@ async fn one_slow_partition<E: DomainEvent>(
     running.shutdown().await.unwrap();
     let mut all = vec![warm_up_id];
     all.extend(&partition_0);
-    all.extend(&healthy);
-    assert_eq!(effect_counts(pool, &all).await, vec![1; all.len()]);
-    let times: Vec<_> = effect_times(pool, &partition_0)
-        .await
-        .into_iter()
-        .map(Option::unwrap)
-        .collect();
-    assert!(
-        times.windows(2).all(|pair| pair[0] < pair[1]),
-        "partition 0 took effect out of offset order"
-    );
-    let worst_healthy = effect_times(pool, &healthy)
-        .await
-        .iter()
-        .zip(&produced_at)
-        .map(|(at, produced)| (at.unwrap() - *produced).to_std().unwrap_or_default())
-        .max()
-        .unwrap();
+    all.extend(&healthy.ids);
+    assert_once_in_order(pool, &all, &partition_0).await;
+    let worst_healthy = worst_delay(pool, &healthy.ids, &healthy.produced_at).await;
     SlowPartition {
         worst_healthy,
         committed_while_slow,

@@ -25,8 +25,6 @@ use std::time::{Duration, Instant};
 
 use consumer_support::*;
 use outbox_tests::faults::proxy::Proxy;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::oneshot;
@@ -163,59 +161,6 @@ async fn through(pool: &PgPool, proxy: &Proxy) -> PgPool {
         .unwrap()
 }
 
-/// Produces `event` to `partition`; returns its offset.
-async fn produce_to<E: DomainEvent>(producer: &FutureProducer, event: &E, partition: i32) -> i64 {
-    let record = txoutbox_core::OutboxRecord::from_event(event).unwrap();
-    let value = serde_json::to_vec(&record.payload).unwrap();
-    let headers = OwnedHeaders::new().insert(Header {
-        key: txoutbox_core::wire::HEADER_EVENT_TYPE,
-        value: Some(E::EVENT_TYPE),
-    });
-    producer
-        .send(
-            FutureRecord::to(E::TOPIC)
-                .partition(partition)
-                .key(&record.partition_key)
-                .payload(&value)
-                .headers(headers),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .expect("produce")
-        .offset
-}
-
-/// How many effects each of `ids` has.
-async fn effect_counts(pool: &PgPool, ids: &[Uuid]) -> Vec<i64> {
-    let mut counts = Vec::new();
-    for id in ids {
-        counts.push(
-            sqlx::query_scalar("SELECT count(*) FROM effect WHERE event_id = $1")
-                .bind(id)
-                .fetch_one(pool)
-                .await
-                .unwrap(),
-        );
-    }
-    counts
-}
-
-/// When each of `ids` took effect (its one effect).
-async fn effect_times(pool: &PgPool, ids: &[Uuid]) -> Vec<chrono::DateTime<chrono::Utc>> {
-    let mut times = Vec::new();
-    for id in ids {
-        times.push(
-            sqlx::query_scalar("SELECT at FROM effect WHERE event_id = $1")
-                .bind(id)
-                .fetch_one(pool)
-                .await
-                .unwrap(),
-        );
-    }
-    times
-}
-
 /// Sessions of the database at `port` (PostgreSQL's view of the client).
 async fn sessions_at(pool: &PgPool, port: u16) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE client_port = $1")
@@ -288,30 +233,19 @@ async fn frozen_mid_commit<E: DomainEvent>(
     let frozen_at = Instant::now();
     frozen_tx.send(()).unwrap();
 
-    let mut healthy = Vec::new();
-    let mut produced_at = Vec::new();
-    for i in 0..8 {
-        let (event, id) = make(1_000 + i);
-        produced_at.push(chrono::Utc::now());
-        end[1] = produce_to(&producer, &event, 1).await + 1;
-        healthy.push(id);
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let healthy = produce_healthy(&producer, &make, Duration::from_millis(250)).await;
+    end[1] = healthy.end;
     // Two seconds of the freeze went by: the frozen partition waits.
     assert_eq!(
         effect_counts(pool, &partition_0[1..]).await,
         vec![0; partition_0.len() - 1],
         "events behind the frozen commit took effect before it"
     );
-    eventually(
+    until_each_took_effect(
+        pool,
         "the frozen partition's events handled",
+        &partition_0,
         Duration::from_secs(60),
-        || async {
-            effect_counts(pool, &partition_0)
-                .await
-                .iter()
-                .all(|&n| n == 1)
-        },
     )
     .await;
     let recovered_after = frozen_at.elapsed();
@@ -338,20 +272,9 @@ async fn frozen_mid_commit<E: DomainEvent>(
 
     let mut all = vec![warm_up_id];
     all.extend(&partition_0);
-    all.extend(&healthy);
-    assert_eq!(effect_counts(pool, &all).await, vec![1; all.len()]);
-    let times = effect_times(pool, &partition_0).await;
-    assert!(
-        times.windows(2).all(|pair| pair[0] < pair[1]),
-        "partition 0 took effect out of offset order"
-    );
-    let worst_healthy = effect_times(pool, &healthy)
-        .await
-        .iter()
-        .zip(&produced_at)
-        .map(|(at, produced)| (*at - *produced).to_std().unwrap_or_default())
-        .max()
-        .unwrap();
+    all.extend(&healthy.ids);
+    assert_once_in_order(pool, &all, &partition_0).await;
+    let worst_healthy = worst_delay(pool, &healthy.ids, &healthy.produced_at).await;
     proxy.thaw();
     Seen {
         recovered_after,

@@ -325,3 +325,138 @@ macro_rules! under_every_isolation {
 }
 #[allow(unused_imports)]
 pub(crate) use under_every_isolation;
+
+/// Produces `event` to `partition` (rather than by its key) with its event
+/// type header; returns the offset the broker gave it.
+pub(crate) async fn produce_to<E: txoutbox_core::DomainEvent>(
+    producer: &FutureProducer,
+    event: &E,
+    partition: i32,
+) -> i64 {
+    let record = txoutbox_core::OutboxRecord::from_event(event).unwrap();
+    let value = serde_json::to_vec(&record.payload).unwrap();
+    let headers = OwnedHeaders::new().insert(Header {
+        key: txoutbox_core::wire::HEADER_EVENT_TYPE,
+        value: Some(E::EVENT_TYPE),
+    });
+    producer
+        .send(
+            FutureRecord::to(E::TOPIC)
+                .partition(partition)
+                .key(&record.partition_key)
+                .payload(&value)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce")
+        .offset
+}
+
+/// How many effects each of `ids` has.
+pub(crate) async fn effect_counts(pool: &PgPool, ids: &[Uuid]) -> Vec<i64> {
+    let mut counts = Vec::new();
+    for id in ids {
+        counts.push(
+            sqlx::query_scalar("SELECT count(*) FROM effect WHERE event_id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap(),
+        );
+    }
+    counts
+}
+
+/// When each of `ids` took effect (the database clock), if it did.
+pub(crate) async fn effect_times(
+    pool: &PgPool,
+    ids: &[Uuid],
+) -> Vec<Option<chrono::DateTime<chrono::Utc>>> {
+    let mut times = Vec::new();
+    for id in ids {
+        times.push(
+            sqlx::query_scalar("SELECT at FROM effect WHERE event_id = $1")
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+                .unwrap(),
+        );
+    }
+    times
+}
+
+/// Asserts that each of `all` took effect exactly once, and `ordered` (one
+/// partition's events, in offset order) in that order.
+pub(crate) async fn assert_once_in_order(pool: &PgPool, all: &[Uuid], ordered: &[Uuid]) {
+    assert_eq!(effect_counts(pool, all).await, vec![1; all.len()]);
+    let times: Vec<_> = effect_times(pool, ordered)
+        .await
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert!(
+        times.windows(2).all(|pair| pair[0] < pair[1]),
+        "a partition took effect out of offset order"
+    );
+}
+
+/// The longest any of `ids` took from its produce (`produced_at`, in the
+/// same order) to its effect; each must have taken effect.
+pub(crate) async fn worst_delay(
+    pool: &PgPool,
+    ids: &[Uuid],
+    produced_at: &[chrono::DateTime<chrono::Utc>],
+) -> Duration {
+    effect_times(pool, ids)
+        .await
+        .iter()
+        .zip(produced_at)
+        .map(|(at, produced)| (at.unwrap() - *produced).to_std().unwrap_or_default())
+        .max()
+        .unwrap()
+}
+
+/// Events produced to partition 1 while another partition is held.
+pub(crate) struct Healthy {
+    pub(crate) ids: Vec<Uuid>,
+    /// When each was produced.
+    pub(crate) produced_at: Vec<chrono::DateTime<chrono::Utc>>,
+    /// The offset after the last.
+    pub(crate) end: i64,
+}
+
+/// Produces 8 events, `make(1_000 + i)`, to partition 1, `pause` apart.
+pub(crate) async fn produce_healthy<E: txoutbox_core::DomainEvent>(
+    producer: &FutureProducer,
+    make: impl Fn(i64) -> (E, Uuid),
+    pause: Duration,
+) -> Healthy {
+    let mut healthy = Healthy {
+        ids: Vec::new(),
+        produced_at: Vec::new(),
+        end: 0,
+    };
+    for i in 0..8 {
+        let (event, id) = make(1_000 + i);
+        healthy.produced_at.push(chrono::Utc::now());
+        healthy.end = produce_to(producer, &event, 1).await + 1;
+        healthy.ids.push(id);
+        tokio::time::sleep(pause).await;
+    }
+    healthy
+}
+
+/// Waits (up to `within`) until each of `ids` took effect once.
+pub(crate) async fn until_each_took_effect(
+    pool: &PgPool,
+    what: &str,
+    ids: &[Uuid],
+    within: Duration,
+) {
+    eventually(what, within, || async {
+        effect_counts(pool, ids).await.iter().all(|&n| n == 1)
+    })
+    .await;
+}
