@@ -60,8 +60,9 @@ impl std::fmt::Display for Stalled {
         write!(
             f,
             "the database did not answer for {:?} (longer than any statement, handler call, \
-             acquire or pause may take): the connection is taken for dead and its transaction \
-             abandoned",
+             acquire or pause may take): the connection is taken for dead, its transaction \
+             abandoned, and the work runs again on another connection; look for a network \
+             path, proxy or pooler that stops forwarding without closing connections",
             self.limit
         )
     }
